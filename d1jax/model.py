@@ -1,0 +1,390 @@
+"""LLaDA as a pure Flax linen module.
+
+A bidirectional LLaMA-style transformer (RMSNorm, RoPE, SwiGLU, no causal mask) that
+matches the Hugging Face ``modeling_llada.py`` (block_type "llama"). Parameter names
+follow the Hugging Face checkpoint (``wte``, ``blocks.{q,k,v}_proj``, ``attn_out``,
+``ff_proj``, ``up_proj``, ``ff_out``, ``attn_norm``, ``ff_norm``, ``ln_f``); kernels are
+stored ``[in, out]`` (the transpose of torch's Linear weight), blocks are stacked on a
+leading ``layers`` axis and run with ``nn.scan``.
+
+Shape letters: B batch, L sequence, D d_model, N query heads, K kv heads, H head dim,
+F mlp hidden, V embedding (vocab) size, S slice length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from d1jax import sharding as shd
+
+Array = jax.Array
+DType = Any
+
+# Fields of a Hugging Face LLaDA config.json that the port reads.
+_HF_FIELDS = (
+    "d_model", "n_heads", "n_kv_heads", "n_layers", "mlp_hidden_size", "vocab_size",
+    "embedding_size", "rope_theta", "rms_norm_eps", "max_sequence_length", "mask_token_id",
+    "eos_token_id", "pad_token_id", "weight_tying", "include_bias", "scale_logits",
+)
+
+# Fields whose value must be the one given here: the port implements only that variant.
+_REQUIRED_VALUES = {
+    "alibi": False,
+    "rope": True,
+    "block_type": "llama",
+    "layer_norm_type": "rms",
+    "activation_type": "silu",
+    "attention_layer_norm": False,
+    "clip_qkv": None,
+    "include_qkv_bias": False,
+    "input_emb_norm": False,
+    "layer_norm_with_affine": True,
+    "bias_for_layer_norm": False,
+    "block_group_size": 1,
+    "attention_dropout": 0.0,
+    "residual_dropout": 0.0,
+    "embedding_dropout": 0.0,
+}
+
+
+class UnsupportedConfigError(ValueError):
+    """A LLaDA config value that this port does not implement."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LLaDAConfig:
+    """Architecture of a LLaDA model, with the Hugging Face config field names."""
+
+    d_model: int = 4096
+    n_heads: int = 32
+    n_kv_heads: int | None = None  # None: n_heads (or 1 with multi_query_attention).
+    n_layers: int = 32
+    mlp_hidden_size: int = 12288
+    vocab_size: int = 126464
+    embedding_size: int | None = 126464  # None: vocab_size.
+    rope_theta: float = 500000.0
+    rms_norm_eps: float = 1e-5
+    max_sequence_length: int = 4096
+    mask_token_id: int = 126336
+    eos_token_id: int = 126081
+    pad_token_id: int = 126081
+    weight_tying: bool = False
+    include_bias: bool = False
+    scale_logits: bool = False
+
+    def __post_init__(self):
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.embedding_size is None:
+            object.__setattr__(self, "embedding_size", self.vocab_size)
+        if self.include_bias:
+            raise UnsupportedConfigError(
+                "include_bias=True is not supported by d1jax (LLaDA checkpoints have no biases)")
+        if self.d_model % self.n_heads:
+            raise UnsupportedConfigError(
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise UnsupportedConfigError(
+                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.embedding_size < self.vocab_size:
+            raise UnsupportedConfigError(
+                f"embedding_size={self.embedding_size} is smaller than vocab_size={self.vocab_size}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def from_hf_dict(cls, d: Mapping[str, Any]) -> "LLaDAConfig":
+        """Builds the config from a Hugging Face ``config.json`` dict.
+
+        Raises UnsupportedConfigError naming the field for any variant the port does not
+        implement (alibi, non-RMS norms, qk-norm, biases, dropout, ...).
+        """
+        for key, want in _REQUIRED_VALUES.items():
+            if key in d and d[key] != want and not (key == "block_group_size" and d[key] is None):
+                raise UnsupportedConfigError(
+                    f"config.json has {key}={d[key]!r}; d1jax supports only {key}={want!r}")
+        kw = {k: d[k] for k in _HF_FIELDS if k in d and d[k] is not None}
+        if d.get("n_kv_heads") is None and d.get("multi_query_attention"):
+            kw["n_kv_heads"] = 1
+        if kw.get("mlp_hidden_size") is None and "mlp_hidden_size" not in kw:
+            if d.get("mlp_ratio") is None:
+                raise UnsupportedConfigError("config.json has neither mlp_hidden_size nor mlp_ratio")
+            kw["mlp_hidden_size"] = int(d["mlp_ratio"] * d["d_model"])
+        missing = [k for k in ("d_model", "n_heads", "n_layers", "vocab_size") if k not in kw]
+        if missing:
+            raise UnsupportedConfigError(f"config.json lacks required fields {missing}")
+        return cls(**kw)
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A ``config.json`` dict loadable by the Hugging Face LLaDA code."""
+        d = {k: getattr(self, k) for k in _HF_FIELDS}
+        d.update(_REQUIRED_VALUES)
+        d.update(
+            architectures=["LLaDAModelLM"], model_type="llada", activation_type="silu",
+            rope_full_precision=True, multi_query_attention=None, mlp_ratio=4,
+            auto_map={"AutoConfig": "configuration_llada.LLaDAConfig",
+                      "AutoModel": "modeling_llada.LLaDAModelLM",
+                      "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM"},
+        )
+        return d
+
+    def num_params(self) -> int:
+        d, f, v, kv = self.d_model, self.mlp_hidden_size, self.embedding_size, self.n_kv_heads
+        per_layer = 2 * d * d + 2 * d * kv * self.head_dim + 3 * d * f + 2 * d
+        return self.n_layers * per_layer + v * d * (1 if self.weight_tying else 2) + d
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters (Hu et al. 2021) on the named projections: W x + (alpha/r) B A x."""
+
+    rank: int = 128
+    alpha: float = 64.0
+    dropout: float = 0.05
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+def _normal(std: float):
+    return nn.initializers.normal(stddev=std)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32, cast back, then scaled (as modeling_llada.RMSLayerNorm)."""
+
+    eps: float
+    dtype: DType
+    param_dtype: DType
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        w = self.param("weight", nn.with_logical_partitioning(nn.initializers.ones, (shd.NORM,)),
+                       (x.shape[-1],), self.param_dtype)
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return w.astype(self.dtype) * y.astype(self.dtype)
+
+
+class Proj(nn.Module):
+    """A bias-free linear map ``x @ kernel`` with an optional LoRA branch.
+
+    kernel is [in, out] (torch weight transposed). LoRA params ``lora_a`` [in, r] (normal)
+    and ``lora_b`` [r, out] (zeros) exist only when ``lora`` targets this projection.
+    """
+
+    features: int
+    axes: tuple[str, str]
+    dtype: DType
+    param_dtype: DType
+    init_std: float = 0.02
+    lora: LoraConfig | None = None
+
+    @nn.compact
+    def __call__(self, x: Array, use_lora: bool = True, deterministic: bool = True) -> Array:
+        kernel = self.param("kernel", nn.with_logical_partitioning(_normal(self.init_std), self.axes),
+                            (x.shape[-1], self.features), self.param_dtype)
+        y = jnp.einsum("...i,io->...o", x.astype(self.dtype), kernel.astype(self.dtype))
+        if self.lora is None:
+            return y
+        r = self.lora.rank
+        a = self.param("lora_a", nn.with_logical_partitioning(
+            nn.initializers.he_uniform(), (self.axes[0], shd.LORA)), (x.shape[-1], r), self.param_dtype)
+        b = self.param("lora_b", nn.with_logical_partitioning(
+            nn.initializers.zeros, (shd.LORA, self.axes[1])), (r, self.features), self.param_dtype)
+        if not use_lora:
+            return y
+        h = nn.Dropout(self.lora.dropout)(x, deterministic=deterministic)
+        h = jnp.einsum("...i,ir->...r", h.astype(self.dtype), a.astype(self.dtype))
+        return y + self.lora.scale * jnp.einsum("...r,ro->...o", h, b.astype(self.dtype))
+
+
+def rope_tables(positions: Array, head_dim: int, theta: float) -> tuple[Array, Array]:
+    """sin, cos [..., H] in float32 for integer positions [...] (half-split layout)."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    freqs = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.sin(freqs), jnp.cos(freqs)
+
+
+def apply_rope(x_blnh: Array, sin_blh: Array, cos_blh: Array) -> Array:
+    """Rotary embedding in float32 (LLaDA's rope_full_precision), rotate-half layout."""
+    x = x_blnh.astype(jnp.float32)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    rot = jnp.concatenate([-x2, x1], axis=-1)
+    out = x * cos_blh[:, :, None, :] + rot * sin_blh[:, :, None, :]
+    return out.astype(x_blnh.dtype)
+
+
+class Block(nn.Module):
+    """One LLaDALlamaBlock: x + Attn(RMSNorm(x)), then + SwiGLU-MLP(RMSNorm(.))."""
+
+    config: LLaDAConfig
+    dtype: DType
+    param_dtype: DType
+    lora: LoraConfig | None = None
+
+    def _proj(self, name: str, features: int, axes: tuple[str, str]) -> Proj:
+        lora = self.lora if (self.lora is not None and name in self.lora.targets) else None
+        return Proj(features, axes, self.dtype, self.param_dtype, lora=lora, name=name)
+
+    @nn.compact
+    def __call__(self, x_bld: Array, rope: tuple[Array, Array], key_mask_bl: Array | None,
+                 use_lora: bool, deterministic: bool) -> tuple[Array, None]:
+        c = self.config
+        n, k, h = c.n_heads, c.n_kv_heads, c.head_dim
+        kw = dict(use_lora=use_lora, deterministic=deterministic)
+        norm = functools.partial(RMSNorm, c.rms_norm_eps, self.dtype, self.param_dtype)
+        x_bld = nn.with_logical_constraint(x_bld, (shd.BATCH, shd.LENGTH, shd.ACT_EMBED))
+
+        xn = norm(name="attn_norm")(x_bld)
+        q = self._proj("q_proj", n * h, (shd.EMBED, shd.Q_HEADS))(xn, **kw)
+        kk = self._proj("k_proj", k * h, (shd.EMBED, shd.KV_HEADS))(xn, **kw)
+        v = self._proj("v_proj", k * h, (shd.EMBED, shd.KV_HEADS))(xn, **kw)
+        b, l = x_bld.shape[:2]
+        q = apply_rope(q.reshape(b, l, n, h), *rope)
+        kk = apply_rope(kk.reshape(b, l, k, h), *rope)
+        v = v.reshape(b, l, k, h)
+        mask = None if key_mask_bl is None else key_mask_bl[:, None, None, :].astype(bool)
+        att = jax.nn.dot_product_attention(q, kk, v, mask=mask, scale=h ** -0.5)
+        att = att.reshape(b, l, n * h)
+        x_bld = x_bld + self._proj("attn_out", c.d_model, (shd.Q_HEADS, shd.EMBED))(att, **kw)
+
+        xn = norm(name="ff_norm")(x_bld)
+        gate = self._proj("ff_proj", c.mlp_hidden_size, (shd.EMBED, shd.MLP))(xn, **kw)
+        up = self._proj("up_proj", c.mlp_hidden_size, (shd.EMBED, shd.MLP))(xn, **kw)
+        hid = nn.with_logical_constraint(nn.silu(gate) * up, (shd.BATCH, shd.LENGTH, shd.ACT_MLP))
+        x_bld = x_bld + self._proj("ff_out", c.d_model, (shd.MLP, shd.EMBED))(hid, **kw)
+        return x_bld, None
+
+
+class LLaDA(nn.Module):
+    """The LLaDA mask predictor.
+
+    Attributes:
+      config: architecture.
+      dtype: compute dtype of matmuls (bfloat16 on accelerators); norms, RoPE and
+        softmax statistics run in float32 regardless.
+      param_dtype: storage dtype of the parameters.
+      remat: rematerialise each block in the backward pass (saves activation memory).
+      lora: optional LoRA adapters on the block projections.
+    """
+
+    config: LLaDAConfig
+    dtype: DType = jnp.float32
+    param_dtype: DType = jnp.float32
+    remat: bool = False
+    lora: LoraConfig | None = None
+
+    def setup(self):
+        c = self.config
+        self.wte = nn.Embed(
+            c.embedding_size, c.d_model, param_dtype=self.param_dtype, dtype=self.dtype,
+            embedding_init=nn.with_logical_partitioning(_normal(0.02), (shd.VOCAB, shd.EMBED)))
+        block = Block
+        if self.remat:
+            block = nn.remat(Block, prevent_cse=False, static_argnums=(4, 5),
+                             policy=jax.checkpoint_policies.nothing_saveable)
+        self.blocks = nn.scan(
+            block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+            in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+            length=c.n_layers, metadata_params={nn.PARTITION_NAME: shd.LAYERS},
+        )(c, self.dtype, self.param_dtype, self.lora)
+        self.ln_f = RMSNorm(c.rms_norm_eps, self.dtype, self.param_dtype)
+        if not c.weight_tying:
+            self.ff_out = Proj(c.embedding_size, (shd.EMBED, shd.VOCAB), self.dtype, self.param_dtype)
+
+    def hidden(self, input_ids: Array, attention_mask: Array | None = None, *,
+               positions: Array | None = None, use_lora: bool = True,
+               deterministic: bool = True) -> Array:
+        """Final-norm hidden states [B, L, D] (compute dtype).
+
+        Args:
+          input_ids: [B, L] int token ids.
+          attention_mask: [B, L] (1 = real token, 0 = padding key); None attends to all.
+          positions: [B, L] or [L] RoPE positions; default 0..L-1 (as the HF model, which
+            ignores padding for positions; RoPE is relative, so left padding that is
+            masked out does not change a sequence's outputs).
+          use_lora: run the LoRA branches (False gives the base model: the reference policy).
+          deterministic: disable LoRA dropout (needs a 'dropout' rng when False).
+        """
+        b, l = input_ids.shape
+        if positions is None:
+            positions = jnp.arange(l)
+        positions = jnp.broadcast_to(positions, (b, l))
+        rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+        x = self.wte(input_ids)
+        x, _ = self.blocks(x, rope, attention_mask, use_lora, deterministic)
+        return self.ln_f(x)
+
+    def logits(self, hidden_bsd: Array) -> Array:
+        """Logits [B, S, V] from hidden states [B, S, D]."""
+        if self.config.weight_tying:
+            out = self.wte.attend(hidden_bsd)
+        else:
+            out = self.ff_out(hidden_bsd)
+        if self.config.scale_logits:
+            out = out * (self.config.d_model ** -0.5)
+        return nn.with_logical_constraint(out, (shd.BATCH, shd.LENGTH, shd.ACT_VOCAB))
+
+    def __call__(self, input_ids: Array, attention_mask: Array | None = None, *,
+                 positions: Array | None = None, slice_start: Array | int | None = None,
+                 slice_len: int | None = None, use_lora: bool = True,
+                 deterministic: bool = True) -> Array:
+        """Logits [B, L, V], or [B, slice_len, V] for positions slice_start:+slice_len.
+
+        slice_start may be traced (e.g. the current block inside a sampler loop);
+        slice_len is static. Only the sliced positions go through the output head.
+        """
+        h = self.hidden(input_ids, attention_mask, positions=positions, use_lora=use_lora,
+                        deterministic=deterministic)
+        if slice_len is not None:
+            h = jax.lax.dynamic_slice_in_dim(h, slice_start if slice_start is not None else 0,
+                                             slice_len, axis=1)
+        return self.logits(h)
+
+
+def head_weight(params: Mapping[str, Any], config: LLaDAConfig) -> Array:
+    """The output head as [D, V] (for chunked log-softmax over the vocabulary)."""
+    if config.weight_tying:
+        return params["wte"]["embedding"].T
+    return params["ff_out"]["kernel"]
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # LLaDA-8B-Base/Instruct (config.json of GSAI-ML/LLaDA-8B-Instruct).
+    "llada-8b": dict(),
+    # ../shared/BENCH.md: the standard benchmark model.
+    "bench-tiny": dict(d_model=256, n_layers=4, n_heads=4, n_kv_heads=4, mlp_hidden_size=768,
+                       vocab_size=8192, embedding_size=8192, mask_token_id=8191,
+                       eos_token_id=8190, pad_token_id=8190, rope_theta=500000.0,
+                       max_sequence_length=1024),
+    # Width-32 model for unit tests (GQA on).
+    "test-tiny": dict(d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=64,
+                      vocab_size=128, embedding_size=128, mask_token_id=127, eos_token_id=126,
+                      pad_token_id=126, max_sequence_length=256, rope_theta=10000.0),
+}
+
+
+def preset(name: str, **overrides: Any) -> LLaDAConfig:
+    """A named architecture (``llada-8b``, ``bench-tiny``, ``test-tiny``) with overrides."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose from {sorted(PRESETS)}")
+    return LLaDAConfig(**{**PRESETS[name], **overrides})
+
+
+def init_params(model: LLaDA, rng: Array, mesh=None, rules=shd.DEFAULT_RULES) -> dict[str, Any]:
+    """Random params (plain pytree), born sharded over ``mesh`` by the logical rules."""
+    ids = jnp.zeros((1, 8), jnp.int32)
+    params, _ = shd.init_sharded(lambda k: model.init(k, ids)["params"], mesh, rng, rules=rules)
+    return params

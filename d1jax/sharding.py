@@ -1,0 +1,123 @@
+"""Sharding in one place: logical axis names, their mapping to mesh axes, meshes.
+
+Model code names logical axes (``EMBED``, ``MLP``, ...). A table of rules, set from the
+config, maps them onto the mesh axes ``data``, ``fsdp`` and ``tensor``. Params are born
+sharded: ``jax.eval_shape(init)`` -> logical specs -> ``NamedSharding`` ->
+``jax.jit(init, out_shardings=...)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+# Logical axes of parameters.
+LAYERS = "layers"
+VOCAB = "vocab"
+EMBED = "embed"
+Q_HEADS = "q_heads"
+KV_HEADS = "kv_heads"
+MLP = "mlp"
+NORM = "norm"
+LORA = "lora"
+# Logical axes of activations.
+BATCH = "batch"
+LENGTH = "length"
+ACT_EMBED = "act_embed"
+ACT_MLP = "act_mlp"
+ACT_VOCAB = "act_vocab"
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# FSDP over `fsdp` on the embed dimension, tensor parallelism over heads/mlp/vocab,
+# batch over (data, fsdp). Override per run with config.sharding.rules.
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    (BATCH, ("data", "fsdp")),
+    (LENGTH, None),
+    (ACT_EMBED, None),
+    (ACT_MLP, "tensor"),
+    (ACT_VOCAB, "tensor"),
+    (LAYERS, None),
+    (VOCAB, "tensor"),
+    (EMBED, "fsdp"),
+    (Q_HEADS, "tensor"),
+    (KV_HEADS, "tensor"),
+    (MLP, "tensor"),
+    (NORM, None),
+    (LORA, None),
+)
+
+
+def make_mesh(shape: Sequence[int] = (-1, 1, 1), axis_names: Sequence[str] = MESH_AXES,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A mesh over all devices (all hosts) with Auto axis types (pjit-style sharding).
+
+    One entry of ``shape`` may be -1: it takes the remaining devices. The product must
+    equal the device count.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    shape = list(shape)
+    if shape.count(-1) > 1:
+        raise ValueError(f"mesh shape {tuple(shape)} has more than one -1")
+    if -1 in shape:
+        rest = int(np.prod([s for s in shape if s != -1]))
+        if len(devices) % rest:
+            raise ValueError(f"mesh shape {tuple(shape)} does not divide {len(devices)} devices")
+        shape[shape.index(-1)] = len(devices) // rest
+    if int(np.prod(shape)) != len(devices):
+        raise ValueError(
+            f"mesh shape {tuple(shape)} needs {int(np.prod(shape))} devices, have {len(devices)}")
+    return jax.make_mesh(tuple(shape), tuple(axis_names), devices=devices,
+                         axis_types=(AxisType.Auto,) * len(shape))
+
+
+def logical_to_sharding(logical_tree: Any, mesh: Mesh, rules=DEFAULT_RULES) -> Any:
+    """Maps a tree of logical PartitionSpecs (or boxed abstract params) to NamedShardings."""
+    specs = nn.get_partition_spec(logical_tree)
+    return nn.logical_to_mesh_sharding(specs, mesh, list(rules))
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2, rules=DEFAULT_RULES) -> NamedSharding:
+    """Sharding of an activation whose leading axis is the batch."""
+    spec = nn.logical_to_mesh_axes((BATCH,) + (None,) * (ndim - 1), list(rules))
+    return NamedSharding(mesh, spec)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+@contextlib.contextmanager
+def activate(mesh: Mesh | None, rules=DEFAULT_RULES):
+    """Context in which the model's logical activation constraints take effect."""
+    if mesh is None:
+        yield
+        return
+    with mesh, nn.logical_axis_rules(list(rules)):
+        yield
+
+
+def init_sharded(init_fn: Callable[..., Any], mesh: Mesh | None, *args, rules=DEFAULT_RULES):
+    """Runs ``init_fn(*args)`` (returns boxed variables) so the result is born sharded.
+
+    Returns (params as a plain pytree, their NamedShardings or None without a mesh).
+    """
+    abstract = jax.eval_shape(init_fn, *args)
+    if mesh is None:
+        return nn.meta.unbox(jax.jit(init_fn)(*args)), None
+    shardings = logical_to_sharding(abstract, mesh, rules)
+    with activate(mesh, rules):
+        boxed = jax.jit(init_fn, out_shardings=shardings)(*args)
+    return nn.meta.unbox(boxed), nn.meta.unbox(shardings)
+
+
+def param_shardings(model: nn.Module, mesh: Mesh, rules=DEFAULT_RULES, seq_len: int = 8):
+    """NamedShardings of ``model``'s plain params, from its logical axis annotations."""
+    ids = np.zeros((1, seq_len), np.int32)
+    abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), ids))
+    return nn.meta.unbox(logical_to_sharding(abstract["params"], mesh, rules))

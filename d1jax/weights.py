@@ -1,0 +1,363 @@
+"""Checkpoints in the Hugging Face LLaDA layout: config.json + safetensors, in and out.
+
+Loading streams tensor by tensor: every safetensors file is memory-mapped and each
+device shard of each parameter is read from the map by ``jax.make_array_from_callback``,
+so a host only materialises the shards its own devices hold (an 8B checkpoint is never
+held whole, let alone twice). Saving writes the same layout (``model.safetensors`` or
+``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``).
+
+Key mapping (torch Linear weights are [out, in]; our kernels are [in, out]):
+
+  model.transformer.wte.weight            [V, D]  -> wte/embedding          (as is)
+  model.transformer.ln_f.weight           [D]     -> ln_f/weight            (as is)
+  model.transformer.ff_out.weight         [V, D]  -> ff_out/kernel          (transposed)
+  model.transformer.blocks.{i}.{p}.weight [o, i]  -> blocks/{p}/kernel[i]   (transposed)
+      for p in q_proj k_proj v_proj attn_out ff_proj up_proj ff_out
+  model.transformer.blocks.{i}.{n}.weight [D]     -> blocks/{n}/weight[i]   (as is)
+      for n in attn_norm ff_norm
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+
+from d1jax import sharding as shd
+from d1jax.model import LLaDA, LLaDAConfig
+
+PREFIX = "model.transformer."
+TRANSPOSED_PROJS = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")
+NORMS = ("attn_norm", "ff_norm")
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+_DTYPES = {
+    "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16), "F64": np.dtype(np.float64),
+}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory or file that cannot be loaded as a LLaDA checkpoint."""
+
+
+# --------------------------------------------------------------------------- key map
+
+def key_map(config: LLaDAConfig) -> dict[str, tuple[tuple[str, ...], int | None, bool]]:
+    """HF key -> (param path, layer index or None, transposed?)."""
+    out: dict[str, tuple[tuple[str, ...], int | None, bool]] = {
+        PREFIX + "wte.weight": (("wte", "embedding"), None, False),
+        PREFIX + "ln_f.weight": (("ln_f", "weight"), None, False),
+    }
+    if not config.weight_tying:
+        out[PREFIX + "ff_out.weight"] = (("ff_out", "kernel"), None, True)
+    for i in range(config.n_layers):
+        for p in TRANSPOSED_PROJS:
+            out[f"{PREFIX}blocks.{i}.{p}.weight"] = (("blocks", p, "kernel"), i, True)
+        for n in NORMS:
+            out[f"{PREFIX}blocks.{i}.{n}.weight"] = (("blocks", n, "weight"), i, False)
+    return out
+
+
+def param_shapes(config: LLaDAConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """Shapes of our (stacked) params, by path."""
+    model = LLaDA(config)
+    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))
+    flat = jax.tree_util.tree_flatten_with_path(nn.meta.unbox(shapes["params"]))[0]
+    return {tuple(k.key for k in path): tuple(leaf.shape) for path, leaf in flat}
+
+
+# --------------------------------------------------------------------------- reading
+
+class _SafetensorsFile:
+    """A memory-mapped safetensors file: header checked, tensors as numpy views."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes, no header)")
+            n = int.from_bytes(raw, "little")
+            if n > size - 8:
+                raise CheckpointError(f"{path}: truncated safetensors file (header of {n} bytes "
+                                      f"but file has {size} bytes)")
+            try:
+                header = json.loads(f.read(n))
+            except json.JSONDecodeError as e:
+                raise CheckpointError(f"{path}: corrupt safetensors header ({e})") from None
+        header.pop("__metadata__", None)
+        self.start = 8 + n
+        end = max((v["data_offsets"][1] for v in header.values()), default=0)
+        if self.start + end > size:
+            raise CheckpointError(f"{path}: truncated safetensors file: tensors need "
+                                  f"{self.start + end} bytes, file has {size}")
+        self.header = header
+        self._mm = np.memmap(path, dtype=np.uint8, mode="r") if size else None
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self.header[key]["shape"])
+
+    def array(self, key: str) -> np.ndarray:
+        meta = self.header[key]
+        if meta["dtype"] not in _DTYPES:
+            raise CheckpointError(f"{self.path}: tensor {key} has unsupported dtype {meta['dtype']}")
+        a, b = meta["data_offsets"]
+        buf = self._mm[self.start + a:self.start + b]
+        return buf.view(_DTYPES[meta["dtype"]]).reshape(meta["shape"])
+
+
+def _open_checkpoint(path: Path) -> dict[str, _SafetensorsFile]:
+    """HF key -> the file holding it."""
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    index = path / INDEX_FILE
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from None
+        names = sorted(set(weight_map.values()))
+    elif (path / SINGLE_FILE).exists():
+        weight_map, names = None, [SINGLE_FILE]
+    else:
+        raise CheckpointError(f"{path} has neither {SINGLE_FILE} nor {INDEX_FILE}")
+    files = {}
+    for name in names:
+        if not (path / name).exists():
+            raise CheckpointError(f"{path / name} is listed in the index but missing")
+        files[name] = _SafetensorsFile(path / name)
+    where = {}
+    for name, f in files.items():
+        for key in f.header:
+            where[key] = f
+    if weight_map is not None:
+        for key, name in weight_map.items():
+            if key not in files[name].header:
+                raise CheckpointError(f"index says {key} is in {name}, but that file lacks it")
+    return where
+
+
+def read_config(path: str | os.PathLike) -> LLaDAConfig:
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        if not path.is_dir():
+            raise CheckpointError(f"checkpoint directory {path} does not exist")
+        raise CheckpointError(f"{cfg_file} is missing")
+    try:
+        return LLaDAConfig.from_hf_dict(json.loads(cfg_file.read_text()))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_file}: invalid JSON ({e})") from None
+
+
+def _check_keys(config: LLaDAConfig, where: Mapping[str, _SafetensorsFile]) -> None:
+    expected = key_map(config)
+    missing = sorted(set(expected) - set(where))
+    unexpected = sorted(set(where) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"checkpoint keys do not match the config: missing {missing[:8]}"
+            f"{' ...' if len(missing) > 8 else ''} ({len(missing)}), unexpected "
+            f"{unexpected[:8]}{' ...' if len(unexpected) > 8 else ''} ({len(unexpected)})")
+    shapes = param_shapes(config)
+    for key, (ppath, layer, transposed) in expected.items():
+        want = shapes[ppath][1:] if layer is not None else shapes[ppath]
+        if transposed:
+            want = want[::-1]
+        got = where[key].shape(key)
+        if got != tuple(want):
+            raise CheckpointError(f"{key}: shape {got} in the checkpoint, config needs {tuple(want)}")
+
+
+def load_hf_checkpoint(path: str | os.PathLike, mesh: Mesh | None = None,
+                       dtype: Any = jnp.float32, rules=shd.DEFAULT_RULES,
+                       ) -> tuple[LLaDAConfig, dict[str, Any]]:
+    """Loads a Hugging Face LLaDA checkpoint directory.
+
+    Args:
+      path: directory with config.json and model.safetensors (or sharded files + index).
+      mesh: if given, each param is placed with the sharding the rules give it;
+        otherwise on the first local device.
+      dtype: parameter dtype (e.g. jnp.bfloat16).
+    Returns:
+      (config, params) with params the plain pytree ``LLaDA(config).apply`` takes under
+      ``{"params": params}``.
+    """
+    path = Path(path)
+    config = read_config(path)
+    where = _open_checkpoint(path)
+    _check_keys(config, where)
+    shapes = param_shapes(config)
+    shardings = (shd.param_shardings(LLaDA(config), mesh, rules) if mesh is not None else None)
+    by_param: dict[tuple[str, ...], dict[int | None, str]] = {}
+    for key, (ppath, layer, _) in key_map(config).items():
+        by_param.setdefault(ppath, {})[layer] = key
+    transposed = {p: t for p, _, t in key_map(config).values()}
+
+    params: dict[str, Any] = {}
+    for ppath, keys in by_param.items():
+        sharding = (_get(shardings, ppath) if shardings is not None
+                    else SingleDeviceSharding(jax.local_devices()[0]))
+
+        def read(index, ppath=ppath, keys=keys):
+            return _read_slice(where, keys, index, transposed[ppath], dtype)
+
+        arr = jax.make_array_from_callback(shapes[ppath], sharding, read)
+        _set(params, ppath, arr)
+    return config, params
+
+
+def _read_slice(where, keys: Mapping[int | None, str], index: tuple[slice, ...],
+                transposed: bool, dtype) -> np.ndarray:
+    """One device shard of a param, read from the memory maps."""
+    def one(key, idx):
+        a = where[key].array(key)
+        a = a.T if transposed else a
+        return np.asarray(a[idx]).astype(dtype)
+    if None in keys:  # unstacked param
+        return one(keys[None], index)
+    layers = range(len(keys))[index[0]]
+    return np.stack([one(keys[i], index[1:]) for i in layers])
+
+
+def _get(tree, path):
+    for p in path:
+        tree = tree[p]
+    return tree
+
+
+def _set(tree, path, value):
+    for p in path[:-1]:
+        tree = tree.setdefault(p, {})
+    tree[path[-1]] = value
+
+
+# --------------------------------------------------------------------------- writing
+
+def _host_array(x) -> np.ndarray:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+
+def iter_hf_tensors(config: LLaDAConfig, params: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(HF key, lazily-sliced param) in checkpoint order; no host copy is made here."""
+    for key, (ppath, layer, transposed) in key_map(config).items():
+        yield key, (_get(params, ppath), layer, transposed)
+
+
+def _parse_size(size: int | str) -> int:
+    if isinstance(size, int):
+        return size
+    s = size.strip().upper()
+    for unit, mult in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3), ("B", 1)):
+        if s.endswith(unit):
+            return int(float(s[:-len(unit)]) * mult)
+    return int(s)
+
+
+def _write_safetensors(file: Path, tensors: list[tuple[str, np.ndarray]]) -> None:
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for key, a in tensors:
+        if a.dtype not in _DTYPE_NAMES:
+            raise ValueError(f"cannot write {key} with dtype {a.dtype}")
+        header[key] = {"dtype": _DTYPE_NAMES[a.dtype], "shape": list(a.shape),
+                       "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(file, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for _, a in tensors:
+            f.write(np.ascontiguousarray(a).tobytes())
+
+
+def save_hf_checkpoint(path: str | os.PathLike, config: LLaDAConfig, params: Mapping[str, Any],
+                       max_shard_size: int | str = "5GB", dtype: Any = None) -> None:
+    """Writes params in the Hugging Face LLaDA layout (loadable by the PyTorch code).
+
+    Tensors are gathered to the host one at a time; files are written into a temporary
+    directory next to ``path`` and moved into place only when complete, so an existing
+    checkpoint at ``path`` survives a failed save. Only process 0 writes.
+    """
+    path = Path(path)
+    limit = _parse_size(max_shard_size)
+    entries = list(iter_hf_tensors(config, params))
+
+    def nbytes(entry):
+        arr, layer, _ = entry
+        item = np.dtype(dtype or arr.dtype).itemsize
+        return int(np.prod(arr.shape[1:] if layer is not None else arr.shape)) * item
+    shards: list[list[tuple[str, Any]]] = [[]]
+    size = 0
+    for key, entry in entries:
+        if shards[-1] and size + nbytes(entry) > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append((key, entry))
+        size += nbytes(entry)
+
+    host = {}  # stacked params gathered once each, lazily
+    def materialise(entry):
+        arr, layer, transposed = entry
+        if id(arr) not in host:
+            host.clear()
+            host[id(arr)] = _host_array(arr)
+        a = host[id(arr)]
+        a = a[layer] if layer is not None else a
+        a = a.T if transposed else a
+        return np.ascontiguousarray(a.astype(dtype) if dtype is not None else a)
+
+    if jax.process_index() != 0:
+        for _, entry in entries:  # take part in collective gathers
+            materialise(entry)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        names = ([SINGLE_FILE] if len(shards) == 1 else
+                 [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+        weight_map, total = {}, 0
+        for name, shard in zip(names, shards):
+            tensors = [(k, materialise(e)) for k, e in shard]
+            _write_safetensors(tmp / name, tensors)
+            for k, a in tensors:
+                weight_map[k] = name
+                total += a.nbytes
+        if len(shards) > 1:
+            (tmp / INDEX_FILE).write_text(json.dumps(
+                {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        (tmp / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2))
+        _replace_dir(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _replace_dir(tmp: Path, path: Path) -> None:
+    """Moves the weight files of ``tmp`` into ``path``, keeping other files (tokenizer...)."""
+    path.mkdir(parents=True, exist_ok=True)
+    stale = [f for f in list(path.glob("model*.safetensors")) + [path / INDEX_FILE]
+             if f.exists() and not (tmp / f.name).exists()]
+    for f in tmp.iterdir():
+        os.replace(f, path / f.name)
+    for f in stale:
+        f.unlink()
+    tmp.rmdir()
