@@ -1,0 +1,39 @@
+"""Test setup: 8 fake CPU devices (for sharding tests) and shared tiny fixtures."""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+import d1jax  # noqa: E402
+
+SHARED_D1 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "d1"
+
+
+@pytest.fixture(scope="session")
+def tiny_config():
+    """Width-32 LLaDA with GQA (4 query heads, 2 kv heads), vocab 128."""
+    return d1jax.preset("test-tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_config):
+    return d1jax.LLaDA(tiny_config)
+
+
+@pytest.fixture(scope="session")
+def tiny_params(tiny_model):
+    return d1jax.init_params(tiny_model, jax.random.key(0))
+
+
+@pytest.fixture
+def shared_d1():
+    """d1's official data in ../shared/data/d1 (never committed into the project)."""
+    if not SHARED_D1.is_dir():
+        pytest.skip(f"d1 data folder {SHARED_D1} is absent (it sits beside the repo in CI)")
+    return SHARED_D1
