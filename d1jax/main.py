@@ -1,0 +1,43 @@
+"""Entry point: parses flags and runs the stage the config names. Nothing else.
+
+  python -m d1jax.main --config=configs/grpo_sudoku.py:tiny --workdir=/tmp/run
+
+Each stage module exposes ``run(config, workdir)`` so tests and notebooks call it directly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+STAGES = {
+    "sft": "d1jax.train.sft",
+    "grpo": "d1jax.train.grpo",
+    "eval": "d1jax.eval",
+    "demo": "d1jax.train.demo",
+    "forward": "d1jax.train.forward_demo",
+}
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (.py), ':variant' allowed.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics); default config.workdir.")
+
+
+def main(argv):
+    del argv
+    config = _CONFIG.value
+    if config is None:
+        raise app.UsageError("--config is required, e.g. --config=configs/grpo_sudoku.py:tiny")
+    stage = config.get("stage")
+    if stage not in STAGES:
+        sys.exit(f"error: config.stage={stage!r} is not one of {sorted(STAGES)}")
+    workdir = _WORKDIR.value or config.get("workdir")
+    if not workdir:
+        sys.exit("error: no workdir: pass --workdir=DIR or set config.workdir")
+    importlib.import_module(STAGES[stage]).run(config, workdir)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,26 @@
+"""`python -m d1jax.main` end to end (subprocess, exactly as a user runs it)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_main(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "d1jax.main", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_forward_demo_runs(tmp_path):
+    r = run_main("--config=configs/forward_demo.py", f"--workdir={tmp_path}",
+                 "--config.model.preset=test-tiny", "--config.seq_len=16")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads((tmp_path / "forward_demo.json").read_text())
+    assert out["finite"] and out["logits_shape"] == [8, 16, 128]
+
+
+def test_unknown_config_key_fails_clearly(tmp_path):
+    r = run_main("--config=configs/forward_demo.py", f"--workdir={tmp_path}", "--config.nope=1")
+    assert r.returncode != 0 and "nope" in r.stderr
