@@ -8,6 +8,7 @@ Each stage module exposes ``run(config, workdir)`` so tests and notebooks call i
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from absl import app, flags
@@ -25,8 +26,21 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics); default config.workdir.")
 
 
+def maybe_initialize_distributed() -> None:
+    """Joins a multi-process run when launch/ (or the user) set D1JAX_COORDINATOR."""
+    coordinator = os.environ.get("D1JAX_COORDINATOR")
+    if not coordinator:
+        return
+    import jax
+    if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS") == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator, int(os.environ["D1JAX_NUM_PROCESSES"]),
+                               int(os.environ["D1JAX_PROCESS_ID"]))
+
+
 def main(argv):
     del argv
+    maybe_initialize_distributed()
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config is required, e.g. --config=configs/grpo_sudoku.py:tiny")

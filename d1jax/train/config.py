@@ -1,0 +1,201 @@
+"""Config builders shared by ``configs/*.py`` and their validation.
+
+Every field carries a comment; symbols in brackets are the paper's (d1, arXiv 2504.12216).
+Defaults are d1's ``diffu-grpo/slurm_scripts/train.yaml`` and ``DiffuGRPOConfig``.
+A ``tiny`` variant shrinks everything to a random width-64 model and a tokenizer trained
+on the task's text, so the same code runs on a laptop CPU in about a minute.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import ml_collections as mlc
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; raised before any compute."""
+
+
+def _model(tiny: bool) -> mlc.ConfigDict:
+    m = mlc.ConfigDict()
+    m.path = None if tiny else os.environ.get("LLADA_PATH")  # Local HF LLaDA dir (config.json, *.safetensors, tokenizer); $LLADA_PATH by default.
+    m.tokenizer_path = None  # Tokenizer dir; None: model.path (or a tiny one trained on the task text when random_init).
+    m.random_init = "test-tiny" if tiny else ""  # Preset name: random weights of that shape instead of model.path (tests, CPU smoke runs).
+    m.width = 64 if tiny else 0  # For random_init: d_model override (0 keeps the preset's).
+    m.n_layers = 2 if tiny else 0  # For random_init: layer count override (0 keeps the preset's).
+    m.tokenizer_vocab = 384  # For random_init: vocabulary size of the trained tiny tokenizer.
+    m.dtype = "float32" if tiny else "bfloat16"  # Compute dtype of matmuls.
+    m.param_dtype = "float32" if tiny else "bfloat16"  # Storage dtype of the params.
+    m.remat = not tiny  # Rematerialise each block in the backward pass.
+    return m
+
+
+def _lora(tiny: bool) -> mlc.ConfigDict:
+    lo = mlc.ConfigDict()
+    lo.enabled = True  # Train LoRA adapters (d1); False: full fine-tuning with a frozen reference copy.
+    lo.rank = 8 if tiny else 128  # r.
+    lo.alpha = 16.0 if tiny else 64.0  # alpha; adapters scale by alpha / r.
+    lo.dropout = 0.0 if tiny else 0.05  # Dropout on the adapter input.
+    return lo
+
+
+def _optim(tiny: bool) -> mlc.ConfigDict:
+    o = mlc.ConfigDict()
+    o.learning_rate = 1e-3 if tiny else 3e-6  # Peak learning rate.
+    o.b1 = 0.9  # Adam beta1.
+    o.b2 = 0.99  # Adam beta2.
+    o.weight_decay = 0.1  # AdamW decoupled weight decay.
+    o.max_grad_norm = 0.2  # Global-norm gradient clipping.
+    o.warmup_ratio = 0.0001  # Linear warmup over this fraction of the steps, then constant.
+    o.grad_accum = 1 if tiny else 2  # Micro-batches accumulated per optimizer step.
+    return o
+
+
+def _sampler(tiny: bool) -> mlc.ConfigDict:
+    s = mlc.ConfigDict()
+    s.gen_length = 32 if tiny else 256  # Completion length (max_completion_length).
+    s.block_length = 16 if tiny else 32  # Semi-autoregressive block length.
+    s.steps = 16 if tiny else 128  # Diffusion steps over the whole completion (diffusion_steps).
+    s.temperature = 0.9  # Rollout temperature (d1's DiffuGRPOConfig default).
+    s.cfg_scale = 0.0  # Classifier-free guidance scale.
+    s.remasking = "low_confidence"  # "low_confidence" or "random".
+    s.use_attention_mask = True  # Honour prompt padding; False attends to padding like d1.
+    s.fast = ""  # "" exact sampler; "cache", "dual_cache" (block KV cache) for rollouts.
+    s.threshold = 1.0  # Confidence threshold tau for parallel decoding (1.0: off).
+    return s
+
+
+def _train(tiny: bool, steps: int) -> mlc.ConfigDict:
+    t = mlc.ConfigDict()
+    t.num_steps = 4 if tiny else steps  # Optimizer steps in the whole run.
+    t.log_every = 1  # Metrics every N optimizer steps.
+    t.sample_every = 2 if tiny else 20  # Sample completions as text every N steps.
+    t.save_every = 2 if tiny else 100  # Checkpoint every N optimizer steps.
+    t.max_to_keep = 2 if tiny else 5  # Newest checkpoints kept.
+    t.keep_best_metric = ""  # Also keep the best checkpoint by this logged metric ("" off).
+    t.async_checkpoints = True  # Save in the background.
+    t.export_hf = True  # Write the final model in the Hugging Face layout to <workdir>/hf.
+    t.stop_after = 0  # Stop (as if preempted, with a save) after this many steps; 0 off.
+    return t
+
+
+def base(stage: str, task: str, tiny: bool, steps: int = 1000) -> mlc.ConfigDict:
+    c = mlc.ConfigDict()
+    c.stage = stage  # Which stage d1jax.main runs: sft, grpo or eval.
+    c.workdir = ""  # Run directory (--workdir overrides): checkpoints, metrics, export.
+    c.seed = 42  # Seed of data order, init, rollouts and mask seeds.
+    c.model = _model(tiny)
+    c.lora = _lora(tiny)
+    c.optim = _optim(tiny)
+    c.train = _train(tiny, steps)
+    c.task = mlc.ConfigDict()
+    c.task.name = task  # gsm8k, math500, sudoku, countdown (or s1k for SFT).
+    c.task.source = None  # Local data file/dir in the Hugging Face schema; None: the public source.
+    c.task.num_train = 256 if tiny else 0  # Use only the first N training examples (0: all).
+    c.mesh = mlc.ConfigDict()
+    c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); one -1 takes the remaining devices.
+    c.mesh.rules = ()  # Logical-axis rule overrides, e.g. (("embed", None),); () keeps the defaults.
+    c.max_prompt_length = 96 if tiny else 200  # Prompts are left-truncated to this many tokens.
+    return c
+
+
+def validate(c: mlc.ConfigDict) -> None:
+    """Fails before any compute with one clear line for a config that cannot run."""
+    if c.stage not in ("sft", "grpo", "eval"):
+        raise ConfigError(f"stage={c.stage!r}: must be sft, grpo or eval")
+    if not c.model.random_init:
+        if not c.model.path:
+            raise ConfigError(
+                "config.model.path is not set: point it (or $LLADA_PATH) at a local Hugging Face "
+                "LLaDA directory, e.g. `huggingface-cli download GSAI-ML/LLaDA-8B-Instruct "
+                "--local-dir ~/llada-8b-instruct`, or use a :tiny config")
+        if not Path(c.model.path).is_dir():
+            raise ConfigError(f"config.model.path={c.model.path!r} is not a directory; download "
+                              "a LLaDA checkpoint there (see README) or fix the path")
+    if "sampler" in c:
+        s = c.sampler
+        if s.gen_length % s.block_length:
+            raise ConfigError(f"sampler.block_length={s.block_length} does not divide "
+                              f"sampler.gen_length={s.gen_length}")
+        nblocks = s.gen_length // s.block_length
+        if s.steps % nblocks:
+            raise ConfigError(f"sampler.steps={s.steps} is not a multiple of the "
+                              f"{nblocks} blocks (gen_length / block_length)")
+        if s.remasking not in ("low_confidence", "random"):
+            raise ConfigError(f"sampler.remasking={s.remasking!r}: low_confidence or random")
+    if c.optim.learning_rate <= 0:
+        raise ConfigError(f"optim.learning_rate={c.optim.learning_rate} must be positive")
+
+
+def check_workdir(workdir: str) -> Path:
+    """Creates the workdir and checks it is writable (before any compute)."""
+    path = Path(workdir).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write_probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"workdir {path} is not writable ({e.strerror})") from None
+    return path
+
+
+def check_batch(global_batch: int, group: int, data_parallel: int, what: str) -> None:
+    """A global batch must split into whole groups and over the data-parallel devices."""
+    if global_batch % group:
+        raise ConfigError(f"{what}={global_batch} is not divisible by num_generations G={group}")
+    if global_batch % data_parallel:
+        raise ConfigError(f"{what}={global_batch} is not divisible by the data-parallel size "
+                          f"{data_parallel} (mesh data x fsdp)")
+
+
+# d1's per-task inner iterations (slurm_scripts/*_base.sbatch NUM_ITER).
+_MU = {"gsm8k": 12, "math500": 12, "sudoku": 8, "countdown": 8}
+
+
+def grpo(task: str, arg: str | None) -> mlc.ConfigDict:
+    """diffu-GRPO on ``task``; ``arg`` "tiny" shrinks it for CPU."""
+    tiny = _variant(arg)
+    c = base("grpo", task, tiny, steps=5000)
+    c.sampler = _sampler(tiny)
+    g = c.grpo = mlc.ConfigDict()
+    g.num_generations = 4 if tiny else 6  # G: completions per prompt.
+    g.prompts_per_step = 2 if tiny else 16  # Prompts per optimizer step, all hosts (8 GPUs x 6 x 2 accum / G in d1).
+    g.num_iterations = 2 if tiny else _MU.get(task, 12)  # mu: inner updates per rollout, each with a fresh mask seed.
+    g.beta = 0.04  # beta: weight of the k3 KL to the reference policy.
+    g.epsilon = 0.5  # epsilon: PPO ratio clipping.
+    g.p_mask_prompt = 0.15  # Probability of masking each prompt token in the log-prob estimator.
+    g.random_masking = True  # Fresh random mask seed per inner iteration (False: seed 42 for all, as d1).
+    g.advantage = "group_mean"  # group_mean (d1), grpo (std-normalised) or dr_grpo.
+    g.sync_ref_model = True  # Mix the reference toward the policy every ref_model_sync_steps.
+    g.ref_model_sync_steps = 4 if tiny else 64  # Optimizer steps between reference syncs.
+    g.ref_model_mixup_alpha = 0.6  # ref <- alpha * policy + (1 - alpha) * ref.
+    c.lock()
+    return c
+
+
+def sft(arg: str | None) -> mlc.ConfigDict:
+    """Masked SFT on s1K reasoning traces (d1's stage 1); "tiny" shrinks it for CPU."""
+    tiny = _variant(arg)
+    c = base("sft", "s1k", tiny, steps=0)
+    c.optim.learning_rate = 1e-3 if tiny else 1e-5  # d1 SFT: 1e-5.
+    c.optim.grad_accum = 1 if tiny else 4  # d1 SFT: 4.
+    c.optim.max_grad_norm = 1.0  # d1 SFT: the Trainer's default 1.0.
+    c.optim.warmup_ratio = 0.0 if tiny else 0.05  # Linear warmup fraction, then constant.
+    c.sft = mlc.ConfigDict()
+    c.sft.batch_size = 8 if tiny else 8  # Sequences per optimizer step, all hosts.
+    c.sft.max_length = 128 if tiny else 4096  # Prompt + completion tokens (longer are cut).
+    c.sft.num_epochs = 0 if tiny else 20  # Epochs (d1: 20); 0: run train.num_steps.
+    c.sft.eps = 1e-3  # Lower bound of the mask ratio t ~ U(eps, 1).
+    c.lock()
+    return c
+
+
+def _variant(arg: str | None) -> bool:
+    if arg in (None, "", "full"):
+        return False
+    if arg == "tiny":
+        return True
+    raise ConfigError(f"unknown config variant {arg!r}: use ':tiny' or nothing")
