@@ -1,0 +1,93 @@
+"""What the SFT and GRPO loops share: checkpoint/resume, metrics, preemption, export."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from d1jax import checkpoint as ckpt_lib
+from d1jax import metrics as metrics_lib
+from d1jax import weights
+from d1jax.train import config as config_lib
+
+
+@dataclasses.dataclass
+class RunContext:
+    """Per-run services: checkpointer, metric writer, progress bar, preemption flag."""
+
+    workdir: Path
+    checkpointer: ckpt_lib.Checkpointer
+    writer: metrics_lib.MetricWriter
+    preempt: ckpt_lib.PreemptionFlag
+    progress: metrics_lib.Progress | None = None
+
+    @classmethod
+    def create(cls, config, workdir: Path) -> "RunContext":
+        t = config.train
+        ck = ckpt_lib.Checkpointer(
+            workdir, save_every=t.save_every, max_to_keep=t.max_to_keep,
+            best_metric=t.keep_best_metric or None, async_save=t.async_checkpoints)
+        if jax.process_index() == 0:
+            (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+        return cls(workdir, ck, metrics_lib.MetricWriter(workdir), ckpt_lib.PreemptionFlag().install())
+
+    def restore(self, state: Any) -> tuple[int, Any, dict]:
+        """(step, state, meta) of the newest readable checkpoint, or (0, state, {})."""
+        out = self.checkpointer.restore(ckpt_lib.abstract_like(state))
+        if out is None:
+            return 0, state, {}
+        step, restored, meta = out
+        print(f"resumed from {self.checkpointer.directory}/{step}", flush=True)
+        return step, restored, meta
+
+    def should_stop(self, step: int, config) -> bool:
+        """Preempted on any host, or the config's stop_after reached."""
+        flag = np.array([self.preempt.is_set], np.int32)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            flag = multihost_utils.process_allgather(flag)
+        stop_after = config.train.stop_after
+        return bool(flag.any()) or (stop_after > 0 and step >= stop_after)
+
+    def log(self, step: int, scalars: dict[str, Any], texts: dict[str, str] | None = None):
+        clean = self.writer.write_scalars(step, scalars)
+        if texts:
+            self.writer.write_texts(step, texts)
+        if self.progress is not None:
+            shown = {k: clean[k] for k in ("loss", "reward", "kl") if k in clean}
+            self.progress.update(1, **shown)
+        return clean
+
+    def close(self) -> None:
+        self.checkpointer.close()
+        self.writer.close()
+        self.preempt.uninstall()
+        if self.progress is not None:
+            self.progress.close()
+
+
+def export_hf(workdir: Path, model_config, params, tokenizer) -> Path:
+    """Writes the final model (adapters merged) and tokenizer in the Hugging Face layout."""
+    out = workdir / "hf"
+    weights.save_hf_checkpoint(out, model_config, params, max_shard_size="2GB")
+    if jax.process_index() == 0:
+        tokenizer.save_pretrained(str(out))
+        (out / "d1jax_export.json").write_text(json.dumps({"time": time.time()}))
+    return out
+
+
+def timer():
+    t0 = time.perf_counter()
+    return lambda: time.perf_counter() - t0
+
+
+def prepare(config, workdir: str) -> Path:
+    """Validation before any compute: config, then the workdir."""
+    config_lib.validate(config)
+    return config_lib.check_workdir(workdir)

@@ -1,0 +1,64 @@
+"""Host-side pieces of a GRPO rollout: prompt encoding, completion masks, reward scoring.
+
+Prompts are left-padded (and left-truncated, as d1 does with ``max_prompt_length``) to one
+fixed length so the jitted sampler and update compile once for the whole run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+
+def encode_prompts(tokenizer, texts: Sequence[str], length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and attention mask [N, length], left-padded with pad, left-truncated."""
+    pad = tokenizer.pad_token_id
+    ids = np.full((len(texts), length), pad, np.int32)
+    mask = np.zeros((len(texts), length), np.int32)
+    for i, t in enumerate(tokenizer(list(texts), add_special_tokens=False)["input_ids"]):
+        t = t[-length:]
+        if len(t):
+            ids[i, length - len(t):] = t
+            mask[i, length - len(t):] = 1
+    return ids, mask
+
+
+def chat_prompts(tokenizer, task, examples: Sequence[dict]) -> list[str]:
+    """d1's prompt text: the task's chat messages through the tokenizer's chat template."""
+    return [tokenizer.apply_chat_template(task.build_messages(ex), add_generation_prompt=True,
+                                          tokenize=False) for ex in examples]
+
+
+def completion_mask(completion_ids: np.ndarray, eos_id: int) -> np.ndarray:
+    """1 for tokens up to and including the first EOS (all tokens when there is none), as d1."""
+    is_eos = completion_ids == eos_id
+    first = np.where(is_eos.any(1), is_eos.argmax(1), completion_ids.shape[1])
+    return (np.arange(completion_ids.shape[1])[None, :] <= first[:, None]).astype(np.int32)
+
+
+def score(task, completions: Sequence[str], examples: Sequence[dict]) -> np.ndarray:
+    """Rewards [B, F], one column per reward function of the task (unweighted)."""
+    cols = [np.asarray(f(list(completions), list(examples)), np.float32) for f in task.reward_funcs]
+    return np.stack(cols, axis=1)
+
+
+def reward_metrics(task, per_func: np.ndarray, group: int) -> dict[str, float]:
+    """d1's logged reward metrics: per-function means, total, group std, zero-std ratio."""
+    weights = np.asarray(task.reward_weights, np.float32)
+    total = (per_func * weights).sum(1)
+    std = total.reshape(-1, group).std(1, ddof=1) if group > 1 else np.zeros(len(total))
+    out = {f"rewards/{getattr(f, '__name__', i)}": float(per_func[:, i].mean())
+           for i, f in enumerate(task.reward_funcs)}
+    out.update(reward=float(total.mean()), reward_std=float(std.mean()),
+               zero_std_ratio=float((std < 1e-6).mean()))
+    return out
+
+
+def weighted_rewards(task, per_func: np.ndarray) -> np.ndarray:
+    return (per_func * np.asarray(task.reward_weights, np.float32)).sum(1)
+
+
+def repeat_examples(examples: Sequence[Any], group: int) -> list[Any]:
+    """Each example G times in a row (the layout group advantages expect)."""
+    return [ex for ex in examples for _ in range(group)]

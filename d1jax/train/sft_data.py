@@ -1,0 +1,31 @@
+"""SFT sequences as d1 builds them (SFT/sft_trainer.py preprocess_dataset).
+
+The conversation (user prompt + assistant trajectory) goes through the chat template and
+is right-padded with the pad token (EOS for LLaDA) to ``max_length``; the padding belongs
+to the completion and is trained on, so the model learns to emit EOS after its answer.
+The prompt span, which the SFT loss never masks, is the templated user turn plus "\\n"
+(d1's choice: the assistant header tokens fall in the completion span).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def encode_sft(tokenizer, examples: Sequence[dict], max_length: int) -> dict[str, np.ndarray]:
+    """Token ids [N, max_length] and prompt lengths [N] for examples with
+    ``prompt`` (chat messages) and ``completion`` (assistant text)."""
+    pad = tokenizer.pad_token_id
+    ids = np.full((len(examples), max_length), pad, np.int32)
+    prompt_len = np.zeros((len(examples),), np.int32)
+    for i, ex in enumerate(examples):
+        messages = list(ex["prompt"]) + [{"role": "assistant", "content": ex["completion"]}]
+        full = tokenizer.apply_chat_template(messages, tokenize=False)
+        prompt = tokenizer.apply_chat_template(list(ex["prompt"]), tokenize=False) + "\n"
+        toks = tokenizer(full, add_special_tokens=False)["input_ids"][:max_length]
+        ids[i, :len(toks)] = toks
+        n_prompt = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        prompt_len[i] = min(n_prompt, max_length)
+    return {"input_ids": ids, "prompt_len": prompt_len}
