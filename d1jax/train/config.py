@@ -199,3 +199,21 @@ def _variant(arg: str | None) -> bool:
     if arg == "tiny":
         return True
     raise ConfigError(f"unknown config variant {arg!r}: use ':tiny' or nothing")
+
+
+def eval_config(arg: str | None) -> mlc.ConfigDict:
+    """d1's evaluation protocol. ``arg``: "TASK" or "TASK-tiny" (e.g. "sudoku-tiny")."""
+    task, _, variant = (arg or "gsm8k").partition("-")
+    tiny = _variant(variant or None)
+    c = base("eval", task, tiny)
+    c.lora.enabled = False  # Evaluate plain weights (export LoRA runs first: <workdir>/hf).
+    c.eval = mlc.ConfigDict()
+    c.eval.gen_lengths = (32,) if tiny else (128, 256, 512)  # d1: 128, 256, 512.
+    c.eval.block_length = 16 if tiny else 32  # d1: 32.
+    c.eval.temperature = 0.0  # d1: 0 (greedy).
+    c.eval.batch_size = 8  # Prompts per generate call, all hosts.
+    c.eval.num_examples = 16 if tiny else {"sudoku": 256, "countdown": 256}.get(task, 0)  # d1: 256 for sudoku/countdown, all otherwise (0).
+    c.eval.use_attention_mask = True  # Honour prompt padding (d1 attends to it).
+    c.eval.model_name = "d1jax"  # Model name in the output file names.
+    c.lock()
+    return c

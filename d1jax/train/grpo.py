@@ -15,18 +15,18 @@ from d1jax.metrics import Progress
 from d1jax.train import config as config_lib
 from d1jax.train import engine, loop, rollout
 from d1jax.train.data import ExampleIterator
-from d1jax.train.setup import build, data_parallel_size
+from d1jax.train.setup import build, data_parallel_size, make_mesh
 
 
 def run(config, workdir: str) -> dict:
     """Runs diffu-GRPO as configured; returns the last step's metrics."""
     wd = loop.prepare(config, workdir)
+    g = config.grpo
+    G, P = g.num_generations, g.prompts_per_step
+    config_lib.check_batch(P * G, G, data_parallel_size(make_mesh(config)[0]), "prompts_per_step x G")
     task = tasks_lib.get_task(config.task.name)
     examples = _train_examples(config, task)
     s = build(config, wd, texts=lambda: _tokenizer_texts(task, examples))
-    g = config.grpo
-    G, P = g.num_generations, g.prompts_per_step
-    config_lib.check_batch(P * G, G, data_parallel_size(s.mesh), "prompts_per_step x G")
     eng = engine.GRPOEngine(config, s)
     ctx = loop.RunContext.create(config, wd)
     data = ExampleIterator(examples, P, seed=config.seed)

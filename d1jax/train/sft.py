@@ -1,0 +1,84 @@
+"""Masked SFT (d1's stage 1, SFT/sft_train.py): prompt kept, completion masked with
+t ~ U(eps, 1), cross-entropy on masked tokens weighted by 1/t.
+
+  python -m d1jax.main --config=configs/sft_s1k.py:tiny --workdir=/tmp/sft_tiny
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+
+from d1jax import sharding
+from d1jax import tasks as tasks_lib
+from d1jax import update as upd
+from d1jax.metrics import Progress
+from d1jax.train import config as config_lib
+from d1jax.train import loop
+from d1jax.train.data import ExampleIterator
+from d1jax.train.setup import build, data_parallel_size
+from d1jax.train.sft_data import encode_sft
+
+
+def sft_examples(config) -> list[dict]:
+    """(prompt messages, completion text) pairs for the configured SFT data."""
+    name = config.task.name
+    if name == "s1k":
+        rows = tasks_lib.s1k.load_sft(config.task.source)
+    else:
+        rows = tasks_lib.get_task(name).sft_examples(config.task.source)
+    if config.task.num_train:
+        rows = rows[:config.task.num_train]
+    return rows
+
+
+def num_steps(config, n_examples: int) -> int:
+    if config.sft.num_epochs:
+        return config.sft.num_epochs * (n_examples // config.sft.batch_size)
+    return config.train.num_steps
+
+
+def run(config, workdir: str) -> dict:
+    """Runs masked SFT as configured; returns the last step's metrics."""
+    wd = loop.prepare(config, workdir)
+    rows = sft_examples(config)
+    s = build(config, wd, texts=lambda: [m["content"] for r in rows[:512] for m in r["prompt"]]
+              + [r["completion"] for r in rows[:512]])
+    config_lib.check_batch(config.sft.batch_size, 1, data_parallel_size(s.mesh), "sft.batch_size")
+    total = num_steps(config, len(rows))
+    steps = upd.make_sft_steps(s.model, config, s.mesh, s.rules, total_steps=total)
+    with sharding.activate(s.mesh, s.rules):
+        state = steps.init_state(s.params)
+    ctx = loop.RunContext.create(config, wd)
+    data = ExampleIterator(rows, config.sft.batch_size, seed=config.seed)
+    step, state, meta = ctx.restore(state)
+    if meta:
+        data.set_state(meta["data"])
+    ctx.progress = Progress(total, initial=step, desc="sft")
+    key = jax.random.key(config.seed)
+    last: dict = {}
+    try:
+        while step < total and not ctx.should_stop(step, config):
+            t0 = time.perf_counter()
+            enc = encode_sft(s.tokenizer, next(data), config.sft.max_length)
+            batch = {k: jax.device_put(v, sharding.batch_sharding(s.mesh, v.ndim, s.rules))
+                     for k, v in enc.items()}
+            with sharding.activate(s.mesh, s.rules):
+                state, m = steps.update(state, batch, jax.random.fold_in(key, step))
+            step += 1
+            m = {k: float(v) for k, v in jax.device_get(m).items()}
+            dt = time.perf_counter() - t0
+            m.update(time_step=dt, tokens_per_s=enc["input_ids"].size / dt)
+            last = ctx.log(step, m)
+            ctx.checkpointer.save(step, state, {"data": data.get_state(), "metrics": last})
+        ctx.checkpointer.save(step, state, {"data": data.get_state(), "metrics": last}, force=True)
+        ctx.checkpointer.wait()
+        if config.train.export_hf and step >= total:
+            from d1jax import lora as lora_lib
+            loop.export_hf(wd, s.model_config, lora_lib.merge(state.policy_params(), s.model.lora),
+                           s.tokenizer)
+    finally:
+        ctx.close()
+    return last
