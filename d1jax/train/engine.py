@@ -20,8 +20,8 @@ from d1jax import advantages as adv_lib
 from d1jax import lora as lora_lib
 from d1jax import sampler as smp
 from d1jax import sharding
-from d1jax import update as upd
 from d1jax.train import rollout as rl
+from d1jax.train import steps as steps_lib
 
 
 @dataclasses.dataclass
@@ -52,7 +52,7 @@ class GRPOEngine:
         self.sampler_cfg = sampler_config(config, setup)
         self._generate = smp.make_generate_fn(apply_fn, self.sampler_cfg,
                                               setup.model_config.max_sequence_length)
-        self.steps = upd.make_grpo_steps(setup.model, config, setup.mesh, setup.rules)
+        self.steps = steps_lib.make_grpo_steps(setup.model, config, setup.mesh, setup.rules)
         with sharding.activate(setup.mesh, setup.rules):
             self.state = self.steps.init_state(setup.params)
 

@@ -13,10 +13,10 @@ import numpy as np
 
 from d1jax import sharding
 from d1jax import tasks as tasks_lib
-from d1jax import update as upd
 from d1jax.metrics import Progress
 from d1jax.train import config as config_lib
 from d1jax.train import loop
+from d1jax.train import steps as steps_lib
 from d1jax.train.data import ExampleIterator
 from d1jax.train.setup import build, data_parallel_size
 from d1jax.train.sft_data import encode_sft
@@ -48,7 +48,7 @@ def run(config, workdir: str) -> dict:
               + [r["completion"] for r in rows[:512]])
     config_lib.check_batch(config.sft.batch_size, 1, data_parallel_size(s.mesh), "sft.batch_size")
     total = num_steps(config, len(rows))
-    steps = upd.make_sft_steps(s.model, config, s.mesh, s.rules, total_steps=total)
+    steps = steps_lib.make_sft_steps(s.model, config, s.mesh, s.rules, total_steps=total)
     with sharding.activate(s.mesh, s.rules):
         state = steps.init_state(s.params)
     ctx = loop.RunContext.create(config, wd)
