@@ -13,6 +13,8 @@ import pytest  # noqa: E402
 import d1jax  # noqa: E402
 
 SHARED_D1 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "d1"
+if SHARED_D1.is_dir():  # loaders read d1's files from here instead of downloading them
+    os.environ.setdefault("D1JAX_DATA_DIR", str(SHARED_D1))
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ def _model(tiny: bool) -> mlc.ConfigDict:
     m.random_init = "test-tiny" if tiny else ""  # Preset name: random weights of that shape instead of model.path (tests, CPU smoke runs).
     m.width = 64 if tiny else 0  # For random_init: d_model override (0 keeps the preset's).
     m.n_layers = 2 if tiny else 0  # For random_init: layer count override (0 keeps the preset's).
-    m.tokenizer_vocab = 384  # For random_init: vocabulary size of the trained tiny tokenizer.
+    m.tokenizer_vocab = 1024  # For random_init: vocabulary size of the trained tiny tokenizer.
     m.dtype = "float32" if tiny else "bfloat16"  # Compute dtype of matmuls.
     m.param_dtype = "float32" if tiny else "bfloat16"  # Storage dtype of the params.
     m.remat = not tiny  # Rematerialise each block in the backward pass.
@@ -97,7 +97,7 @@ def base(stage: str, task: str, tiny: bool, steps: int = 1000) -> mlc.ConfigDict
     c.mesh = mlc.ConfigDict()
     c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); one -1 takes the remaining devices.
     c.mesh.rules = ()  # Logical-axis rule overrides, e.g. (("embed", None),); () keeps the defaults.
-    c.max_prompt_length = 96 if tiny else 200  # Prompts are left-truncated to this many tokens.
+    c.max_prompt_length = 192 if tiny else 200  # Prompts are left-truncated to this many tokens.
     return c
 
 
@@ -179,14 +179,15 @@ def grpo(task: str, arg: str | None) -> mlc.ConfigDict:
 def sft(arg: str | None) -> mlc.ConfigDict:
     """Masked SFT on s1K reasoning traces (d1's stage 1); "tiny" shrinks it for CPU."""
     tiny = _variant(arg)
-    c = base("sft", "s1k", tiny, steps=0)
+    # The tiny variant trains on generated Sudoku trajectories: s1K needs the Hub.
+    c = base("sft", "sudoku" if tiny else "s1k", tiny, steps=0)
     c.optim.learning_rate = 1e-3 if tiny else 1e-5  # d1 SFT: 1e-5.
     c.optim.grad_accum = 1 if tiny else 4  # d1 SFT: 4.
     c.optim.max_grad_norm = 1.0  # d1 SFT: the Trainer's default 1.0.
     c.optim.warmup_ratio = 0.0 if tiny else 0.05  # Linear warmup fraction, then constant.
     c.sft = mlc.ConfigDict()
     c.sft.batch_size = 8 if tiny else 8  # Sequences per optimizer step, all hosts.
-    c.sft.max_length = 128 if tiny else 4096  # Prompt + completion tokens (longer are cut).
+    c.sft.max_length = 256 if tiny else 4096  # Prompt + completion tokens (longer are cut).
     c.sft.num_epochs = 0 if tiny else 20  # Epochs (d1: 20); 0: run train.num_steps.
     c.sft.eps = 1e-3  # Lower bound of the mask ratio t ~ U(eps, 1).
     c.lock()

@@ -19,16 +19,18 @@ from d1jax.train import loop
 from d1jax.train import steps as steps_lib
 from d1jax.train.data import ExampleIterator
 from d1jax.train.setup import build, data_parallel_size
-from d1jax.train.sft_data import encode_sft
+from d1jax.train.sft_data import encode_sft, trajectory_examples
 
 
 def sft_examples(config) -> list[dict]:
     """(prompt messages, completion text) pairs for the configured SFT data."""
     name = config.task.name
     if name == "s1k":
-        rows = tasks_lib.s1k.load_sft(config.task.source)
-    else:
-        rows = tasks_lib.get_task(name).sft_examples(config.task.source)
+        from d1jax.tasks import s1k
+        rows = s1k.load_train(config.task.source)
+    else:  # a generated task: d1's prompt and a solution trajectory (offline stand-in)
+        task = tasks_lib.get_task(name)
+        rows = trajectory_examples(task, task.load_train(config.task.source))
     if config.task.num_train:
         rows = rows[:config.task.num_train]
     return rows

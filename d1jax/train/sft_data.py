@@ -29,3 +29,22 @@ def encode_sft(tokenizer, examples: Sequence[dict], max_length: int) -> dict[str
         n_prompt = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
         prompt_len[i] = min(n_prompt, max_length)
     return {"input_ids": ids, "prompt_len": prompt_len}
+
+
+def solution_trajectory(task_name: str, example: dict) -> str:
+    """A well-formed d1 answer for a generated task (the SFT target standing in for s1K)."""
+    if task_name == "sudoku":
+        sol = example["solution"]
+        rows = [sol[i:i + 4] for i in range(0, 16, 4)]
+        reasoning = f"Rows: {' '.join(rows)}"
+        answer = sol
+    else:
+        reasoning = "Work it out step by step."
+        answer = str(example.get("answer", example.get("solution", "")))
+    return f"<reasoning>\n{reasoning}\n</reasoning>\n<answer>\n{answer}\n</answer>"
+
+
+def trajectory_examples(task, examples) -> list[dict]:
+    """SFT pairs (d1's GRPO prompt, solution trajectory) for a task with known solutions."""
+    return [{"prompt": task.build_messages(ex),
+             "completion": solution_trajectory(task.name, ex)} for ex in examples]
