@@ -1,0 +1,182 @@
+"""Score generation files in d1's layout with d1's parse rules (eval/parse_and_get_acc.py).
+
+    python -m d1jax.score eval_baselines/                       # every *_generations.json
+    python -m d1jax.score gsm8k_instruct_256_128_0_generations.json --json
+
+A file is ``{"generations": [{"question", "generations", "ground_truth"}, ...], ...}``.
+Its task and generation length come from the name, as d1 names them:
+``{task}_{model}_{gen_length}_{steps}_{rank}_generations.json``; shards of one setup (the
+name without ``_{rank}_generations.json``) are pooled, as d1 does. Accuracy is d1's:
+correct / items, and for Sudoku correct cells / empty cells, with puzzles fully solved
+reported beside it.
+
+Other code can call ``score_file(path)``, ``score_paths(paths)`` or, for generations in
+memory, ``score_records(records, task)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from d1jax.tasks import TASK_NAMES, get_task
+
+_FILE_NAME = re.compile(r"^(?P<setup>.+)_\d+_generations\.json$")
+# d1 picks the parser by substring of the setup name, in this order.
+_D1_SUBSTRINGS = (("gsm", "gsm8k"), ("math", "math500"), ("countdown", "countdown"),
+                  ("sudoku", "sudoku"))
+_TASK_TOKENS = {"gsm8k": "gsm8k", "gsm": "gsm8k", "math": "math500", "math500": "math500",
+                "countdown": "countdown", "sudoku": "sudoku"}
+
+
+def setup_name(path: str | Path) -> str:
+    """d1's ``extract_setup_name``; other names count as their own setup (minus .json)."""
+    name = Path(path).name
+    m = _FILE_NAME.match(name)
+    return m.group("setup") if m else name.removesuffix(".json")
+
+
+def infer_task(setup: str) -> str | None:
+    """Task from a setup name: its first token if that names a task, else d1's rule."""
+    first = setup.split("_", 1)[0].lower()
+    if first in _TASK_TOKENS:
+        return _TASK_TOKENS[first]
+    return next((task for key, task in _D1_SUBSTRINGS if key in setup), None)
+
+
+def infer_gen_length(setup: str) -> int | None:
+    """``..._{gen_length}_{steps}`` at the end of a setup name, else None."""
+    parts = setup.split("_")
+    if len(parts) >= 3 and parts[-2].isdigit() and parts[-1].isdigit():
+        return int(parts[-2])
+    return None
+
+
+def score_records(records: Sequence[dict], task: str, details: bool = False,
+                  math_equivalence: str = "d1") -> dict:
+    """d1's accuracy over items ``{"question", "generations", "ground_truth"}``.
+
+    Returns n, correct (items fully right), hits/total (d1's pooled numerator and
+    denominator), accuracy = hits/total in [0, 1]; for Sudoku also solved and
+    solved_accuracy. ``details`` adds per-item verdicts. ``math_equivalence``: "d1" or
+    "math_verify" (MATH only).
+    """
+    options = {"equivalence": math_equivalence} if task == "math500" else {}
+    judge = get_task(task, **options).verdict
+    verdicts = []
+    for i, rec in enumerate(records):
+        try:
+            verdicts.append(judge(rec))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"item {i} cannot be scored as {task}: {e}") from e
+    return _summary(task, verdicts, details)
+
+
+def _summary(task: str, verdicts: list, details: bool) -> dict:
+    hits, total = sum(v.hits for v in verdicts), sum(v.total for v in verdicts)
+    out = {"task": task, "n": len(verdicts), "correct": sum(v.correct for v in verdicts),
+           "hits": hits, "total": total, "accuracy": hits / total if total else 0.0}
+    if task == "sudoku":
+        out["solved"] = out["correct"]
+        out["solved_accuracy"] = out["correct"] / len(verdicts) if verdicts else 0.0
+    if details:
+        out["items"] = [{"extracted": v.extracted, "correct": v.correct, "hits": v.hits,
+                         "total": v.total} for v in verdicts]
+    return out
+
+
+def _load(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable JSON file ({e})") from e
+    if not isinstance(data, dict) or not isinstance(data.get("generations"), list):
+        raise ValueError(f"{path}: expected d1's layout {{'generations': [...]}}")
+    return data
+
+
+def score_file(path: str | Path, task: str | None = None, details: bool = False,
+               math_equivalence: str = "d1") -> dict:
+    """Scores one generation file; ``task`` overrides the one inferred from its name."""
+    path = Path(path)
+    data, setup = _load(path), setup_name(path)
+    task = task or infer_task(setup)
+    if task not in TASK_NAMES:
+        raise ValueError(f"{path}: cannot tell the task from the name {setup!r}; pass "
+                         f"task= (one of {', '.join(TASK_NAMES)})")
+    gen_length = infer_gen_length(setup) or data.get("gen_length")
+    try:
+        result = score_records(data["generations"], task, details, math_equivalence)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e
+    return {"file": str(path), "setup": setup, "gen_length": gen_length, **result}
+
+
+def expand(paths: Iterable[str | Path]) -> list[Path]:
+    """Files as given; directories become their ``*_generations.json`` files."""
+    files = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(p.glob("*_generations.json"))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"{p}: no such file or directory")
+    return files
+
+
+def score_paths(paths: Iterable[str | Path], task: str | None = None,
+                math_equivalence: str = "d1") -> list[dict]:
+    """Scores files and directories; shards of one setup are pooled (d1's aggregation)."""
+    pooled: dict[str, dict] = {}
+    for f in expand(paths):
+        r = score_file(f, task, math_equivalence=math_equivalence)
+        p = pooled.setdefault(r["setup"], {**r, "files": [], "n": 0, "correct": 0,
+                                           "hits": 0, "total": 0})
+        p["files"].append(r.pop("file"))
+        for key in ("n", "correct", "hits", "total"):
+            p[key] += r[key]
+    for p in pooled.values():
+        p.pop("file", None)
+        p["accuracy"] = p["hits"] / p["total"] if p["total"] else 0.0
+        if p["task"] == "sudoku":
+            p["solved"] = p["correct"]
+            p["solved_accuracy"] = p["correct"] / p["n"] if p["n"] else 0.0
+    return [pooled[k] for k in sorted(pooled)]
+
+
+def format_table(results: Sequence[dict]) -> str:
+    lines = [f"{'setup':<40} {'task':<10} {'length':>6} {'items':>6} {'accuracy':>9}  extra",
+             "-" * 84]
+    for r in results:
+        extra = (f"cells {r['hits']:.0f}/{r['total']}, solved {r['solved']}/{r['n']} "
+                 f"({100 * r['solved_accuracy']:.2f}%)" if r["task"] == "sudoku" else "")
+        lines.append(f"{r['setup']:<40} {r['task']:<10} {str(r['gen_length'] or '-'):>6} "
+                     f"{r['n']:>6} {100 * r['accuracy']:>8.2f}%  {extra}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m d1jax.score",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("paths", nargs="+", help="generation JSON files or directories")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--task", choices=TASK_NAMES, help="override the task inferred from names")
+    parser.add_argument("--math-equivalence", choices=("d1", "math_verify"), default="d1",
+                        help="MATH answer comparison (math_verify needs pip install math-verify)")
+    args = parser.parse_args(argv)
+    try:
+        results = score_paths(args.paths, args.task, args.math_equivalence)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(results, indent=2) if args.json else format_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,305 @@
+"""4x4 Sudoku: d1's prompt, its partial-credit reward, its evaluation parser, and a seeded
+generator of puzzles with exactly one solution.
+
+Reward (diffu-grpo/reward_func.py ``sudoku_reward_func``), weight 1, range [0, 1]: the
+digits of the last ``<answer>`` are padded with '0' or cut to 16 and the fraction of the
+puzzle's empty cells they fill correctly is the reward (0 with no ``<answer>``).
+
+Evaluation (eval/parse_and_get_acc.py): the answer is found by five patterns in turn
+(code block in the answer, answer content, text after ``</answer>``, a 16-digit run
+before ``</answer>``, any 16-digit word), whitespace removed, padded or cut to 16;
+accuracy is correct cells / empty cells, pooled over puzzles. ``Verdict.correct`` is the
+stricter "every empty cell right".
+
+Data: d1's test set is ``dataset/4x4_test_sudoku.csv`` of its repository (500 puzzles, 8
+empty cells each; its evaluation uses a seeded 256 of them). Training puzzles come from
+``generate_puzzles`` (deduplicated against the whole test set) unless a source is given.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+from typing import Any, Iterable
+
+import numpy as np
+
+from d1jax import rewards
+from d1jax.tasks import sources
+from d1jax.tasks.base import Example, Task, Verdict, batched, user_turn
+
+TEST_FILE, D1_TRAIN_FILE = "4x4_test_sudoku.csv", "4x4_sudoku_unique_puzzles.csv"
+EVAL_SUBSAMPLE = 256  # d1's eval.py num_evals["sudoku"]
+
+# diffu-grpo/data_utils.py and eval/sudoku.py SUDOKU_SYSTEM_PROMPT (identical in both).
+SYSTEM_PROMPT = """
+Please solve the following 4x4 Sudoku puzzle. The puzzle is provided as a 16-character string reading left-to-right, top-to-bottom, where '0' represents empty cells.
+
+Rules:
+- Fill empty cells with digits 1-4
+- Each row must contain digits 1-4 exactly once
+- Each column must contain digits 1-4 exactly once
+- Each 2x2 box must contain digits 1-4 exactly once
+
+Important: Your solution must be a COMPLETE 16-character string with only the digits 1-4, representing your final solved grid.
+
+Respond in this exact format:
+<reasoning>
+Your step-by-step solving process
+</reasoning>
+<answer>
+[16-character solution string with no spaces or separators]
+</answer>
+"""
+
+# ---------------------------------------------------------------------------- scoring
+
+
+def cell_accuracy(answer: str, solution: str, puzzle: str) -> tuple[int, int]:
+    """(correct cells, empty cells): ``answer`` padded with '0' / cut to 16 characters,
+    compared with ``solution`` on the cells that are '0' in ``puzzle``."""
+    answer = answer[:16].ljust(16, "0")
+    empty = [i for i in range(16) if puzzle[i] == "0"]
+    if len(solution) < 16:
+        raise ValueError(f"sudoku solution {solution!r} is not 16 characters long")
+    return sum(answer[i] == solution[i] for i in empty), len(empty)
+
+
+def sudoku_reward_func(completion: str, example: Example) -> float:
+    """Fraction of empty cells the last ``<answer>``'s digits get right, in [0, 1]."""
+    answer = rewards.last_answer(completion)
+    if answer is None:
+        return 0.0
+    digits = "".join(c for c in answer.strip() if c.isdigit())  # d1: str.isdigit
+    if not digits:
+        return 0.0
+    right, empty = cell_accuracy(digits, example["solution"], example["puzzle"])
+    return right / empty if empty else 0.0
+
+
+REWARD_FUNCS = (batched(sudoku_reward_func),)
+
+_TERMINATORS = ("<|eot_id|>", "<|endoftext|>")
+_DIGITS_SPACES = re.compile(r"[\d\s]*")
+_SIXTEEN_BEFORE_CLOSE = re.compile(r"(\d{16})\s*</answer>")
+_SIXTEEN_WORD = re.compile(r"\b(\d{16})\b")
+_PUZZLE_IN_QUESTION = re.compile(r"Sudoku puzzle: ([0-9]{16})")
+
+
+def _first(text: str, needles: Iterable[str], start: int) -> int:
+    found = [i for i in (text.find(n, start) for n in needles) if i >= 0]
+    return min(found) if found else -1
+
+
+def _code_block_in_answer(text: str) -> str | None:
+    """``<answer>.*?```\\s*([\\d\\s]+)```  `` (DOTALL), in linear time."""
+    a = text.find("<answer>")
+    if a < 0:
+        return None
+    pos = a + len("<answer>")
+    while (p := text.find("```", pos)) >= 0:
+        run_end = _DIGITS_SPACES.match(text, p + 3).end()
+        if run_end > p + 3 and text.startswith("```", run_end):
+            return text[p + 3:run_end]
+        pos = p + 1
+    return None
+
+
+def _answer_to_terminator(text: str) -> str | None:
+    """``<answer>(.*?)(?:<|eot_id|>|<|endoftext|>|</answer>)`` (DOTALL)."""
+    a = text.find("<answer>")
+    if a < 0:
+        return None
+    end = _first(text, _TERMINATORS + ("</answer>",), a + len("<answer>"))
+    return None if end < 0 else text[a + len("<answer>"):end]
+
+
+def _after_answer(text: str) -> str | None:
+    """``</answer>\\s*(.*?)(?:<|eot_id|>|<|endoftext|>|$)`` (DOTALL)."""
+    c = text.find("</answer>")
+    if c < 0:
+        return None
+    k = c + len("</answer>")
+    while k < len(text) and text[k].isspace():
+        k += 1
+    end = len(text) - 1 if text.endswith("\n") and k < len(text) else len(text)
+    term = _first(text, _TERMINATORS, k)
+    return text[k:end if term < 0 else min(term, end)]
+
+
+def parse_answer(text: str) -> str:
+    """d1's ``parse_sudoku_answers`` extraction: the first pattern with a non-blank
+    capture, whitespace removed ('' if none)."""
+    finders = (_code_block_in_answer, _answer_to_terminator, _after_answer,
+               lambda t: (m := _SIXTEEN_BEFORE_CLOSE.search(t)) and m.group(1),
+               lambda t: (m := _SIXTEEN_WORD.search(t)) and m.group(1))
+    for find in finders:
+        found = find(text)
+        if found and found.strip():
+            return re.sub(r"\s", "", found.strip())
+    return ""
+
+
+def puzzle_from_question(question: str) -> str:
+    """The puzzle d1's parser reads from an eval question."""
+    if len(question) >= 16 and all(c.isdigit() for c in question[:16]):
+        return question[:16]
+    m = _PUZZLE_IN_QUESTION.search(question)
+    if not m:
+        raise ValueError(f"no 16-digit sudoku puzzle in question {question[:80]!r}")
+    return m.group(1)
+
+
+def verdict(record: dict) -> Verdict:
+    """Cells right out of empty cells, as d1 pools them; ``correct``: all of them."""
+    puzzle = puzzle_from_question(record.get("question", ""))
+    answer = parse_answer(record.get("generations", ""))
+    truth = str(record.get("ground_truth", ""))
+    if answer:
+        answer = answer[:16].ljust(16, "0")  # what d1 reports as the extracted answer
+        right, empty = cell_accuracy(answer, truth, puzzle)
+    else:
+        right, empty = 0, puzzle.count("0")
+    return Verdict(extracted=answer, correct=empty > 0 and right == empty, hits=right,
+                   total=empty)
+
+
+# ---------------------------------------------------------------------------- generator
+
+
+@functools.cache
+def solution_grids() -> tuple[str, ...]:
+    """All 288 solved 4x4 grids, as 16-character strings in lexicographic order."""
+    grids, cells = [], [0] * 16
+
+    def fits(i: int, d: int) -> bool:
+        r, c = divmod(i, 4)
+        box = [(r // 2 * 2 + dr) * 4 + c // 2 * 2 + dc for dr in (0, 1) for dc in (0, 1)]
+        peers = [r * 4 + k for k in range(4)] + [k * 4 + c for k in range(4)] + box
+        return all(cells[j] != d for j in peers if j < i)
+
+    def fill(i: int) -> None:
+        if i == 16:
+            grids.append("".join(map(str, cells)))
+            return
+        for d in range(1, 5):
+            if fits(i, d):
+                cells[i] = d
+                fill(i + 1)
+        cells[i] = 0
+
+    fill(0)
+    return tuple(grids)
+
+
+@functools.cache
+def _grid_array() -> np.ndarray:
+    return np.array([[int(c) for c in g] for g in solution_grids()], np.int8)
+
+
+def count_solutions(puzzle: str) -> int:
+    """How many solved grids agree with the puzzle's given digits."""
+    p = np.array([int(c) for c in puzzle], np.int8)
+    given = p != 0
+    return int((_grid_array()[:, given] == p[given]).all(axis=1).sum())
+
+
+def generate_puzzles(n: int, seed: int = 0, exclude: Iterable[str] = (),
+                     num_empty: int | tuple[int, int] = 8) -> list[Example]:
+    """``n`` distinct puzzles with exactly one solution, none in ``exclude``.
+
+    Deterministic in ``seed``: a uniformly drawn solved grid with ``num_empty`` cells (an
+    int, or an inclusive (low, high) range) blanked at random, kept if its solution is
+    unique. Rows are ``{"puzzle", "solution"}``.
+    """
+    low, high = (num_empty, num_empty) if isinstance(num_empty, int) else num_empty
+    if not 0 <= low <= high <= 16:
+        raise ValueError(f"num_empty={num_empty!r}: must be in 0..16")
+    rng, grids, seen = random.Random(seed), solution_grids(), set(exclude)
+    out: list[Example] = []
+    for _ in range(200 * n + 1000):
+        if len(out) == n:
+            break
+        grid = grids[rng.randrange(len(grids))]
+        holes = set(rng.sample(range(16), rng.randint(low, high)))
+        puzzle = "".join("0" if i in holes else d for i, d in enumerate(grid))
+        if puzzle not in seen and count_solutions(puzzle) == 1:
+            seen.add(puzzle)
+            out.append({"puzzle": puzzle, "solution": grid})
+    if len(out) < n:
+        raise RuntimeError(f"made only {len(out)} of {n} distinct unique-solution puzzles "
+                           f"with num_empty={num_empty!r}; ask for fewer or more empty cells")
+    return out
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def _normalize(row: dict) -> Example:
+    puzzle = row.get("Puzzle", row.get("puzzle"))
+    solution = row.get("Solution", row.get("solution"))
+    if puzzle is None or solution is None:
+        raise ValueError(f"sudoku rows need Puzzle/Solution (or puzzle/solution); "
+                         f"got {sorted(row)}")
+    # A CSV read with type inference turns "0140..." into an int: restore the zeros.
+    puzzle, solution = str(puzzle).zfill(16), str(solution).zfill(16)
+    if len(puzzle) != 16 or len(solution) != 16:
+        raise ValueError(f"sudoku row {row!r}: puzzle and solution must be 16 digits")
+    return {"puzzle": puzzle, "solution": solution}
+
+
+def load_test(source=None, subsample: int | None = EVAL_SUBSAMPLE,
+              cache_dir: str | None = None) -> list[Example]:
+    """d1's test puzzles (its CSV unless ``source``); ``subsample`` picks d1's seeded
+    evaluation subset (256, in d1's order; None: all 500)."""
+    src = sources.d1_file(TEST_FILE) if source is None else source
+    rows = sources.load_rows(src, split="test", cache_dir=cache_dir)
+    return sources.d1_eval_subset([_normalize(r) for r in rows], subsample)
+
+
+def load_train(source=None, split: str = "train", n: int = 10_000, seed: int = 0,
+               num_empty: int | tuple[int, int] = 8, test_source=None,
+               exclude_test: bool = True, cache_dir: str | None = None) -> list[Example]:
+    """Training puzzles.
+
+    ``source=None``: ``generate_puzzles(n, seed, num_empty=...)``, none of them in the test
+    set (read from ``test_source``, default d1's; ``exclude_test=False`` skips this).
+    ``source="d1"``: d1's own training CSV, minus the 500 rows d1 holds out. Otherwise a
+    file or directory with Puzzle/Solution columns.
+    """
+    if source is None:
+        exclude = ([r["puzzle"] for r in load_test(test_source, subsample=None,
+                                                  cache_dir=cache_dir)]
+                   if exclude_test else [])
+        return generate_puzzles(n, seed, exclude=exclude, num_empty=num_empty)
+    if source == "d1":
+        rows = sources.read_file(sources.d1_file(D1_TRAIN_FILE))
+        return sources.d1_train_holdout([_normalize(r) for r in rows])
+    rows = sources.load_rows(source, split=split, cache_dir=cache_dir)
+    return [_normalize(r) for r in rows]
+
+
+def question(example: Example) -> str:
+    return f"Solve the following Sudoku puzzle: {example['puzzle']}\n"
+
+
+def build_messages(example: Example) -> list[dict]:
+    return user_turn(f"{SYSTEM_PROMPT}\n\n{question(example)}")
+
+
+def record(example: Example, generation: str) -> dict[str, Any]:
+    return {"question": question(example), "generations": generation,
+            "ground_truth": example["solution"]}
+
+
+def ground_truth(example: Example) -> str:
+    return example["solution"]
+
+
+def make_task() -> Task:
+    return Task(name="sudoku", system_prompt=SYSTEM_PROMPT, reward_funcs=REWARD_FUNCS,
+                reward_weights=(1.0,), build_messages=build_messages,
+                eval_system_prompt=SYSTEM_PROMPT, build_eval_messages=build_messages,
+                record=record, verdict=verdict, load_train=load_train, load_test=load_test,
+                ground_truth=ground_truth)
