@@ -50,7 +50,18 @@ def main(argv):
     workdir = _WORKDIR.value or config.get("workdir")
     if not workdir:
         sys.exit("error: no workdir: pass --workdir=DIR or set config.workdir")
-    importlib.import_module(STAGES[stage]).run(config, workdir)
+    try:
+        importlib.import_module(STAGES[stage]).run(config, workdir)
+    except _user_errors() as e:  # a mistake in a config or a file: one clear line
+        sys.exit(f"error: {e}")
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from d1jax.model import UnsupportedConfigError
+    from d1jax.tasks.sources import DataUnavailableError
+    from d1jax.train.config import ConfigError
+    from d1jax.weights import CheckpointError
+    return (ConfigError, CheckpointError, UnsupportedConfigError, DataUnavailableError)
 
 
 if __name__ == "__main__":

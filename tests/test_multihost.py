@@ -1,0 +1,60 @@
+"""Multi-host for real on this CPU: 2 processes x 4 fake devices run 2 GRPO steps of the tiny
+config and save; one process with 8 devices on a different mesh restores and continues with
+the same numbers as an uninterrupted single-process run."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from d1jax.metrics import read_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = "--config=configs/grpo_sudoku.py:tiny"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(devices: int, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("D1JAX_PROCESS")}
+    env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               JAX_PLATFORMS="cpu", **extra)
+    return env
+
+
+def test_two_processes_then_one_on_another_mesh(tmp_path, shared_d1):
+    wd, ref = tmp_path / "run", tmp_path / "ref"
+    port = _free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "d1jax.main", CONFIG, f"--workdir={wd}",
+         "--config.train.stop_after=2", "--config.mesh.shape=(2,2,2)"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=_env(4, D1JAX_COORDINATOR=f"127.0.0.1:{port}", D1JAX_NUM_PROCESSES="2",
+                 D1JAX_PROCESS_ID=str(i))) for i in range(2)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-4000:]
+    assert (wd / "checkpoints" / "2").exists()
+    assert [r["step"] for r in read_jsonl(wd / "metrics.jsonl")] == [1, 2]  # process 0 only
+
+    # Resume on one process, mesh (1, 4, 2), and run an uninterrupted reference on (8, 1, 1).
+    for args, d in (([f"--workdir={wd}", "--config.mesh.shape=(1,4,2)"], 8),
+                    ([f"--workdir={ref}"], 8)):
+        r = subprocess.run([sys.executable, "-m", "d1jax.main", CONFIG, *args], cwd=ROOT,
+                           capture_output=True, text=True, timeout=600, env=_env(d))
+        assert r.returncode == 0, r.stderr[-4000:]
+    got = {r["step"]: r for r in read_jsonl(wd / "metrics.jsonl")}
+    want = {r["step"]: r for r in read_jsonl(ref / "metrics.jsonl")}
+    assert sorted(got) == [1, 2, 3, 4]
+    for step in (1, 2, 3, 4):
+        for key in ("reward", "completion_length", "loss", "kl", "grad_norm"):
+            np.testing.assert_allclose(got[step][key], want[step][key], rtol=2e-3, atol=1e-6,
+                                       err_msg=f"step {step} {key}")
