@@ -41,9 +41,17 @@ def generate_texts(s, task, examples, scfg: smp.SamplerConfig, batch_size: int,
         put = lambda a: jax.device_put(a, sharding.batch_sharding(s.mesh, 2, s.rules))
         with sharding.activate(s.mesh, s.rules):
             res = gen(s.params, put(ids), put(mask), jax.random.key(seed + i))
-        comp = np.asarray(jax.device_get(res.ids))[:n, prompt_length:]
+        comp = _all_rows(res.ids)[:n, prompt_length:]
         out.extend(s.tokenizer.batch_decode(comp, skip_special_tokens=False))
     return out
+
+
+def _all_rows(x) -> np.ndarray:
+    """Every row of a (possibly multi-host) global array, on every host."""
+    if x.is_fully_addressable:
+        return np.asarray(jax.device_get(x))
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def evaluate(config, s, task, examples, workdir: Path) -> dict:

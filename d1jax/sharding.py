@@ -121,3 +121,25 @@ def param_shardings(model: nn.Module, mesh: Mesh, rules=DEFAULT_RULES, seq_len: 
     ids = np.zeros((1, seq_len), np.int32)
     abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), ids))
     return nn.meta.unbox(logical_to_sharding(abstract["params"], mesh, rules))
+
+
+def host_to_global(local: np.ndarray, mesh: Mesh, rules=DEFAULT_RULES) -> jax.Array:
+    """This host's rows of a batch -> the global batch-sharded array (multi-host safe)."""
+    return jax.make_array_from_process_local_data(batch_sharding(mesh, local.ndim, rules), local)
+
+
+def global_to_host(x: jax.Array, mesh: Mesh, rules=DEFAULT_RULES) -> np.ndarray:
+    """The rows of a batch-sharded global array that belong to this host (all rows on one)."""
+    if jax.process_count() == 1:
+        return np.asarray(jax.device_get(x))
+    from jax.experimental import multihost_utils
+    spec = batch_sharding(mesh, x.ndim, rules).spec
+    return np.asarray(multihost_utils.global_array_to_host_local_array(x, mesh, spec))
+
+
+def gather_rows(local: np.ndarray) -> np.ndarray:
+    """Concatenate every host's rows in process order (for metrics)."""
+    if jax.process_count() == 1:
+        return local
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(local, tiled=True))

@@ -57,7 +57,7 @@ class GRPOEngine:
             self.state = self.steps.init_state(setup.params)
 
     def _put(self, a: np.ndarray):
-        return jax.device_put(a, sharding.batch_sharding(self.s.mesh, a.ndim, self.s.rules))
+        return sharding.host_to_global(a, self.s.mesh, self.s.rules)
 
     def rollout(self, task, examples: list[dict], rollout_idx: int):
         """One rollout on ``examples`` (each prompt already repeated G times)."""
@@ -69,7 +69,7 @@ class GRPOEngine:
         k_gen, k_seed = jax.random.split(key)
         with sharding.activate(s.mesh, s.rules):
             out = self._generate(self.state.policy_params(), self._put(ids), self._put(mask), k_gen)
-        seqs = np.asarray(jax.device_get(out.ids))
+        seqs = sharding.global_to_host(out.ids, s.mesh, s.rules)
         t_gen = time.perf_counter() - t0
         comp = seqs[:, ids.shape[1]:]
         cmask = rl.completion_mask(comp, s.ids["eos"])
@@ -90,10 +90,11 @@ class GRPOEngine:
             batch.update(self.steps.rollout_logps(self.state, batch, jnp.asarray(seeds)))
         jax.block_until_ready(batch)
         t_logp = time.perf_counter() - t0 - t_gen - t_score
-        metrics = rl.reward_metrics(task, per_func, g.num_generations)
-        metrics.update(completion_length=float(cmask.sum(1).mean()), time_generate=t_gen,
+        metrics = rl.reward_metrics(task, sharding.gather_rows(per_func), g.num_generations)
+        metrics.update(completion_length=float(sharding.gather_rows(cmask).sum(1).mean()),
+                       time_generate=t_gen,
                        time_score=t_score, time_old_ref_logps=t_logp,
-                       generated_tokens_per_s=comp.size / max(t_gen, 1e-9))
+                       generated_tokens_per_s=comp.size * jax.process_count() / max(t_gen, 1e-9))
         sample = {"prompt": texts[0], "completion": completions[0], "reward": str(rewards[0])}
         return Rollout(batch, seeds), metrics, sample
 

@@ -65,8 +65,7 @@ def run(config, workdir: str) -> dict:
         while step < total and not ctx.should_stop(step, config):
             t0 = time.perf_counter()
             enc = encode_sft(s.tokenizer, next(data), config.sft.max_length)
-            batch = {k: jax.device_put(v, sharding.batch_sharding(s.mesh, v.ndim, s.rules))
-                     for k, v in enc.items()}
+            batch = {k: sharding.host_to_global(v, s.mesh, s.rules) for k, v in enc.items()}
             with sharding.activate(s.mesh, s.rules):
                 state, m = steps.update(state, batch, jax.random.fold_in(key, step))
             step += 1
