@@ -14,7 +14,10 @@ import pytest
 from d1jax.metrics import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = "--config=configs/grpo_sudoku.py:tiny"
+# A small learning rate: the random tiny model earns no reward yet, so its gradients are the
+# KL term alone, near float noise, and Adam (which normalises a gradient's scale away) would
+# turn another mesh's summation order into O(lr) parameter differences.
+CONFIG = ("--config=configs/grpo_sudoku.py:tiny", "--config.optim.learning_rate=1e-5")
 
 
 def _free_port() -> int:
@@ -34,7 +37,7 @@ def test_two_processes_then_one_on_another_mesh(tmp_path, shared_d1):
     wd, ref = tmp_path / "run", tmp_path / "ref"
     port = _free_port()
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "d1jax.main", CONFIG, f"--workdir={wd}",
+        [sys.executable, "-m", "d1jax.main", *CONFIG, f"--workdir={wd}",
          "--config.train.stop_after=2", "--config.mesh.shape=(2,2,2)"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=_env(4, D1JAX_COORDINATOR=f"127.0.0.1:{port}", D1JAX_NUM_PROCESSES="2",
@@ -48,7 +51,7 @@ def test_two_processes_then_one_on_another_mesh(tmp_path, shared_d1):
     # Resume on one process, mesh (1, 4, 2), and run an uninterrupted reference on (8, 1, 1).
     for args, d in (([f"--workdir={wd}", "--config.mesh.shape=(1,4,2)"], 8),
                     ([f"--workdir={ref}"], 8)):
-        r = subprocess.run([sys.executable, "-m", "d1jax.main", CONFIG, *args], cwd=ROOT,
+        r = subprocess.run([sys.executable, "-m", "d1jax.main", *CONFIG, *args], cwd=ROOT,
                            capture_output=True, text=True, timeout=600, env=_env(d))
         assert r.returncode == 0, r.stderr[-4000:]
     got = {r["step"]: r for r in read_jsonl(wd / "metrics.jsonl")}
@@ -56,8 +59,5 @@ def test_two_processes_then_one_on_another_mesh(tmp_path, shared_d1):
     assert sorted(got) == [1, 2, 3, 4]
     for step in (1, 2, 3, 4):
         for key in ("reward", "completion_length", "loss", "kl", "grad_norm"):
-            # The random tiny model earns no reward yet, so loss, KL and gradients are KL-only,
-            # ~1e-5; another mesh sums in another order: absolute tolerances at that scale.
-            atol = {"grad_norm": 1e-4, "loss": 2e-5, "kl": 2e-4}.get(key, 1e-6)
-            np.testing.assert_allclose(got[step][key], want[step][key], rtol=2e-3, atol=atol,
+            np.testing.assert_allclose(got[step][key], want[step][key], rtol=1e-2, atol=1e-7,
                                        err_msg=f"step {step} {key}")
