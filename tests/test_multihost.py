@@ -14,10 +14,7 @@ import pytest
 from d1jax.metrics import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
-# A small learning rate: the random tiny model earns no reward yet, so its gradients are the
-# KL term alone, near float noise, and Adam (which normalises a gradient's scale away) would
-# turn another mesh's summation order into O(lr) parameter differences.
-CONFIG = ("--config=configs/grpo_sudoku.py:tiny", "--config.optim.learning_rate=1e-5")
+CONFIG = ("--config=configs/grpo_sudoku.py:tiny",)
 
 
 def _free_port() -> int:
@@ -59,5 +56,10 @@ def test_two_processes_then_one_on_another_mesh(tmp_path, shared_d1):
     assert sorted(got) == [1, 2, 3, 4]
     for step in (1, 2, 3, 4):
         for key in ("reward", "completion_length", "loss", "kl", "grad_norm"):
-            np.testing.assert_allclose(got[step][key], want[step][key], rtol=1e-2, atol=1e-7,
+            # The random tiny model earns no reward yet: loss, KL and gradient are the KL term
+            # alone, at float-noise level, which Adam (scale-free) turns into O(lr) parameter
+            # moves; another mesh sums in another order. Rollouts must agree exactly, the
+            # noise-level quantities to absolute tolerances at their scale.
+            atol = {"grad_norm": 1e-3, "loss": 1e-4, "kl": 1e-3}.get(key, 1e-6)
+            np.testing.assert_allclose(got[step][key], want[step][key], rtol=1e-3, atol=atol,
                                        err_msg=f"step {step} {key}")
