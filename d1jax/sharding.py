@@ -98,7 +98,7 @@ def activate(mesh: Mesh | None, rules=DEFAULT_RULES):
     if mesh is None:
         yield
         return
-    with mesh, nn.logical_axis_rules(list(rules)):
+    with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
         yield
 
 
