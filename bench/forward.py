@@ -1,17 +1,22 @@
-"""Forward throughput and model FLOP utilisation of LLaDA.
+"""Forward-pass throughput and model FLOP utilisation of LLaDA with random weights.
 
-    python bench/forward.py                            # bench-tiny, batch 8 x 192, CPU
-    python bench/forward.py --model llada-8b --layers 4 --dtype bfloat16   # 8B-shaped stack (GPU)
+    python bench/forward.py                                  # bench-tiny, float32, batch 8 x 192
+    python bench/forward.py --model llada-8b --layers 4      # 8B-shaped, 4 layers, bf16 (GPU)
 
-FLOPs are counted analytically (matmuls: 2 x params-in-matmuls per token, plus attention
-4 x L x d per token per layer). The peak they are divided by is measured in the same run:
-the best FLOP/s of a large float32 (or --dtype) matmul on the same device. Prints JSON.
+Prints one JSON object: compile seconds, step seconds (best / median of --repeats),
+tokens/s (batch * seq / median step), the model's FLOPs counted analytically, and the model
+FLOP utilisation (MFU) against a peak measured in the same run by timing a large matmul in
+the compute dtype on the same device (on a known GPU, also against its nominal dense peak).
+
+FLOPs per token of one forward (matmuls only; norms, RoPE, softmax are not counted):
+  2 * (matmul weights per layer * n_layers + d_model * vocab)   weights: q, k, v, attn_out,
+                                                                 ff_proj, up_proj, ff_out
+  + 4 * seq * d_model * n_layers                                attention: Q K^T and P V
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -23,63 +28,73 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import d1jax  # noqa: E402
+from bench import common  # noqa: E402
+
+# Dense bf16 peak of GPUs we may be lent (vendor datasheets, SXM parts), FLOP/s.
+NOMINAL_BF16_PEAK = {"H100 80GB HBM3": 989.4e12, "H200": 989.4e12}
 
 
-def model_flops_per_token(c, seq_len: int) -> float:
-    d, h = c.d_model, c.head_dim
-    per_layer = 2 * (2 * d * c.n_heads * h + 2 * d * c.n_kv_heads * h + 3 * d * c.mlp_hidden_size)
-    attention = 2 * 2 * seq_len * c.n_heads * h
-    return c.n_layers * (per_layer + attention) + 2 * d * c.embedding_size
-
-
-def best_time(fn, *args, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def peak_matmul_flops(dtype, n: int, repeats: int) -> float:
-    a = jnp.ones((n, n), dtype)
-    f = jax.jit(lambda x: x @ x)
-    jax.block_until_ready(f(a))
-    return 2 * n ** 3 / best_time(f, a, repeats=repeats)
+def forward_flops_per_token(c: d1jax.LLaDAConfig, seq: int) -> dict[str, float]:
+    """Analytic matmul FLOPs of one token's forward in a sequence of ``seq`` tokens."""
+    d, hd = c.d_model, c.head_dim
+    per_layer = d * c.n_heads * hd * 2 + 2 * d * c.n_kv_heads * hd + 3 * d * c.mlp_hidden_size
+    dense = 2 * (per_layer * c.n_layers + d * c.embedding_size)
+    attention = 4 * seq * c.n_heads * hd * c.n_layers
+    return {"dense": float(dense), "attention": float(attention), "total": float(dense + attention)}
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="bench-tiny")
-    ap.add_argument("--layers", type=int, default=0, help="override n_layers (0: preset's)")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="bench-tiny", help="model preset (d1jax.model.PRESETS)")
+    ap.add_argument("--layers", type=int, default=None, help="override n_layers (e.g. 4 for llada-8b)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=192)
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                    help="params and compute dtype; default float32 for bench-tiny, else bfloat16")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--peak-n", type=int, default=2048)
-    a = ap.parse_args()
-    dtype = jnp.dtype(a.dtype)
-    over = {"n_layers": a.layers} if a.layers else {}
-    c = d1jax.preset(a.model, **over)
+    ap.add_argument("--peak-size", type=int, default=None,
+                    help="matmul side for the peak (default 2048 on CPU, 8192 on GPU)")
+    args = ap.parse_args()
+
+    c = common.model_config(args.model, args.layers)
+    dtype = jnp.dtype(args.dtype or ("float32" if args.model == "bench-tiny" else "bfloat16"))
+    on_cpu = jax.devices()[0].platform == "cpu"
     model = d1jax.LLaDA(c, dtype=dtype, param_dtype=dtype)
-    params = d1jax.init_params(model, jax.random.key(0))
-    ids = jax.random.randint(jax.random.key(1), (a.batch, a.seq), 0, c.vocab_size)
-    fwd = jax.jit(lambda p, x: model.apply({"params": p}, x))
+    params = d1jax.init_params(model, jax.random.key(0))  # random weights, seed 0
+    ids = jax.device_put(np.random.RandomState(0).randint(0, c.vocab_size, (args.batch, args.seq)))
+
+    forward = jax.jit(lambda p, x: model.apply({"params": p}, x))
     t0 = time.perf_counter()
-    jax.block_until_ready(fwd(params, ids))
+    compiled = forward.lower(params, ids).compile()
     compile_s = time.perf_counter() - t0
-    step_s = best_time(fwd, params, ids, repeats=a.repeats)
-    tokens = a.batch * a.seq
-    flops = tokens * model_flops_per_token(c, a.seq)
-    peak = peak_matmul_flops(dtype, a.peak_n, a.repeats)
-    print(json.dumps({
-        "model": a.model, "n_layers": c.n_layers, "params": c.num_params(), "dtype": a.dtype,
-        "device": jax.devices()[0].device_kind, "batch": a.batch, "seq_len": a.seq,
-        "compile_s": round(compile_s, 3), "step_s": round(step_s, 5),
-        "tokens_per_s": round(tokens / step_s, 1), "model_tflops_per_s": flops / step_s / 1e12,
-        "peak_tflops_per_s": peak / 1e12,
-        "peak_is": f"best {a.peak_n}x{a.peak_n} {a.dtype} matmul on this device, same run",
-        "mfu": flops / step_s / peak}, indent=1))
+    jax.block_until_ready(compiled(params, ids))  # warm-up
+    step = common.seconds(lambda: compiled(params, ids), args.repeats)
+    peak = common.matmul_peak(dtype, args.peak_size or (2048 if on_cpu else 8192),
+                              repeats=5 if on_cpu else 20)
+
+    tokens = args.batch * args.seq
+    flops = forward_flops_per_token(c, args.seq)
+    achieved = flops["total"] * tokens / step["median"]
+    out = {
+        "model": args.model, "n_layers": c.n_layers, "dtype": dtype.name,
+        "batch": args.batch, "seq": args.seq, "params": c.num_params(),
+        "device": common.device_name(),
+        "compile_s": round(compile_s, 3),
+        "step_s": {k: round(v, 5) for k, v in step.items()},
+        "tokens_per_s": round(tokens / step["median"], 1),
+        "tokens_per_s_best": round(tokens / step["best"], 1),
+        "model_flops_per_token": flops,
+        "model_gflop_per_s": round(achieved / 1e9, 2),
+        "peak_gflop_per_s": round(peak["flops_per_s"] / 1e9, 2),
+        "peak_how": peak["how"],
+        "mfu": round(achieved / peak["flops_per_s"], 4),  # model FLOP/s / measured peak
+    }
+    kind = jax.devices()[0].device_kind
+    nominal = next((v for k, v in NOMINAL_BF16_PEAK.items() if k in kind), None)
+    if nominal and dtype == jnp.bfloat16:
+        out["mfu_vs_nominal_bf16_peak"] = {"peak_gflop_per_s": nominal / 1e9,
+                                           "mfu": round(achieved / nominal, 4)}
+    common.emit(out)
 
 
 if __name__ == "__main__":

@@ -1,40 +1,63 @@
-"""Advantage estimators by name. Rewards arrive as [B] with each group of G contiguous."""
+"""Advantage estimators by name, and d1's completion mask.
+
+Rewards arrive as [B] with the G completions of each prompt contiguous (B = num_prompts x G),
+as TRL/d1 lay them out. The functions work on numpy or jax arrays alike.
+"""
 
 from __future__ import annotations
 
 from typing import Callable
 
+import jax.numpy as jnp
 import numpy as np
 
+ArrayLike = np.ndarray
 
-def group_mean(rewards: np.ndarray, group: int) -> np.ndarray:
-    """d1: reward minus its group's mean, no std division."""
-    r = rewards.reshape(-1, group)
+
+def _groups(rewards: ArrayLike, group: int) -> ArrayLike:
+    return rewards.reshape(-1, group)
+
+
+def group_mean(rewards: ArrayLike, group: int) -> ArrayLike:
+    """d1: A_i = r_i - mean(r of its group), no division by the std."""
+    r = _groups(rewards, group)
     return (r - r.mean(1, keepdims=True)).reshape(-1)
 
 
-def grpo(rewards: np.ndarray, group: int, eps: float = 1e-4) -> np.ndarray:
-    """DeepSeekMath GRPO: (r - mean) / (std + eps), std unbiased as torch's."""
-    r = rewards.reshape(-1, group)
-    std = r.std(1, ddof=1, keepdims=True) if group > 1 else np.zeros_like(r[:, :1])
+def grpo(rewards: ArrayLike, group: int, eps: float = 1e-4) -> ArrayLike:
+    """DeepSeekMath GRPO: (r - mean) / (std + eps), std unbiased (torch's ``std``) as TRL."""
+    r = _groups(rewards, group)
+    xp = jnp if isinstance(r, jnp.ndarray) else np
+    std = r.std(1, ddof=1, keepdims=True) if group > 1 else xp.zeros_like(r[:, :1])
     return ((r - r.mean(1, keepdims=True)) / (std + eps)).reshape(-1)
 
 
-def dr_grpo(rewards: np.ndarray, group: int) -> np.ndarray:
-    """Dr. GRPO (Liu et al. 2025): mean-centred, no std; pair with a constant-length
-    normaliser in the loss. The advantage itself equals d1's group mean baseline."""
+def dr_grpo(rewards: ArrayLike, group: int) -> ArrayLike:
+    """Dr. GRPO (Liu et al. 2025): mean-centred, no std. The advantage equals d1's group mean
+    baseline; Dr. GRPO's other half is the loss normaliser (``grpo_loss(max_tokens=...)``)."""
     return group_mean(rewards, group)
 
 
-ESTIMATORS: dict[str, Callable[..., np.ndarray]] = {
+ESTIMATORS: dict[str, Callable[..., ArrayLike]] = {
     "group_mean": group_mean, "grpo": grpo, "dr_grpo": dr_grpo}
 
 
-def compute(name: str, rewards, group: int) -> np.ndarray:
-    """Advantages [B] of ``rewards`` [B] (groups of ``group`` contiguous) by estimator name."""
+def compute(name: str, rewards: ArrayLike, group: int) -> np.ndarray:
+    """Advantages [B] float32 of ``rewards`` [B] (groups of ``group`` contiguous) by name:
+    ``group_mean`` (d1), ``grpo`` (std-normalised) or ``dr_grpo``."""
     if name not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; choose from {sorted(ESTIMATORS)}")
     rewards = np.asarray(rewards, np.float32)
-    if rewards.ndim != 1 or rewards.shape[0] % group:
+    if group < 1 or rewards.ndim != 1 or rewards.shape[0] % group:
         raise ValueError(f"rewards of shape {rewards.shape} do not split into groups of {group}")
-    return ESTIMATORS[name](rewards, group).astype(np.float32)
+    return np.asarray(ESTIMATORS[name](rewards, group), np.float32)
+
+
+def completion_mask(completion_ids_bc: ArrayLike, eos_id: int) -> ArrayLike:
+    """[B, C] int32: 1 for tokens up to and including the first EOS (every token when a row
+    has none), as d1's ``_generate_and_score_completions``."""
+    xp = jnp if isinstance(completion_ids_bc, jnp.ndarray) else np
+    is_eos = completion_ids_bc == eos_id
+    c = completion_ids_bc.shape[1]
+    first_b = xp.where(is_eos.any(1), is_eos.argmax(1), c)
+    return (xp.arange(c)[None, :] <= first_b[:, None]).astype(xp.int32)

@@ -97,7 +97,7 @@ def format_table(task_name: str, results: dict) -> str:
 def run(config, workdir: str) -> dict:
     wd = loop.prepare(config, workdir)
     task = tasks_lib.get_task(config.task.name)
-    examples = list(task.load_test(config.task.source))
+    examples = list(task.load_test(config.task.source or None))
     if config.eval.num_examples:
         examples = examples[:config.eval.num_examples]
     s = build(config, wd, texts=lambda: [m["content"] for ex in examples[:256]

@@ -1,164 +1,255 @@
-"""Log-probability estimators of a masked diffusion LM.
+"""Log-probability estimators of a masked diffusion LM (pure functions of params and ids).
 
 * ``per_token_logps``: d1's one-step estimator (``DiffuGRPOTrainer._get_per_token_logps``):
-  the completion fully masked, each prompt token masked with probability
+  the completion fully masked, each prompt token masked independently with probability
   ``p_mask_prompt`` (a draw fixed by the mask seed), one forward pass, log-softmax in
-  float32 at completion positions only. Several mask seeds (d1's mu iterations) are
-  evaluated in one call, one after another, so peak memory does not grow with mu.
+  float32 at completion positions only. All mask seeds (d1's mu inner iterations) go in one
+  call; they run one after another (``seed_batch`` at a time), so peak memory is flat in mu.
 * ``sequence_logps``: d1's mean-field sequence estimate, the sum over the completion mask.
 * ``elbo_logps``: LLaDA's Monte Carlo likelihood bound (``get_log_likelihood.py``).
 
-The output head runs on completion positions only and, with ``seq_chunk``, a chunk of
-them at a time: no [B, L, V] logits, at most [B, seq_chunk, V] float32 at once.
+Memory: the transformer runs on the whole sequence, but the output head only on completion
+positions, ``seq_chunk`` of them at a time and rematerialised in the backward pass: never
+[B, L, V] logits, at most [B, seq_chunk, V] float32 live (8B: V = 126,464).
+
+Shape letters: S mask seeds, B batch, P prompt length, C completion length, L = P + C,
+D d_model, V vocabulary, M Monte Carlo samples per group.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from d1jax.model import LLaDA
+from d1jax import sharding as shd
+from d1jax.model import LLaDA, head_weight
 
 Array = jax.Array
 
-
-def mask_key(seed: Array | int) -> Array:
-    """The PRNG key of one mask seed: like d1's ``set_seed(seed)``, a function of the seed only."""
-    return jax.random.key(seed)
-
-
-def mask_prompt(key: Array, prompt_ids: Array, p_mask_prompt: float, mask_id: int) -> Array:
-    """[B, Lp]: each prompt token replaced by ``mask_id`` with probability p (d1's forward_process)."""
-    u = jax.random.uniform(key, prompt_ids.shape)
-    return jnp.where(u < p_mask_prompt, mask_id, prompt_ids)
+# Budget for one chunk of float32 logits when ``seq_chunk`` is left to ``auto_chunk``: on
+# CPU a cache-sized chunk (measured on bench-tiny: 2.5x faster head gradient than one
+# [8, 128, 8192] block); on accelerators large chunks, bounded for 8B-scale vocabularies.
+CPU_CHUNK_BYTES = 4 * 2**20
+ACCELERATOR_CHUNK_BYTES = 256 * 2**20
 
 
-def token_logps(model: LLaDA, params: Any, hidden_bld: Array, targets_bl: Array,
-                seq_chunk: int = 0) -> Array:
-    """log p(target) [B, L] from final hidden states, float32 log-softmax, chunked over L."""
-    def chunk_logps(h, t):
-        logits = model.apply({"params": params}, h, method=LLaDA.logits).astype(jnp.float32)
-        picked = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
+def mask_key(seed: Array | int, mask_rng: Array | None = None) -> Array:
+    """PRNG key of one mask seed: ``fold_in(mask_rng, seed)``, a function of the seed only
+    for a fixed ``mask_rng`` (default ``key(0)``), like d1's ``set_seed(mask_seed)``."""
+    base = jax.random.key(0) if mask_rng is None else mask_rng
+    return jax.random.fold_in(base, seed)
+
+
+def mask_prompt(key: Array, prompt_ids_bp: Array, p_mask_prompt: float, mask_id: int) -> Array:
+    """[B, P]: each prompt token replaced by ``mask_id`` with probability p (d1 forward_process)."""
+    u_bp = jax.random.uniform(key, prompt_ids_bp.shape)
+    return jnp.where(u_bp < p_mask_prompt, mask_id, prompt_ids_bp)
+
+
+def auto_chunk(batch: int, length: int, vocab: int, budget: int | None = None) -> int:
+    """Largest divisor c of ``length`` whose float32 logits [batch, c, vocab] fit ``budget``
+    (default: by backend, ``CPU_CHUNK_BYTES`` or ``ACCELERATOR_CHUNK_BYTES``)."""
+    if budget is None:
+        budget = CPU_CHUNK_BYTES if jax.default_backend() == "cpu" else ACCELERATOR_CHUNK_BYTES
+    best = 1
+    for c in range(1, length + 1):
+        if length % c == 0 and batch * c * vocab * 4 <= budget:
+            best = c
+    return best
+
+
+def head_logps(hidden_bcd: Array, head_dv: Array, targets_bc: Array, *,
+               scale: float | None = None, seq_chunk: int | None = None) -> Array:
+    """log p(target) [B, C] from final hidden states through the output head.
+
+    Logits are ``hidden @ head`` accumulated in float32 (times ``scale`` when given), with a
+    float32 log-softmax over the vocabulary. ``seq_chunk`` positions are done at a time
+    (None: ``auto_chunk``; 0: all at once); each chunk is rematerialised for the gradient,
+    so neither pass keeps more than one chunk of logits.
+    """
+    b, c, d = hidden_bcd.shape
+    if head_dv.shape[0] != d:
+        raise ValueError(f"head {head_dv.shape} does not match hidden size {d}")
+
+    def chunk(h_bkd, t_bk):
+        logits = jnp.einsum("bkd,dv->bkv", h_bkd, head_dv.astype(h_bkd.dtype),
+                            preferred_element_type=jnp.float32)
+        if scale is not None:
+            logits = logits * scale
+        logits = nn.with_logical_constraint(logits, (shd.BATCH, shd.LENGTH, shd.ACT_VOCAB))
+        picked = jnp.take_along_axis(logits, t_bk[..., None], axis=-1)[..., 0]
         return picked - jax.nn.logsumexp(logits, axis=-1)
-    b, l, d = hidden_bld.shape
-    if not seq_chunk or seq_chunk >= l:
-        return chunk_logps(hidden_bld, targets_bl)
-    if l % seq_chunk:
-        raise ValueError(f"seq_chunk={seq_chunk} must divide the completion length {l}")
-    n = l // seq_chunk
-    hs = hidden_bld.reshape(b, n, seq_chunk, d).swapaxes(0, 1)
-    ts = targets_bl.reshape(b, n, seq_chunk).swapaxes(0, 1)
-    out = jax.lax.map(lambda a: chunk_logps(*a), (hs, ts))
-    return out.swapaxes(0, 1).reshape(b, l)
+
+    k = auto_chunk(b, c, head_dv.shape[1]) if seq_chunk is None else (seq_chunk or c)
+    if k >= c:
+        return chunk(hidden_bcd, targets_bc)
+    if c % k:
+        raise ValueError(f"seq_chunk={k} must divide the completion length {c}")
+    h_nbkd = hidden_bcd.reshape(b, c // k, k, d).swapaxes(0, 1)
+    t_nbk = targets_bc.reshape(b, c // k, k).swapaxes(0, 1)
+    out_nbk = jax.lax.map(lambda a: jax.checkpoint(chunk)(*a), (h_nbkd, t_nbk))
+    return out_nbk.swapaxes(0, 1).reshape(b, c)
 
 
-def _completion_hidden(model, params, ids, attn, lc, use_lora, cfg_scale, mask_id, lp,
-                       dropout_rng=None):
-    """Final hidden states [B, Lc, D] of the completion (CFG mixes hidden via logits below)."""
-    kw = dict(use_lora=use_lora, deterministic=dropout_rng is None)
+def model_head(model: LLaDA, params: Any) -> tuple[Array, float | None]:
+    """(output head [D, V], logit scale or None) of ``model`` for ``head_logps``."""
+    cfg = model.config
+    return head_weight(params, cfg), (cfg.d_model ** -0.5 if cfg.scale_logits else None)
+
+
+def completion_hidden(model: LLaDA, params: Any, ids_bl: Array, attention_mask_bl: Array | None,
+                      completion_len: int, *, cfg_scale: float = 0.0, prompt_len: int = 0,
+                      use_lora: bool = True, dropout_rng: Array | None = None) -> Array:
+    """Final hidden states [B, C, D] of the last ``completion_len`` positions of ``ids_bl``.
+
+    With ``cfg_scale`` > 0 this is d1's/LLaDA's classifier-free guidance: the same input with
+    its first ``prompt_len`` positions masked runs in the same forward pass (batch 2B), and
+    ``h_un + (s + 1) (h - h_un)`` is returned: the head is linear, so its logits equal
+    ``un + (s + 1) (cond - un)`` of d1's ``get_logits``.
+    """
+    b = ids_bl.shape[0]
+    mask_id = model.config.mask_token_id
+    if cfg_scale > 0:
+        is_prompt = jnp.arange(ids_bl.shape[1]) < prompt_len
+        ids_bl = jnp.concatenate([ids_bl, jnp.where(is_prompt, mask_id, ids_bl)], axis=0)
+        if attention_mask_bl is not None:
+            attention_mask_bl = jnp.concatenate([attention_mask_bl] * 2, axis=0)
     rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
-    h = model.apply({"params": params}, ids, attn, method=LLaDA.hidden, rngs=rngs, **kw)
-    return h[:, lp:lp + lc]
+    h = model.apply({"params": params}, ids_bl, attention_mask_bl, method=LLaDA.hidden,
+                    use_lora=use_lora, deterministic=dropout_rng is None, rngs=rngs)
+    h = h[:, h.shape[1] - completion_len:]
+    if cfg_scale <= 0:
+        return h
+    cond, un = h[:b].astype(jnp.float32), h[b:].astype(jnp.float32)
+    return (un + (cfg_scale + 1.0) * (cond - un)).astype(h.dtype)
 
 
-def per_token_logps(model: LLaDA, params: Any, prompt_ids: Array, completion_ids: Array,
-                    mask_seeds: Array, *, p_mask_prompt: float, mask_id: int,
-                    attention_mask: Array | None = None, cfg_scale: float = 0.0,
-                    use_lora: bool = True, seq_chunk: int = 0,
+def _check_pair(prompt_ids_bp: Array, completion_ids_bc: Array, attention_mask_bl: Array | None):
+    if prompt_ids_bp.ndim != 2 or completion_ids_bc.ndim != 2:
+        raise ValueError(f"prompt_ids {prompt_ids_bp.shape} and completion_ids "
+                         f"{completion_ids_bc.shape} must both be [B, length]")
+    if prompt_ids_bp.shape[0] != completion_ids_bc.shape[0]:
+        raise ValueError(f"batch mismatch: prompt_ids {prompt_ids_bp.shape}, "
+                         f"completion_ids {completion_ids_bc.shape}")
+    want = (prompt_ids_bp.shape[0], prompt_ids_bp.shape[1] + completion_ids_bc.shape[1])
+    if attention_mask_bl is not None and tuple(attention_mask_bl.shape) != want:
+        raise ValueError(f"attention_mask {attention_mask_bl.shape} must be [B, P + C] = {want}")
+
+
+def per_token_logps(model: LLaDA, params: Any, prompt_ids_bp: Array, completion_ids_bc: Array,
+                    mask_seeds_s: Array, *, p_mask_prompt: float, mask_rng: Array | None = None,
+                    attention_mask_bl: Array | None = None, cfg_scale: float = 0.0,
+                    use_lora: bool = True, seq_chunk: int | None = None, seed_batch: int = 1,
                     dropout_rng: Array | None = None) -> Array:
     """d1's one-step per-token log-probs of the completion, one row per mask seed.
 
     Args:
-      model, params: the mask predictor and its params.
-      prompt_ids: [B, Lp] int. completion_ids: [B, Lc] int.
-      mask_seeds: [S] int, one per inner iteration (d1's ``mask_seeds``).
+      model, params: the mask predictor and its (plain) params.
+      prompt_ids_bp: [B, P] int. completion_ids_bc: [B, C] int.
+      mask_seeds_s: [S] int, one per inner iteration (d1's ``mask_seeds``).
       p_mask_prompt: probability of masking each prompt token (d1: 0.15).
-      attention_mask: [B, Lp + Lc] or None. d1 passes none (padding attended).
-      cfg_scale: classifier-free guidance as d1's ``get_logits`` (prompt fully masked).
-      use_lora: False evaluates the base model (the reference policy).
-      seq_chunk: compute the head on this many completion positions at a time (0: all).
+      mask_rng: base key of the prompt masks (``mask_key``); default ``key(0)``.
+      attention_mask_bl: [B, P + C] (1 = attend) or None (d1 passes none: padding attended).
+      cfg_scale: classifier-free guidance as d1's ``get_logits`` (0: off).
+      use_lora: False evaluates the base model, adapters off (the reference policy).
+      seq_chunk: completion positions per head chunk (None: automatic, 0: all at once).
+      seed_batch: seeds evaluated together (vmapped); 1 keeps memory flat in S.
       dropout_rng: enables LoRA dropout (training); None is deterministic.
     Returns:
-      [S, B, Lc] float32 log p(completion token | masked input).
+      [S, B, C] float32 log p(completion token | completion masked, prompt partly masked).
     """
-    if prompt_ids.shape[0] != completion_ids.shape[0]:
-        raise ValueError(f"batch mismatch: prompt {prompt_ids.shape}, completion {completion_ids.shape}")
-    lp, lc = prompt_ids.shape[1], completion_ids.shape[1]
-    masked_completion = jnp.full_like(completion_ids, mask_id)
+    _check_pair(prompt_ids_bp, completion_ids_bc, attention_mask_bl)
+    mask_seeds_s = jnp.asarray(mask_seeds_s)
+    if mask_seeds_s.ndim != 1:
+        raise ValueError(f"mask_seeds must be a 1-D array [S], got shape {mask_seeds_s.shape}")
+    mask_id = model.config.mask_token_id
+    p, c = prompt_ids_bp.shape[1], completion_ids_bc.shape[1]
+    masked_bc = jnp.full_like(completion_ids_bc, mask_id)
+    head, scale = model_head(model, params)
 
     def one_seed(seed):
-        noisy_prompt = mask_prompt(mask_key(seed), prompt_ids, p_mask_prompt, mask_id)
-        ids = jnp.concatenate([noisy_prompt, masked_completion], axis=1)
-        h = _completion_hidden(model, params, ids, attention_mask, lc, use_lora, cfg_scale,
-                               mask_id, lp, dropout_rng)
-        if cfg_scale <= 0:
-            return token_logps(model, params, h, completion_ids, seq_chunk)
-        un_ids = jnp.concatenate([jnp.full_like(prompt_ids, mask_id), masked_completion], axis=1)
-        hu = _completion_hidden(model, params, un_ids, attention_mask, lc, use_lora, cfg_scale,
-                                mask_id, lp, dropout_rng)
-        return _cfg_logps(model, params, h, hu, completion_ids, cfg_scale)
+        noisy_bp = mask_prompt(mask_key(seed, mask_rng), prompt_ids_bp, p_mask_prompt, mask_id)
+        ids_bl = jnp.concatenate([noisy_bp, masked_bc], axis=1)
+        drop = None if dropout_rng is None else jax.random.fold_in(dropout_rng, seed)
+        h_bcd = completion_hidden(model, params, ids_bl, attention_mask_bl, c,
+                                  cfg_scale=cfg_scale, prompt_len=p, use_lora=use_lora,
+                                  dropout_rng=drop)
+        return head_logps(h_bcd, head, completion_ids_bc, scale=scale, seq_chunk=seq_chunk)
 
-    return jax.lax.map(one_seed, jnp.asarray(mask_seeds))
-
-
-def _cfg_logps(model, params, h, hu, targets, cfg_scale):
-    """log-softmax of ``un + (s + 1) (cond - un)`` logits (d1's get_logits with CFG)."""
-    cond = model.apply({"params": params}, h, method=LLaDA.logits).astype(jnp.float32)
-    un = model.apply({"params": params}, hu, method=LLaDA.logits).astype(jnp.float32)
-    logits = un + (cfg_scale + 1.0) * (cond - un)
-    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    return picked - jax.nn.logsumexp(logits, axis=-1)
+    if mask_seeds_s.shape[0] == 1:  # the update step: no loop at all
+        return one_seed(mask_seeds_s[0])[None]
+    return jax.lax.map(one_seed, mask_seeds_s, batch_size=seed_batch if seed_batch > 1 else None)
 
 
-def sequence_logps(per_token: Array, completion_mask: Array) -> Array:
-    """d1's mean-field sequence log-prob: sum over the completion mask. [..., Lc] -> [...]."""
-    return jnp.sum(per_token * completion_mask, axis=-1)
+def sequence_logps(per_token_bc: Array, completion_mask_bc: Array) -> Array:
+    """d1's mean-field sequence log-prob: the sum over the completion mask. [..., C] -> [...]."""
+    return jnp.sum(per_token_bc * completion_mask_bc, axis=-1)
 
 
-def elbo_mask(key: Array, batch: int, length: int) -> tuple[Array, Array]:
-    """LLaDA get_log_likelihood's stratified masks: ([batch, length] bool, t [batch]).
+def elbo_mask(key: Array, num: int, length: int, valid: Array | int | None = None
+              ) -> tuple[Array, Array]:
+    """LLaDA get_log_likelihood's stratified masks over ``valid`` leading positions.
 
-    One draw k in [1, length]; row i masks ``x_i = ((k + i * length / batch) - 1) % length + 1``
-    tokens (rounded), at uniformly random positions.
+    One draw k in [1, n] (n = ``valid``, default ``length``); sample i masks
+    ``x_i = ((round(k + i n / num) - 1) mod n) + 1`` of the first n positions, chosen
+    uniformly. Returns (is_mask [num, length] bool, t = x / n [num] float32).
     """
+    n = length if valid is None else valid
+    n_f = jnp.asarray(n, jnp.float32)
     k1, k2 = jax.random.split(key)
-    k = jax.random.randint(k1, (), 1, length + 1).astype(jnp.float32)
-    x = jnp.round(k + jnp.arange(batch) * (length / batch)).astype(jnp.int32)
-    x = (x - 1) % length + 1
-    ranks = jnp.argsort(jax.random.uniform(k2, (batch, length)), axis=-1)
-    is_mask = ranks < x[:, None]
-    return is_mask, x.astype(jnp.float32) / length
+    k = jax.random.randint(k1, (), 1, n + 1).astype(jnp.float32)
+    x_m = jnp.round(k + jnp.arange(num) * (n_f / num)).astype(jnp.int32)
+    x_m = (x_m - 1) % jnp.asarray(n, jnp.int32) + 1
+    u_ml = jax.random.uniform(k2, (num, length))
+    u_ml = jnp.where(jnp.arange(length) < n, u_ml, 2.0)  # padding ranks last
+    rank_ml = jnp.argsort(jnp.argsort(u_ml, axis=-1), axis=-1)
+    return rank_ml < x_m[:, None], x_m.astype(jnp.float32) / n_f
 
 
-def elbo_logps(model: LLaDA, params: Any, prompt_ids: Array, completion_ids: Array,
-               key: Array, *, mask_id: int, mc_num: int = 128, mc_batch: int = 16,
-               attention_mask: Array | None = None, use_lora: bool = True) -> Array:
+def elbo_logps(model: LLaDA, params: Any, prompt_ids_bp: Array, completion_ids_bc: Array,
+               rng: Array, *, mc_num: int = 128, mc_batch: int = 16,
+               completion_mask_bc: Array | None = None, attention_mask_bl: Array | None = None,
+               cfg_scale: float = 0.0, use_lora: bool = True,
+               seq_chunk: int | None = None) -> Array:
     """LLaDA's Monte Carlo lower bound on log p(completion | prompt), per sequence [B].
 
-    For each sequence, ``mc_num`` noisy copies (in groups of ``mc_batch`` with stratified
-    mask ratios t) give ``-sum_masked CE / t``, averaged. Prompt tokens are never masked.
+    For each sequence, ``mc_num`` noisy copies in groups of ``mc_batch`` (stratified mask
+    ratios t, one forward of [mc_batch, L] at a time) give ``sum_masked log p / t``, averaged
+    over copies. The prompt is never masked. ``completion_mask_bc`` (1 = real token, a
+    prefix of each row) limits masks and ratios to each completion's real length; LLaDA's
+    own function takes one unpadded sequence, which is the all-ones mask.
     """
+    _check_pair(prompt_ids_bp, completion_ids_bc, attention_mask_bl)
     if mc_num % mc_batch:
         raise ValueError(f"mc_num={mc_num} must be a multiple of mc_batch={mc_batch}")
-    b, lp = prompt_ids.shape
-    lc = completion_ids.shape[1]
+    prompt_ids_bp, completion_ids_bc = jnp.asarray(prompt_ids_bp), jnp.asarray(completion_ids_bc)
+    if attention_mask_bl is not None:
+        attention_mask_bl = jnp.asarray(attention_mask_bl)
+    b, p = prompt_ids_bp.shape
+    c = completion_ids_bc.shape[1]
+    mask_id = model.config.mask_token_id
+    n_b = (jnp.full((b,), c, jnp.int32) if completion_mask_bc is None
+           else jnp.sum(jnp.asarray(completion_mask_bc), axis=-1).astype(jnp.int32))
+    head, scale = model_head(model, params)
+    groups = mc_num // mc_batch
 
-    def one_group(gkey):
-        def one_row(rkey, p, c, am):
-            is_mask, t = elbo_mask(rkey, mc_batch, lc)
-            noisy = jnp.where(is_mask, mask_id, c[None])
-            ids = jnp.concatenate([jnp.broadcast_to(p, (mc_batch, lp)), noisy], axis=1)
-            a = None if am is None else jnp.broadcast_to(am, (mc_batch, lp + lc))
-            h = model.apply({"params": params}, ids, a, method=LLaDA.hidden,
-                            use_lora=use_lora)[:, lp:]
-            lps = token_logps(model, params, h, jnp.broadcast_to(c, (mc_batch, lc)))
-            return jnp.sum(jnp.where(is_mask, lps, 0.0) / t[:, None]) / mc_batch
-        keys = jax.random.split(gkey, b)
-        if attention_mask is None:
-            return jax.vmap(lambda k, p, c: one_row(k, p, c, None))(keys, prompt_ids, completion_ids)
-        return jax.vmap(one_row)(keys, prompt_ids, completion_ids, attention_mask)
+    def one(idx):
+        row, g = idx // groups, idx % groups
+        is_mask_mc, t_m = elbo_mask(jax.random.fold_in(jax.random.fold_in(rng, row), g),
+                                    mc_batch, c, n_b[row])
+        comp_c = completion_ids_bc[row]
+        noisy_mc = jnp.where(is_mask_mc, mask_id, comp_c[None])
+        ids_ml = jnp.concatenate([jnp.broadcast_to(prompt_ids_bp[row], (mc_batch, p)), noisy_mc], 1)
+        attn = (None if attention_mask_bl is None
+                else jnp.broadcast_to(attention_mask_bl[row], (mc_batch, p + c)))
+        h = completion_hidden(model, params, ids_ml, attn, c, cfg_scale=cfg_scale,
+                              prompt_len=p, use_lora=use_lora)
+        lp_mc = head_logps(h, head, jnp.broadcast_to(comp_c, (mc_batch, c)), scale=scale,
+                           seq_chunk=seq_chunk)
+        return jnp.sum(jnp.where(is_mask_mc, lp_mc, 0.0) / t_m[:, None]) / mc_batch
 
-    groups = jax.lax.map(one_group, jax.random.split(key, mc_num // mc_batch))
-    return groups.mean(0)
+    per_sample = jax.lax.map(one, jnp.arange(b * groups))
+    return per_sample.reshape(b, groups).mean(axis=1)

@@ -1,12 +1,18 @@
 """LoRA adapter bookkeeping on plain param trees.
 
-The adapters live inside the model (``Proj`` in model.py: ``lora_a`` [in, r], ``lora_b``
-[r, out], zero-initialised B, output ``x W + (alpha / r) (x A) B``). This module splits a
-param tree into (base, adapters), joins them back, and merges adapters into the kernels
-for export. We use this small explicit implementation rather than qwix: qwix's LoRA works
-by intercepting modules (nnx, or linen via its provider) and keeps its own param layout,
-while ours must stay a plain pytree with the Hugging Face names, sharded by our logical
-rules and scanned over layers; 60 lines here do that with nothing to keep in sync.
+The adapters live inside the model (``Proj`` in model.py: ``lora_a`` [in, r] he-uniform,
+``lora_b`` [r, out] zeros, output ``x W + (alpha / r) (x A) B``, dropout on the adapter
+input); ``use_lora=False`` runs the base weights alone, which is d1's reference policy
+(PEFT's ``disable_adapter()``) with no second copy of the model. This module splits a param
+tree into (base, adapters), joins them back, gives optax a trainable mask, counts params and
+merges adapters into the kernels for export.
+
+Why not qwix: qwix (PyPI ``qwix`` 0.1.8, the library Tunix uses) adds LoRA by intercepting
+the einsum/dot_general calls of nnx or linen modules. Applied to our scanned linen model it
+fails at init (its einsum hook sets attributes on our linen ``Proj``, which linen freezes
+outside ``setup``), keeps its own param names, and has no switch to run the base weights
+alone. Ours is ~10 lines in the model: a plain pytree with the Hugging Face names, sharded
+by our logical rules, scanned over layers, with adapters toggled per call.
 """
 
 from __future__ import annotations
@@ -15,42 +21,72 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import traverse_util
 
 from d1jax.model import LoraConfig
 
 ADAPTER_NAMES = ("lora_a", "lora_b")
 
+Params = dict[str, Any]
+
 
 def is_adapter(path: tuple[str, ...]) -> bool:
+    """True for the path of a LoRA leaf (``.../lora_a`` or ``.../lora_b``)."""
     return path[-1] in ADAPTER_NAMES
 
 
-def split(params: dict) -> tuple[dict, dict]:
-    """(base params, adapter params), both nested dicts with the original paths."""
+def split(params: Params) -> tuple[Params, Params]:
+    """(base params, adapter params): two nested dicts with the original paths."""
     flat = traverse_util.flatten_dict(params)
     base = {k: v for k, v in flat.items() if not is_adapter(k)}
     adapters = {k: v for k, v in flat.items() if is_adapter(k)}
     return traverse_util.unflatten_dict(base), traverse_util.unflatten_dict(adapters)
 
 
-def join(base: dict, adapters: dict | None) -> dict:
-    """The inverse of ``split``."""
+def join(base: Params, adapters: Params | None) -> Params:
+    """The inverse of ``split``: one tree with base and adapter leaves."""
     if not adapters:
         return base
     flat = traverse_util.flatten_dict(base)
-    flat.update(traverse_util.flatten_dict(adapters))
+    extra = traverse_util.flatten_dict(adapters)
+    clash = set(flat) & set(extra)
+    if clash:
+        raise ValueError(f"join: paths present in both trees: {sorted(clash)[:3]}")
+    flat.update(extra)
     return traverse_util.unflatten_dict(flat)
 
 
-def merge(params: dict, lora: LoraConfig | None) -> dict:
-    """Plain LLaDA params: every ``kernel += (alpha / r) A @ B``, adapters dropped.
-
-    Works on layer-stacked kernels ([layers, in, out]) and unstacked ones.
-    """
-    if lora is None:
-        return split(params)[0]
+def trainable_mask(params: Params, lora_enabled: bool = True) -> Params:
+    """Pytree of bools, True where the optimizer updates: the adapters under LoRA, every leaf
+    for full fine-tuning. (``optax.masked`` passes masked-out updates through unchanged: to
+    freeze the rest, use ``freeze_base``.)"""
     flat = traverse_util.flatten_dict(params)
+    return traverse_util.unflatten_dict({k: (is_adapter(k) or not lora_enabled) for k in flat})
+
+
+def freeze_base(optimizer: optax.GradientTransformation, params: Params,
+                lora_enabled: bool = True) -> optax.GradientTransformation:
+    """``optimizer`` on the adapters and zero updates (no optimizer state) for the base, for
+    users who keep one param tree. d1jax's TrainState instead splits the tree, so the base
+    gets neither gradients nor optimizer state."""
+    labels = jax.tree.map(lambda t: "trainable" if t else "frozen",
+                          trainable_mask(params, lora_enabled))
+    return optax.multi_transform({"trainable": optimizer, "frozen": optax.set_to_zero()}, labels)
+
+
+def merge(params: Params, lora: LoraConfig | None) -> Params:
+    """Plain LLaDA params for export: each targeted ``kernel + (alpha / r) A @ B``, adapters
+    dropped (loadable by ``LLaDA(config)`` without ``lora``).
+
+    Works on layer-stacked kernels ([layers, in, out] with A [layers, in, r]) and unstacked
+    ones; the product is taken in float32 and cast to the kernel's dtype.
+    """
+    flat = traverse_util.flatten_dict(params)
+    if lora is None:
+        if any(is_adapter(k) for k in flat):
+            raise ValueError("merge: params hold adapters but lora config is None")
+        return params
     out = {}
     for k, v in flat.items():
         if is_adapter(k):
@@ -63,11 +99,12 @@ def merge(params: dict, lora: LoraConfig | None) -> dict:
     return traverse_util.unflatten_dict(out)
 
 
-def count(params: dict) -> int:
-    return int(sum(x.size for x in jax.tree.leaves(params)))
+def count(tree: Any) -> int:
+    """Number of scalars in a pytree."""
+    return int(sum(x.size for x in jax.tree.leaves(tree)))
 
 
-def trainable_mask(params: dict, lora_enabled: bool) -> Any:
-    """Pytree of bools: True where the optimizer updates (adapters only under LoRA)."""
-    flat = traverse_util.flatten_dict(params)
-    return traverse_util.unflatten_dict({k: (is_adapter(k) or not lora_enabled) for k in flat})
+def param_counts(params: Params) -> dict[str, int]:
+    """{"total", "base", "adapters"} scalar counts of a (possibly LoRA) param tree."""
+    base, adapters = split(params)
+    return {"total": count(params), "base": count(base), "adapters": count(adapters)}

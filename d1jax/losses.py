@@ -1,6 +1,8 @@
-"""The objectives: d1's masked SFT loss and the diffu-GRPO policy loss.
+"""The objectives: the diffu-GRPO policy loss and d1's masked SFT loss.
 
-Both are pure functions of arrays; ``update.py`` wires them to a model and an optimizer.
+``grpo_loss`` is a pure function of per-token log-probs (any estimator's); ``sft_loss`` runs
+the model. ``update.py`` wires them to an optimizer. Shape letters: B batch, C completion
+length, L sequence length.
 """
 
 from __future__ import annotations
@@ -10,84 +12,116 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from d1jax.logprob import token_logps
+from d1jax.logprob import model_head, head_logps
 from d1jax.model import LLaDA
 
 Array = jax.Array
 
 
-def grpo_loss(logps: Array, old_logps: Array, ref_logps: Array | None, advantages: Array,
-              completion_mask: Array, *, epsilon: float, beta: float) -> tuple[Array, dict]:
-    """d1's ``compute_loss`` on per-token log-probs.
+def _masked_mean(x_bc: Array, mask_bc: Array, n: Array) -> Array:
+    return jnp.sum(x_bc * mask_bc) / n
+
+
+def grpo_loss(logps_bc: Array, old_logps_bc: Array | None, ref_logps_bc: Array | None,
+              advantages_b: Array, completion_mask_bc: Array, *, epsilon: float, beta: float,
+              max_tokens: int | None = None) -> tuple[Array, dict[str, Array]]:
+    """d1's ``DiffuGRPOTrainer.compute_loss`` on per-token log-probs.
+
+    per-token loss = -min(ratio A, clip(ratio, 1 - eps, 1 + eps) A) + beta KL, with
+    ratio = exp(logp - old) and KL the k3 estimator exp(ref - logp) - (ref - logp) - 1.
 
     Args:
-      logps: [B, Lc] current policy (differentiable).
-      old_logps: [B, Lc] the policy that generated the rollout (same mask seed).
-      ref_logps: [B, Lc] reference policy, or None when beta == 0.
-      advantages: [B].
-      completion_mask: [B, Lc] 1 up to and including the first EOS.
-      epsilon: ratio clip. beta: weight of the k3 KL ``exp(r - l) - (r - l) - 1``.
+      logps_bc: [B, C] current policy (differentiable).
+      old_logps_bc: [B, C] the policy that generated the rollout, same mask seed; None is d1's
+        mu == 1 case (the detached current log-probs: ratio 1, gradient A grad logp).
+      ref_logps_bc: [B, C] reference policy; unused (may be None) when beta == 0.
+      advantages_b: [B].
+      completion_mask_bc: [B, C], 1 up to and including the first EOS.
+      epsilon: ratio clip. beta: KL weight (0: no KL term, no reference needed).
+      max_tokens: None is d1's token mean over the batch (sum / mask.sum()); an int divides
+        by that constant instead (Dr. GRPO: B x max completion length).
     Returns:
-      (loss, metrics): the per-token loss averaged over every completion token of the
-      batch (token mean), and kl, clip_ratio, ratio mean/min/max over those tokens.
+      (loss, metrics): kl (only when beta != 0), clip_ratio (d1's ``is_clipped`` as written:
+      the share of tokens where ratio A < clip(ratio) A), ratio_mean/min/max, all over the
+      completion mask.
     """
-    mask = completion_mask.astype(jnp.float32)
-    n = jnp.maximum(mask.sum(), 1.0)
-    ratio = jnp.exp(logps - old_logps)
-    clipped = jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon)
-    adv = advantages[:, None]
-    l1, l2 = ratio * adv, clipped * adv
-    per_token = -jnp.minimum(l1, l2)
-    metrics = {}
+    if logps_bc.shape != completion_mask_bc.shape or advantages_b.shape != logps_bc.shape[:1]:
+        raise ValueError(f"logps {logps_bc.shape}, completion_mask {completion_mask_bc.shape} "
+                         f"and advantages {advantages_b.shape} must be [B, C], [B, C], [B]")
+    mask = completion_mask_bc.astype(jnp.float32)
+    n_tokens = jnp.maximum(mask.sum(), 1.0)
+    if old_logps_bc is None:
+        old_logps_bc = jax.lax.stop_gradient(logps_bc)
+    ratio = jnp.exp(logps_bc - old_logps_bc)
+    adv_b1 = advantages_b[:, None].astype(jnp.float32)
+    loss1 = ratio * adv_b1
+    loss2 = jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * adv_b1
+    per_token = -jnp.minimum(loss1, loss2)
+    metrics: dict[str, Array] = {}
     if beta != 0.0:
-        if ref_logps is None:
-            raise ValueError("beta != 0 needs ref_logps")
-        d = ref_logps - logps
-        kl = jnp.exp(d) - d - 1.0
+        if ref_logps_bc is None:
+            raise ValueError("beta != 0 needs ref_logps (computed once per rollout)")
+        diff = ref_logps_bc - logps_bc
+        kl = jnp.exp(diff) - diff - 1.0
         per_token = per_token + beta * kl
-        metrics["kl"] = (kl * mask).sum() / n
-    loss = (per_token * mask).sum() / n
+        metrics["kl"] = _masked_mean(kl, mask, n_tokens)
+    denom = n_tokens if max_tokens is None else jnp.float32(max_tokens)
+    loss = jnp.sum(per_token * mask) / denom
     valid = mask > 0
+    any_valid = jnp.any(valid)
     metrics.update(
-        clip_ratio=((l1 < l2).astype(jnp.float32) * mask).sum() / n,
-        ratio_mean=(ratio * mask).sum() / n,
-        ratio_min=jnp.min(jnp.where(valid, ratio, jnp.inf)),
-        ratio_max=jnp.max(jnp.where(valid, ratio, -jnp.inf)))
+        clip_ratio=_masked_mean((loss1 < loss2).astype(jnp.float32), mask, n_tokens),
+        ratio_mean=_masked_mean(ratio, mask, n_tokens),
+        ratio_min=jnp.where(any_valid, jnp.min(jnp.where(valid, ratio, jnp.inf)), 1.0),
+        ratio_max=jnp.where(any_valid, jnp.max(jnp.where(valid, ratio, -jnp.inf)), 1.0))
     return loss, metrics
 
 
-def sft_noise(key: Array, input_ids: Array, prompt_len: Array, mask_id: int,
+def sft_noise(key: Array, input_ids_bl: Array, prompt_len_b: Array, mask_id: int,
               eps: float = 1e-3) -> tuple[Array, Array, Array]:
-    """d1's dLLMDataCollator.forward_process: (noisy ids, is_masked, t) for [B, L] ids.
+    """d1's ``dLLMDataCollator.forward_process``: (noisy ids [B, L], is_masked [B, L], t [B]).
 
-    t ~ U(0, 1) per row, mapped to (1 - eps) t + eps; each token masked with probability t;
-    prompt tokens (position < prompt_len) restored and never counted.
+    t ~ U(0, 1) per row mapped to (1 - eps) t + eps; each token masked with probability t;
+    prompt tokens (position < prompt_len) are restored and never count as masked.
     """
-    b, l = input_ids.shape
-    kt, km = jax.random.split(key)
-    t = (1.0 - eps) * jax.random.uniform(kt, (b,)) + eps
-    is_mask = jax.random.uniform(km, (b, l)) < t[:, None]
-    is_mask &= jnp.arange(l)[None, :] >= prompt_len[:, None]
-    return jnp.where(is_mask, mask_id, input_ids), is_mask, t
+    b, l = input_ids_bl.shape
+    k_t, k_m = jax.random.split(key)
+    t_b = (1.0 - eps) * jax.random.uniform(k_t, (b,)) + eps
+    is_mask = jax.random.uniform(k_m, (b, l)) < t_b[:, None]
+    is_mask &= jnp.arange(l)[None, :] >= prompt_len_b[:, None]
+    return jnp.where(is_mask, mask_id, input_ids_bl), is_mask, t_b
 
 
-def sft_loss(model: LLaDA, params: Any, input_ids: Array, prompt_len: Array, key: Array, *,
-             mask_id: int, eps: float = 1e-3, dropout_rng: Array | None = None,
-             ) -> tuple[Array, dict]:
-    """d1's dLLMTrainer loss: sum over masked tokens of CE / t, divided by the number of
-    non-prompt positions in the batch (``numel - num_prompt_tokens``).
+def sft_loss(model: LLaDA, params: Any, input_ids_bl: Array, prompt_len_b: Array, key: Array, *,
+             eps: float = 1e-3, dropout_rng: Array | None = None,
+             seq_chunk: int | None = None) -> tuple[Array, dict[str, Array]]:
+    """d1's ``dLLMTrainer.compute_loss`` (LLaDA's SFT objective).
 
-    input_ids [B, L] (right-padded with EOS, which is trained on), prompt_len [B].
+    The completion (everything after ``prompt_len``, EOS padding included) is masked with
+    ratio t ~ U(eps, 1); loss = sum over masked tokens of CE / t, divided by the number of
+    completion positions in the batch (``numel - num_prompt_tokens``).
+
+    Args:
+      input_ids_bl: [B, L] prompt + completion, right-padded with EOS (trained on, as d1).
+      prompt_len_b: [B] prompt lengths (never masked, never counted).
+      key: noise key. dropout_rng: LoRA dropout (None: deterministic).
+    Returns:
+      (loss, metrics): unscaled_loss (mean CE over masked tokens) and mask_ratio.
     """
-    noisy, is_mask, t = sft_noise(key, input_ids, prompt_len, mask_id, eps)
+    if input_ids_bl.ndim != 2 or prompt_len_b.shape != input_ids_bl.shape[:1]:
+        raise ValueError(f"input_ids {input_ids_bl.shape} must be [B, L] and prompt_len "
+                         f"{prompt_len_b.shape} [B]")
+    noisy_bl, is_mask_bl, t_b = sft_noise(key, input_ids_bl, prompt_len_b,
+                                          model.config.mask_token_id, eps)
     rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
-    h = model.apply({"params": params}, noisy, None, method=LLaDA.hidden,
-                    deterministic=dropout_rng is None, rngs=rngs)
-    ce = -token_logps(model, params, h, input_ids)
-    b, l = input_ids.shape
-    denom = b * l - jnp.minimum(prompt_len, l).sum()
-    unscaled = jnp.where(is_mask, ce, 0.0)
-    loss = (unscaled / t[:, None]).sum() / jnp.maximum(denom, 1)
-    metrics = {"loss": loss, "unscaled_loss": unscaled.sum() / jnp.maximum(is_mask.sum(), 1),
-               "mask_ratio": is_mask.sum() / jnp.maximum(denom, 1)}
-    return loss, metrics
+    h_bld = model.apply({"params": params}, noisy_bl, None, method=LLaDA.hidden,
+                        deterministic=dropout_rng is None, rngs=rngs)
+    head, scale = model_head(model, params)
+    ce_bl = -head_logps(h_bld, head, input_ids_bl, scale=scale, seq_chunk=seq_chunk)
+    b, l = input_ids_bl.shape
+    n_completion = jnp.maximum(b * l - jnp.clip(prompt_len_b, 0, l).sum(), 1)
+    unscaled_bl = jnp.where(is_mask_bl, ce_bl, 0.0)
+    loss = jnp.sum(unscaled_bl / t_b[:, None]) / n_completion
+    n_masked = jnp.maximum(is_mask_bl.sum(), 1)
+    return loss, {"unscaled_loss": unscaled_bl.sum() / n_masked,
+                  "mask_ratio": is_mask_bl.sum() / n_completion}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -112,6 +112,7 @@ class LLaDAConfig:
                 raise UnsupportedConfigError(
                     f"config.json has {key}={d[key]!r}; d1jax supports only {key}={want!r}")
         kw = {k: d[k] for k in _HF_FIELDS if k in d and d[k] is not None}
+        kw.setdefault("embedding_size", None)  # HF: embedding_size or vocab_size
         if d.get("n_kv_heads") is None and d.get("multi_query_attention"):
             kw["n_kv_heads"] = 1
         if kw.get("mlp_hidden_size") is None and "mlp_hidden_size" not in kw:
@@ -353,6 +354,49 @@ class LLaDA(nn.Module):
                                              slice_len, axis=1)
         return self.logits(h)
 
+    # Block-wise approximate KV cache (Fast-dLLM): additive entry points for the sampler.
+
+    def prefill(self, input_ids: Array, attention_mask: Array | None = None, *,
+                slice_start: Array | int = 0, slice_len: int | None = None,
+                use_lora: bool = True) -> tuple[Array, "KVCache"]:
+        """One full forward: logits [B, S, V] of positions slice_start:+slice_len (all when
+        slice_len is None) and every layer's keys/values of the whole sequence."""
+        h, cache = self._cached_stack(self.wte(input_ids), 0, attention_mask, None, use_lora)
+        if slice_len is not None:
+            h = jax.lax.dynamic_slice_in_dim(h, slice_start, slice_len, axis=1)
+        return self.logits(h), cache
+
+    def decode_slice(self, slice_ids: Array, cache: "KVCache", slice_start: Array | int,
+                     attention_mask: Array | None = None, *, head_len: int | None = None,
+                     use_lora: bool = True) -> Array:
+        """Logits [B, head_len or Q, V] of positions slice_start:+Q given their ids [B, Q].
+
+        Their queries, keys and values are recomputed; they attend to themselves and to
+        ``cache`` (from ``prefill``) at every other position. attention_mask is [B, L] over
+        the whole sequence. With a cache of the same sequence this equals ``__call__``.
+        """
+        h, _ = self._cached_stack(self.wte(slice_ids), slice_start, attention_mask, cache,
+                                  use_lora)
+        return self.logits(h if head_len is None else h[:, :head_len])
+
+    def _cached_stack(self, x_bqd: Array, q_start: Array | int, key_mask_bl: Array | None,
+                      cache: "KVCache | None", use_lora: bool) -> tuple[Array, "KVCache"]:
+        """Runs the layers (params of ``blocks``) on positions q_start:+Q; final-norm hidden."""
+        c = self.config
+        b, q = x_bqd.shape[:2]
+        rope = rope_tables(jnp.broadcast_to(q_start + jnp.arange(q), (b, q)), c.head_dim,
+                           c.rope_theta)
+        block = CachedBlock(c, self.dtype, self.param_dtype, self.lora, parent=None)
+
+        def layer(x, xs):
+            params, k_cache, v_cache = xs
+            return block.apply({"params": params}, x, rope, key_mask_bl, k_cache, v_cache,
+                               q_start, use_lora)
+
+        kv = (None, None) if cache is None else (cache.k, cache.v)
+        x, (k, v) = jax.lax.scan(layer, x_bqd, (self.variables["params"]["blocks"], *kv))
+        return self.ln_f(x), KVCache(k, v)
+
 
 def head_weight(params: Mapping[str, Any], config: LLaDAConfig) -> Array:
     """The output head as [D, V] (for chunked log-softmax over the vocabulary)."""
@@ -388,3 +432,54 @@ def init_params(model: LLaDA, rng: Array, mesh=None, rules=shd.DEFAULT_RULES) ->
     ids = jnp.zeros((1, 8), jnp.int32)
     params, _ = shd.init_sharded(lambda k: model.init(k, ids)["params"], mesh, rng, rules=rules)
     return params
+
+
+class KVCache(NamedTuple):
+    """Every layer's keys (after RoPE) and values: [n_layers, B, L, K, H] each."""
+
+    k: Array
+    v: Array
+
+
+class CachedBlock(Block):
+    """``Block`` (same parameters) on a slice of positions, with keys/values given elsewhere.
+
+    Returns (x [B, Q, D], (k, v) [B, Q, K, H] of the slice). Without a cache the slice is
+    the whole sequence (a plain forward that also returns its keys/values); with one, the
+    slice's fresh keys/values replace the cached ones at q_start:+Q before attention.
+    """
+
+    @nn.compact
+    def __call__(self, x_bqd: Array, rope: tuple[Array, Array], key_mask_bl: Array | None,
+                 k_cache_blkh: Array | None, v_cache_blkh: Array | None,
+                 q_start: Array | int, use_lora: bool) -> tuple[Array, tuple[Array, Array]]:
+        c = self.config
+        n, k, h = c.n_heads, c.n_kv_heads, c.head_dim
+        kw = dict(use_lora=use_lora, deterministic=True)
+        norm = functools.partial(RMSNorm, c.rms_norm_eps, self.dtype, self.param_dtype)
+        x_bqd = nn.with_logical_constraint(x_bqd, (shd.BATCH, shd.LENGTH, shd.ACT_EMBED))
+        b, q_len = x_bqd.shape[:2]
+
+        xn = norm(name="attn_norm")(x_bqd)
+        q = apply_rope(self._proj("q_proj", n * h, (shd.EMBED, shd.Q_HEADS))(xn, **kw)
+                       .reshape(b, q_len, n, h), *rope)
+        kk = apply_rope(self._proj("k_proj", k * h, (shd.EMBED, shd.KV_HEADS))(xn, **kw)
+                        .reshape(b, q_len, k, h), *rope)
+        v = self._proj("v_proj", k * h, (shd.EMBED, shd.KV_HEADS))(xn, **kw).reshape(b, q_len, k, h)
+        keys, values = kk, v
+        if k_cache_blkh is not None:
+            keys = jax.lax.dynamic_update_slice_in_dim(k_cache_blkh, kk.astype(k_cache_blkh.dtype),
+                                                       q_start, axis=1)
+            values = jax.lax.dynamic_update_slice_in_dim(v_cache_blkh, v.astype(v_cache_blkh.dtype),
+                                                         q_start, axis=1)
+        mask = None if key_mask_bl is None else key_mask_bl[:, None, None, :].astype(bool)
+        att = jax.nn.dot_product_attention(q, keys, values, mask=mask, scale=h ** -0.5)
+        x_bqd = x_bqd + self._proj("attn_out", c.d_model, (shd.Q_HEADS, shd.EMBED))(
+            att.reshape(b, q_len, n * h), **kw)
+
+        xn = norm(name="ff_norm")(x_bqd)
+        gate = self._proj("ff_proj", c.mlp_hidden_size, (shd.EMBED, shd.MLP))(xn, **kw)
+        up = self._proj("up_proj", c.mlp_hidden_size, (shd.EMBED, shd.MLP))(xn, **kw)
+        hid = nn.with_logical_constraint(nn.silu(gate) * up, (shd.BATCH, shd.LENGTH, shd.ACT_MLP))
+        x_bqd = x_bqd + self._proj("ff_out", c.d_model, (shd.MLP, shd.EMBED))(hid, **kw)
+        return x_bqd, (kk, v)

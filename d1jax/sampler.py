@@ -1,20 +1,37 @@
-"""LLaDA's semi-autoregressive sampler with low-confidence remasking, as one jitted program.
+"""LLaDA's semi-autoregressive masked-diffusion sampler as one jitted program.
 
 Semantics of LLaDA ``generate.py`` and d1's ``DiffuGRPOTrainer.generate``: the completion
-starts fully masked and is decoded block by block, left to right; each block gets
-``steps / num_blocks`` steps and each step unmasks the ``get_num_transfer_tokens`` budget
-(remainder front-loaded) of the most confident masked positions of the block.
+starts fully masked and is decoded block by block, left to right. Each block gets
+``steps // num_blocks`` steps (at least one, as d1; LLaDA asserts divisibility instead) and
+step ``i`` unmasks the ``get_num_transfer_tokens`` budget (remainder front-loaded) of the
+most confident masked positions of the block.
 
 Work saved versus the reference, without changing a token: positions beyond the current
-block always have confidence -inf and decoded positions are never changed, so only the
-current block's logits are needed; the output head, the Gumbel noise and the softmax run
-on ``block_length`` positions instead of the whole sequence, and the whole generation
-(blocks x steps) is one XLA program with no host round trip.
+block always have confidence -inf and decoded positions never change, so only the current
+block's logits are needed. The output head, the noise and the softmax run on
+``block_length`` positions instead of the whole sequence; steps whose budget is zero
+(``steps > gen_length``) are skipped; the whole generation (blocks x steps) is one XLA
+program with no host round trip.
 
-Precision: the reference draws Gumbel noise in float64 as ``exp(l) / (-log u)^T``. We use
-the equivalent log-space form ``argmax(l + T * g)``, ``g = -log(-log u)`` in float32, which
-never overflows (``exp(l)`` overflows float32 above l = 88); confidences are
-``exp(l[x0] - logsumexp(l))`` in float32. ``bench/sampler.py`` measures both against float64.
+Precision (LLaDA draws Gumbel noise in float64 as ``exp(l) / (-log u)^T``): we use the
+equivalent log-space form ``argmax(l + T g)`` in float32, which cannot overflow (``exp(l)``
+does above l = 88 in float32). ``jax.random.gumbel`` in float32 draws u on a 2^-23 grid, so
+g is capped at 15.9 and coarse above ~12: with a 126k vocabulary, tokens of relative
+probability < ~1e-6 are under-sampled (arXiv:2409.02908). ``gumbel_noise`` builds g from 32
+random bits with ``log1p`` (cap 22.9), which matches float64 sampling; ``bench/sampler.py``
+measures all three. Confidence is ``exp(l[x0] - logsumexp(l))`` in float32 (the reference
+softmaxes [B, L, V] in float64; only the chosen token's probability is ever read).
+
+Approximate fast decoding (Fast-dLLM, arXiv:2505.22618), options of the same loop:
+- ``kv_cache`` "prefix" / "dual": at each block start one full forward computes every
+  layer's keys/values (its logits serve the block's first step); later steps recompute only
+  the block ("dual") or the block and everything after it ("prefix"), attending to the
+  cached keys/values elsewhere. The cache is refreshed at the next block.
+- ``threshold`` tau < 1: a step unmasks every masked position of the block whose confidence
+  exceeds tau, and at least the exact schedule's budget (Fast-dLLM floors at one token), so
+  tau >= 1 is the exact sampler and no block needs more than its steps; a block ends as
+  soon as no row has a mask left in it (bounded while loop). With random remasking the
+  "confidence" is the random draw, as in Fast-dLLM's code.
 """
 
 from __future__ import annotations
@@ -27,40 +44,49 @@ import jax.numpy as jnp
 import numpy as np
 
 Array = jax.Array
+# (params, ids [B, L], attention mask [B, L] | None, slice_start, slice_len) -> [B, S, V].
 ApplyFn = Callable[[Any, Array, Array | None, Array, int], Array]
+
+REMASKING = ("low_confidence", "random")
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig:
-    """Static knobs of the sampler (hashable: a static jit argument)."""
+    """Static knobs of the sampler (frozen and hashable: a static jit argument)."""
 
     gen_length: int = 128  # Completion tokens.
     block_length: int = 32  # Semi-autoregressive block size (must divide gen_length).
-    steps: int = 64  # Denoising steps in total (a multiple of the number of blocks).
-    temperature: float = 0.0  # Gumbel-max temperature; 0 = argmax.
-    cfg_scale: float = 0.0  # Classifier-free guidance; > 0 adds a prompt-masked pass.
-    remasking: str = "low_confidence"  # "low_confidence" or "random".
-    mask_id: int = 126336
-    use_attention_mask: bool = True  # False attends to left padding, exactly as d1.
+    steps: int = 64  # Denoising steps in total; steps // num_blocks per block (min 1).
+    temperature: float = 0.0  # Gumbel-max temperature T; 0 = argmax.
+    cfg_scale: float = 0.0  # Classifier-free guidance w; > 0 adds a prompt-masked pass.
+    remasking: str = "low_confidence"  # "low_confidence" (p of the chosen token) or "random".
+    mask_id: int = 126336  # [MASK] token id.
+    use_attention_mask: bool = True  # False attends to left padding, exactly as d1 does.
     logits_eos_inf: bool = False  # LLaDA App. B.4: never sample EOS.
-    confidence_eos_eot_inf: bool = False  # LLaDA App. B.4: EOS/EoT never most confident.
-    eos_id: int = 126081
-    eot_id: int = 126348
+    confidence_eos_eot_inf: bool = False  # LLaDA App. B.4: EOS/EoT are unmasked last.
+    eos_id: int = 126081  # <|endoftext|>.
+    eot_id: int = 126348  # <|eot_id|>.
+    kv_cache: str = "none"  # "none" (exact), "prefix" or "dual" (Fast-dLLM block KV cache).
+    threshold: float = 1.0  # Parallel decoding tau: also unmask every p > tau; >= 1 is off.
 
     def __post_init__(self):
-        if self.gen_length <= 0 or self.block_length <= 0 or self.steps <= 0:
-            raise ValueError(f"gen_length, block_length and steps must be positive, got "
-                             f"{self.gen_length}, {self.block_length}, {self.steps}")
+        for name in ("gen_length", "block_length", "steps"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be positive")
         if self.gen_length % self.block_length:
             raise ValueError(f"block_length={self.block_length} must divide "
-                             f"gen_length={self.gen_length} (LLaDA asserts the same)")
-        if self.steps % self.num_blocks:
-            raise ValueError(f"steps={self.steps} must be a multiple of the number of blocks "
-                             f"{self.num_blocks} (gen_length / block_length)")
-        if self.remasking not in ("low_confidence", "random"):
-            raise ValueError(f"remasking={self.remasking!r}: use 'low_confidence' or 'random'")
-        if self.temperature < 0 or self.cfg_scale < 0:
-            raise ValueError("temperature and cfg_scale must be >= 0")
+                             f"gen_length={self.gen_length} (LLaDA and d1 assert the same)")
+        if self.remasking not in REMASKING:
+            raise ValueError(f"remasking={self.remasking!r}: use one of {REMASKING}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be >= 0")
+        if self.cfg_scale < 0:
+            raise ValueError(f"cfg_scale={self.cfg_scale} must be >= 0")
+        if self.kv_cache not in ("none", "prefix", "dual"):
+            raise ValueError(f"kv_cache={self.kv_cache!r}: use 'none', 'prefix' or 'dual'")
+        if self.kv_cache != "none" and self.cfg_scale > 0:
+            raise ValueError(f"cfg_scale={self.cfg_scale} with kv_cache={self.kv_cache!r} is not "
+                             "supported; use kv_cache='none' for classifier-free guidance")
 
     @property
     def num_blocks(self) -> int:
@@ -68,12 +94,37 @@ class SamplerConfig:
 
     @property
     def steps_per_block(self) -> int:
-        return self.steps // self.num_blocks
+        """d1's ``max(1, steps // num_blocks)``: the step budget of each block."""
+        return max(1, self.steps // self.num_blocks)
+
+    @property
+    def loop_steps(self) -> int:
+        """Steps actually run per block: those after the block_length-th have a zero budget."""
+        return min(self.steps_per_block, self.block_length)
 
 
 class GenerateOutput(NamedTuple):
-    ids: Array  # [B, Lp + gen_length] prompt followed by the completion.
-    decoded_at: Array  # [B, gen_length] global step (0-based) at which each token was set.
+    ids: Array  # [B, Lp + gen_length] int32: prompt followed by the completion.
+    decoded_at: Array  # [B, gen_length] int32: global step (block * steps_per_block + i)
+    #                    at which each token was unmasked: the per-step history.
+    block_steps: Array  # [num_blocks] int32: model evaluations each block took.
+
+
+class ModelFns(NamedTuple):
+    """The model as the sampler sees it. ``prefill``/``decode`` serve ``kv_cache`` only.
+
+    forward: ``ApplyFn``.
+    prefill: ``(params, ids [B, L], mask, slice_start, slice_len) -> (logits [B, S, V],
+      cache)``, cache holding every layer's keys/values of the whole sequence.
+    decode: ``(params, ids [B, Q], cache, q_start, mask [B, L], head_len) -> logits
+      [B, head_len, V]``: positions q_start:+Q recomputed, attending to the cache elsewhere.
+    max_length: the model's max_sequence_length (longer requests are refused).
+    """
+
+    forward: ApplyFn
+    prefill: Callable[..., tuple[Array, Any]] | None = None
+    decode: Callable[..., Array] | None = None
+    max_length: int | None = None
 
 
 def num_transfer_tokens(block_length: int, steps: int) -> np.ndarray:
@@ -90,121 +141,243 @@ def llada_apply_fn(model) -> ApplyFn:
     return apply_fn
 
 
+def llada_fns(model) -> ModelFns:
+    """``ModelFns`` of a ``d1jax.LLaDA``, with the KV-cache entry points."""
+    def prefill(params, ids, mask, slice_start, slice_len):
+        return model.apply({"params": params}, ids, mask, slice_start=slice_start,
+                           slice_len=slice_len, method=model.prefill)
+
+    def decode(params, ids, cache, q_start, mask, head_len):
+        return model.apply({"params": params}, ids, cache, q_start, mask, head_len=head_len,
+                           method=model.decode_slice)
+    return ModelFns(llada_apply_fn(model), prefill, decode, model.config.max_sequence_length)
+
+
 def step_keys(rng: Array, step: Array | int) -> tuple[Array, Array]:
-    """(gumbel key, random-remasking key) of one global step; public for reference tests."""
-    k = jax.random.fold_in(rng, step)
-    return jax.random.split(k)
+    """(Gumbel key, random-remasking key) of one global step; public for reference tests."""
+    return tuple(jax.random.split(jax.random.fold_in(rng, step)))
 
 
-def _block_logits(apply_fn, params, x, attn, prompt_pos, start, cfg: SamplerConfig):
-    """Logits [B, block, V] (float32) of the current block, with CFG when enabled."""
-    blk = cfg.block_length
-    if cfg.cfg_scale > 0:
-        un_x = jnp.where(prompt_pos, cfg.mask_id, x)
-        both = jnp.concatenate([x, un_x], axis=0)
-        both_attn = None if attn is None else jnp.concatenate([attn, attn], axis=0)
-        out = apply_fn(params, both, both_attn, start, blk).astype(jnp.float32)
-        cond, uncond = jnp.split(out, 2, axis=0)
-        logits = uncond + (cfg.cfg_scale + 1.0) * (cond - uncond)
-    else:
-        logits = apply_fn(params, x, attn, start, blk).astype(jnp.float32)
-    if cfg.logits_eos_inf:
-        logits = logits.at[..., cfg.eos_id].set(-jnp.inf)
-    return logits
+def gumbel_noise(key: Array, shape: tuple[int, ...]) -> Array:
+    """Standard Gumbel noise (float32) with 32-bit resolution in the upper tail.
+
+    g = -log(E), E = -log1p(-v) ~ Exp(1), v = (bits + 0.5) / 2^32: small E (large g, the
+    values that decide a Gumbel-max sample) are resolved to 2^-32 instead of 2^-23.
+    """
+    bits = jax.random.bits(key, shape, jnp.uint32)
+    v = jnp.minimum((bits.astype(jnp.float32) + 0.5) * 2.0 ** -32, 1.0 - 2.0 ** -24)
+    return -jnp.log(-jnp.log1p(-v))
 
 
-def _propose(logits, key_g, key_r, cfg: SamplerConfig):
-    """Proposed tokens x0 [B, blk] and their confidence [B, blk]."""
+def _propose(logits_bsv: Array, key_g: Array, key_r: Array, cfg: SamplerConfig):
+    """Proposed tokens x0 [B, S] int32 and their confidence [B, S] float32 (>= 0).
+
+    With ``confidence_eos_eot_inf`` the probability is renormalised without EOS/EoT and is 0
+    for them, as LLaDA's code computes at temperature 0 (its chained assignment drops the
+    EOS part at T > 0; we do not copy that). 0 rather than -inf keeps the per-step budget.
+    """
     if cfg.temperature > 0:
-        g = jax.random.gumbel(key_g, logits.shape, jnp.float32)
-        x0 = jnp.argmax(logits + cfg.temperature * g, axis=-1)
+        g = gumbel_noise(key_g, logits_bsv.shape)
+        x0 = jnp.argmax(logits_bsv + cfg.temperature * g, axis=-1)
     else:
-        x0 = jnp.argmax(logits, axis=-1)
-    if cfg.remasking == "low_confidence":
-        chosen = jnp.take_along_axis(logits, x0[..., None], axis=-1)[..., 0]
-        conf = jnp.exp(chosen - jax.nn.logsumexp(logits, axis=-1))
-    else:
+        x0 = jnp.argmax(logits_bsv, axis=-1)
+    if cfg.remasking == "random":
         conf = jax.random.uniform(key_r, x0.shape, jnp.float32)
+    else:
+        lg = logits_bsv
+        if cfg.confidence_eos_eot_inf:
+            lg = lg.at[..., jnp.array([cfg.eos_id, cfg.eot_id])].set(-jnp.inf)
+        chosen = jnp.take_along_axis(lg, x0[..., None], axis=-1)[..., 0]
+        conf = jnp.exp(chosen - jax.nn.logsumexp(lg, axis=-1))
     if cfg.confidence_eos_eot_inf:
-        conf = jnp.where((x0 == cfg.eos_id) | (x0 == cfg.eot_id), -jnp.inf, conf)
+        conf = jnp.where((x0 == cfg.eos_id) | (x0 == cfg.eot_id), 0.0, conf)
     return x0.astype(jnp.int32), conf
 
 
-def _select(conf, masked, k):
-    """Boolean [B, blk]: the k most confident masked positions per row (ties: lower index)."""
-    conf = jnp.where(masked, conf, -jnp.inf)
-    order = jnp.argsort(-conf, axis=-1, stable=True)
-    rank = jnp.argsort(order, axis=-1, stable=True)
-    return (rank < k) & masked
+def _select(conf_bs: Array, masked_bs: Array, k_b: Array) -> Array:
+    """Bool [B, S]: the k_b most confident masked positions of each row (ties: lower index).
+
+    Masked confidences are >= 0 and others -inf, so masked positions always rank first.
+    """
+    score = jnp.where(masked_bs, conf_bs, -jnp.inf)
+    rank = jnp.argsort(jnp.argsort(-score, axis=-1, stable=True), axis=-1, stable=True)
+    return (rank < k_b[:, None]) & masked_bs
 
 
-def generate(apply_fn: ApplyFn, params: Any, prompt_ids: Array, prompt_mask: Array | None,
-             rng: Array, config: SamplerConfig, max_length: int | None = None) -> GenerateOutput:
+class _Ctx(NamedTuple):
+    """Per-call constants of the sampling loop."""
+
+    params: Any
+    rng: Array
+    attn: Array | None  # [B, L] key mask, or None (attend to all).
+    prompt_len: int
+    budget: Array  # [loop_steps] int32.
+
+
+def _transfer(carry, logits_bsv: Array, i: Array, block, ctx: _Ctx, cfg: SamplerConfig):
+    """One denoising step on the current block given its logits [B, blk, V]."""
+    x, decoded_at = carry
+    blk = cfg.block_length
+    start = ctx.prompt_len + block * blk
+    gstep = block * cfg.steps_per_block + i
+    x0, conf = _propose(logits_bsv, *step_keys(ctx.rng, gstep), cfg)
+    xb = jax.lax.dynamic_slice_in_dim(x, start, blk, axis=1)
+    masked = xb == cfg.mask_id
+    k = jnp.broadcast_to(ctx.budget[i], masked.shape[:1])
+    if cfg.threshold < 1.0:  # Fast-dLLM: also every position more confident than tau.
+        k = jnp.maximum(k, jnp.sum(masked & (conf > cfg.threshold), axis=-1))
+    take = _select(conf, masked, k)
+    x = jax.lax.dynamic_update_slice_in_dim(x, jnp.where(take, x0, xb), start, axis=1)
+    db = jax.lax.dynamic_slice_in_dim(decoded_at, block * blk, blk, axis=1)
+    decoded_at = jax.lax.dynamic_update_slice_in_dim(
+        decoded_at, jnp.where(take, gstep, db), block * blk, axis=1)
+    return x, decoded_at
+
+
+def _run_steps(carry, first: int, logits_fn, block, ctx: _Ctx, cfg: SamplerConfig):
+    """Steps first.. of a block until it is decoded or its budget is spent.
+
+    Returns (carry, steps taken counting from 0). A bounded while loop: without a threshold
+    it always runs ``loop_steps`` steps; with one a block may finish early.
+    """
+    blk, start = cfg.block_length, ctx.prompt_len + block * cfg.block_length
+
+    def cond(state):
+        (x, _), i = state
+        xb = jax.lax.dynamic_slice_in_dim(x, start, blk, axis=1)
+        return (i < cfg.loop_steps) & jnp.any(xb == cfg.mask_id)
+
+    def body(state):
+        carry, i = state
+        return _transfer(carry, logits_fn(carry[0], start), i, block, ctx, cfg), i + 1
+
+    return jax.lax.while_loop(cond, body, (carry, jnp.asarray(first, jnp.int32)))
+
+
+def _guided_logits(fns: ModelFns, ctx: _Ctx, x: Array, start, cfg: SamplerConfig) -> Array:
+    """Float32 logits [B, blk, V] of the block from a full forward, CFG when enabled."""
+    blk = cfg.block_length
+    if cfg.cfg_scale > 0:  # LLaDA: un + (w + 1)(cond - un), prompt masked in the un-pass.
+        prompt_pos = jnp.arange(x.shape[1])[None, :] < ctx.prompt_len
+        both = jnp.concatenate([x, jnp.where(prompt_pos, cfg.mask_id, x)], axis=0)
+        attn = None if ctx.attn is None else jnp.concatenate([ctx.attn, ctx.attn], axis=0)
+        cond, uncond = jnp.split(fns.forward(ctx.params, both, attn, start, blk), 2, axis=0)
+        logits = uncond.astype(jnp.float32) + (cfg.cfg_scale + 1.0) * (
+            cond.astype(jnp.float32) - uncond.astype(jnp.float32))
+    else:
+        logits = fns.forward(ctx.params, x, ctx.attn, start, blk).astype(jnp.float32)
+    return _mask_eos(logits, cfg)
+
+
+def _mask_eos(logits_bsv: Array, cfg: SamplerConfig) -> Array:
+    if cfg.logits_eos_inf:
+        logits_bsv = logits_bsv.at[..., cfg.eos_id].set(-jnp.inf)
+    return logits_bsv
+
+
+def _exact_block(block, carry, fns: ModelFns, ctx: _Ctx, cfg: SamplerConfig):
+    """One block of the exact sampler: a full forward per step."""
+    def logits_fn(x, start):
+        return _guided_logits(fns, ctx, x, start, cfg)
+    return _run_steps(carry, 0, logits_fn, block, ctx, cfg)
+
+
+def _cached_block(block, carry, fns: ModelFns, ctx: _Ctx, cfg: SamplerConfig):
+    """One block with a Fast-dLLM KV cache: a full forward (also step 0), then cached steps.
+
+    "prefix" recomputes the block and everything after it; "dual" only the block, reusing
+    the suffix's keys/values from the block's first forward.
+    """
+    blk, total = cfg.block_length, carry[0].shape[1]
+    start = ctx.prompt_len + block * blk
+    logits0, cache = fns.prefill(ctx.params, carry[0], ctx.attn, start, blk)
+    carry = _transfer(carry, _mask_eos(logits0.astype(jnp.float32), cfg), 0, block, ctx, cfg)
+    q_len = blk if cfg.kv_cache == "dual" else total - start  # static: block is an int
+
+    def logits_fn(x, start):
+        ids = jax.lax.dynamic_slice_in_dim(x, start, q_len, axis=1)
+        out = fns.decode(ctx.params, ids, cache, start, ctx.attn, blk)
+        return _mask_eos(out.astype(jnp.float32), cfg)
+    return _run_steps(carry, 1, logits_fn, block, ctx, cfg)
+
+
+def generate(model_fns: ModelFns | ApplyFn, params: Any, prompt_ids: Array,
+             prompt_mask: Array | None, rng: Array, config: SamplerConfig,
+             max_length: int | None = None) -> GenerateOutput:
     """Generates ``config.gen_length`` tokens after each left-padded prompt.
 
     Args:
-      apply_fn: ``(params, ids [B, L], mask [B, L] | None, slice_start, slice_len) ->
-        logits [B, slice_len, V]``; see ``llada_apply_fn``.
+      model_fns: ``ModelFns`` (``llada_fns(model)``), or just an ``ApplyFn``
+        (``llada_apply_fn(model)``) when ``config.kv_cache == "none"``.
       params: model params (any sharding).
-      prompt_ids: [B, Lp] int, left-padded.
+      prompt_ids: [B, Lp] int, left-padded; must not contain ``mask_id``.
       prompt_mask: [B, Lp] 1 for real tokens, 0 for padding (None: no padding).
-      rng: PRNG key; each global step folds in its index (``step_keys``).
+      rng: PRNG key; global step s draws from ``step_keys(rng, s)``.
       config: SamplerConfig (static).
-      max_length: the model's max_sequence_length; longer requests are refused.
+      max_length: the model's max_sequence_length (default: ``model_fns.max_length``).
     Returns:
-      GenerateOutput(ids [B, Lp + gen_length], decoded_at [B, gen_length]).
+      GenerateOutput(ids [B, Lp + gen_length], decoded_at [B, gen_length],
+      block_steps [num_blocks]).
     """
+    fns = model_fns if isinstance(model_fns, ModelFns) else ModelFns(model_fns)
     b, lp = prompt_ids.shape
     total = lp + config.gen_length
+    max_length = fns.max_length if max_length is None else max_length
     if max_length is not None and total > max_length:
         raise ValueError(f"prompt length {lp} + gen_length {config.gen_length} = {total} exceeds "
                          f"the model's max_sequence_length {max_length}; truncate the prompt")
     if prompt_mask is not None and prompt_mask.shape != prompt_ids.shape:
-        raise ValueError(f"prompt_mask shape {prompt_mask.shape} != prompt_ids shape {prompt_ids.shape}")
-    return _generate(apply_fn, params, prompt_ids, prompt_mask, rng, config)
-
-
-def _generate(apply_fn, params, prompt_ids, prompt_mask, rng, cfg: SamplerConfig):
-    b, lp = prompt_ids.shape
-    blk, spb = cfg.block_length, cfg.steps_per_block
-    x = jnp.concatenate([prompt_ids.astype(jnp.int32),
-                         jnp.full((b, cfg.gen_length), cfg.mask_id, jnp.int32)], axis=1)
-    prompt_pos = jnp.arange(lp + cfg.gen_length)[None, :] < lp
+        raise ValueError(f"prompt_mask shape {prompt_mask.shape} != prompt_ids shape "
+                         f"{prompt_ids.shape}")
+    if config.kv_cache != "none" and (fns.prefill is None or fns.decode is None):
+        raise ValueError(f"kv_cache={config.kv_cache!r} needs ModelFns with prefill and decode "
+                         "(e.g. sampler.llada_fns(model)), got a plain apply_fn")
     attn = None
-    if cfg.use_attention_mask and prompt_mask is not None:
+    if config.use_attention_mask and prompt_mask is not None:
         attn = jnp.concatenate([prompt_mask.astype(jnp.int32),
-                                jnp.ones((b, cfg.gen_length), jnp.int32)], axis=1)
-    budget = jnp.asarray(num_transfer_tokens(blk, spb))
-    decoded_at = jnp.full((b, cfg.gen_length), -1, jnp.int32)
-
-    def step(i, carry, block):
-        x, decoded_at = carry
-        start = lp + block * blk
-        gstep = block * spb + i
-        key_g, key_r = step_keys(rng, gstep)
-        logits = _block_logits(apply_fn, params, x, attn, prompt_pos, start, cfg)
-        x0, conf = _propose(logits, key_g, key_r, cfg)
-        xb = jax.lax.dynamic_slice_in_dim(x, start, blk, axis=1)
-        take = _select(conf, xb == cfg.mask_id, budget[i])
-        x = jax.lax.dynamic_update_slice_in_dim(x, jnp.where(take, x0, xb), start, axis=1)
-        db = jax.lax.dynamic_slice_in_dim(decoded_at, block * blk, blk, axis=1)
-        decoded_at = jax.lax.dynamic_update_slice_in_dim(
-            decoded_at, jnp.where(take, gstep, db), block * blk, axis=1)
-        return x, decoded_at
-
-    def block_body(block, carry):
-        return jax.lax.fori_loop(0, spb, lambda i, c: step(i, c, block), carry)
-
-    x, decoded_at = jax.lax.fori_loop(0, cfg.num_blocks, block_body, (x, decoded_at))
-    return GenerateOutput(x, decoded_at)
+                                jnp.ones((b, config.gen_length), jnp.int32)], axis=1)
+    budget = num_transfer_tokens(config.block_length, config.steps_per_block)
+    ctx = _Ctx(params, rng, attn, lp, jnp.asarray(budget[:config.loop_steps]))
+    x = jnp.concatenate([prompt_ids.astype(jnp.int32),
+                         jnp.full((b, config.gen_length), config.mask_id, jnp.int32)], axis=1)
+    carry = (x, jnp.full((b, config.gen_length), -1, jnp.int32))
+    (x, decoded_at), block_steps = _block_loop(carry, fns, ctx, config)
+    return GenerateOutput(x, decoded_at, block_steps)
 
 
-def make_generate_fn(apply_fn: ApplyFn, config: SamplerConfig, max_length: int | None = None):
+def _block_loop(carry, fns: ModelFns, ctx: _Ctx, cfg: SamplerConfig):
+    """Blocks left to right: a lax loop, or unrolled for "prefix" (its shapes vary by block)."""
+    block_fn = _exact_block if cfg.kv_cache == "none" else _cached_block
+    if cfg.kv_cache == "prefix":
+        steps = []
+        for block in range(cfg.num_blocks):
+            carry, n = block_fn(block, carry, fns, ctx, cfg)
+            steps.append(n)
+        return carry, jnp.stack(steps)
+
+    def body(block, state):
+        carry, steps = state
+        carry, n = block_fn(block, carry, fns, ctx, cfg)
+        return carry, steps.at[block].set(n)
+    return jax.lax.fori_loop(0, cfg.num_blocks, body,
+                             (carry, jnp.zeros((cfg.num_blocks,), jnp.int32)))
+
+
+def make_generate_fn(model_fns: ModelFns | ApplyFn, config: SamplerConfig,
+                     max_length: int | None = None):
     """``jax.jit``-ed ``(params, prompt_ids, prompt_mask, rng) -> GenerateOutput``.
 
     Compiles once per (batch, prompt length) for this config; shardings follow the inputs
     (params by the rules, the batch over (data, fsdp)).
     """
     def fn(params, prompt_ids, prompt_mask, rng):
-        return generate(apply_fn, params, prompt_ids, prompt_mask, rng, config, max_length)
+        return generate(model_fns, params, prompt_ids, prompt_mask, rng, config, max_length)
     return jax.jit(fn)
+
+
+def history(out: GenerateOutput, prompt_len: int, mask_id: int) -> np.ndarray:
+    """Completions after each global step, [T, B, gen_length] (host numpy, for inspection)."""
+    ids = np.asarray(out.ids)[:, prompt_len:]
+    at = np.asarray(out.decoded_at)
+    steps = np.arange(int(at.max()) + 1)[:, None, None]
+    return np.where(at[None] <= steps, ids[None], mask_id)

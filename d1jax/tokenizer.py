@@ -26,11 +26,14 @@ SPECIAL_TOKENS = (BOS, EOS, "<|start_header_id|>", "<|end_header_id|>", EOT, MAS
 
 def load_tokenizer(path: str | os.PathLike):
     """A ``transformers`` tokenizer from a local directory, left padding for batching."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"tokenizer directory {path} does not exist")
-    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    if (path / "tokenizer.json").exists():  # LLaDA's: no custom code needed (auto_map ignored)
+        tok = PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+    else:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token

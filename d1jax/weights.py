@@ -314,14 +314,11 @@ def save_hf_checkpoint(path: str | os.PathLike, config: LLaDAConfig, params: Map
         shards[-1].append((key, entry))
         size += nbytes(entry)
 
-    host = {}  # stacked params gathered once each, lazily
     def materialise(entry):
+        # Keys come layer by layer, so a stacked param is sliced on device and only that
+        # layer gathered (gathering the whole stack per key would copy it n_layers times).
         arr, layer, transposed = entry
-        if id(arr) not in host:
-            host.clear()
-            host[id(arr)] = _host_array(arr)
-        a = host[id(arr)]
-        a = a[layer] if layer is not None else a
+        a = _host_array(arr[layer] if layer is not None else arr)
         a = a.T if transposed else a
         return np.ascontiguousarray(a.astype(dtype) if dtype is not None else a)
 

@@ -3,11 +3,10 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import d1jax
-from d1jax import losses
+from d1jax import losses, optim, update
 
 
 def np_grpo(logps, old, ref, adv, mask, eps, beta):
@@ -65,42 +64,74 @@ def test_grpo_gradient_matches_finite_differences():
     np.testing.assert_allclose(g, num, atol=1e-6)
 
 
+def test_mu1_uses_detached_current_logps_and_dr_grpo_normaliser():
+    logps, _, ref, adv, mask = _random(2)
+    f = lambda lp, **kw: losses.grpo_loss(lp, None, jnp.array(ref), jnp.array(adv),
+                                          jnp.array(mask), epsilon=0.2, beta=0.0, **kw)
+    loss, m = f(jnp.array(logps, jnp.float32))
+    assert float(m["ratio_min"]) == float(m["ratio_max"]) == 1.0 and float(m["clip_ratio"]) == 0
+    np.testing.assert_allclose(float(loss), -(adv[:, None] * mask).sum() / mask.sum(), rtol=1e-5)
+    # d1 with mu == 1: the gradient is -A / n per token (ratio 1, d ratio = ratio d logp).
+    g = jax.grad(lambda lp: f(lp)[0])(jnp.array(logps, jnp.float32))
+    np.testing.assert_allclose(np.asarray(g), -adv[:, None] * mask / mask.sum(), rtol=1e-5)
+    loss_c, _ = f(jnp.array(logps, jnp.float32), max_tokens=100)
+    np.testing.assert_allclose(float(loss_c), -(adv[:, None] * mask).sum() / 100, rtol=1e-5)
+
+
+def test_clip_metrics_on_a_hand_case():
+    # d1 (TRL of its day) counts is_clipped = ratio A < clip(ratio) A, the unclipped term
+    # strictly smaller. Tokens: ratio e^0.5, A > 0 (1.65 > 1.2: not counted); e^-0.5, A > 0
+    # (0.61 < 0.8: counted); e^0.5, A < 0 (-1.65 < -1.2: counted); a masked-out token.
+    logps = jnp.array([[0.5, -0.5], [0.5, 3.0]])
+    old = jnp.zeros((2, 2))
+    adv = jnp.array([1.0, -1.0])
+    mask = jnp.array([[1, 1], [1, 0]])
+    _, m = losses.grpo_loss(logps, old, None, adv, mask, epsilon=0.2, beta=0.0)
+    np.testing.assert_allclose(float(m["clip_ratio"]), 2 / 3, rtol=1e-6)
+    np.testing.assert_allclose(float(m["ratio_max"]), np.exp(0.5), rtol=1e-6)
+    np.testing.assert_allclose(float(m["ratio_min"]), np.exp(-0.5), rtol=1e-6)
+    np.testing.assert_allclose(float(m["ratio_mean"]), (2 * np.exp(0.5) + np.exp(-0.5)) / 3,
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match="needs ref_logps"):
+        losses.grpo_loss(logps, old, None, adv, mask, epsilon=0.2, beta=0.1)
+
+
 def test_sft_loss_matches_numpy(tiny_model, tiny_params, tiny_config):
     c = tiny_config
     rs = np.random.RandomState(0)
     ids = rs.randint(0, c.vocab_size - 4, (3, 12)).astype(np.int32)
     plen = np.array([3, 5, 0], np.int32)
     key = jax.random.key(4)
-    loss, m = losses.sft_loss(tiny_model, tiny_params, ids, plen, key, mask_id=c.mask_token_id)
+    loss, m = losses.sft_loss(tiny_model, tiny_params, ids, plen, key, seq_chunk=4)
     noisy, is_mask, t = (np.asarray(a) for a in losses.sft_noise(key, ids, plen, c.mask_token_id))
     assert not is_mask[np.arange(12)[None] < plen[:, None]].any()  # prompt never masked
+    assert is_mask.any()
     np.testing.assert_array_equal(noisy, np.where(is_mask, c.mask_token_id, ids))
     logits = np.asarray(tiny_model.apply({"params": tiny_params}, noisy), np.float64)
+    logits -= logits.max(-1, keepdims=True)
     lsm = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     ce = -np.take_along_axis(lsm, ids[..., None], -1)[..., 0]
     want = (ce * is_mask / t[:, None]).sum() / (ids.size - plen.sum())
     np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+    np.testing.assert_allclose(float(m["unscaled_loss"]), (ce * is_mask).sum() / is_mask.sum(),
+                               rtol=1e-5)
 
 
-def test_tiny_model_overfits_eight_sequences(tiny_config):
-    c = d1jax.preset("test-tiny", d_model=64, mlp_hidden_size=192)
+def test_tiny_model_overfits_eight_sequences():
+    """Masked SFT through sft_update_step (AdamW, clipping): 8 random sequences memorised."""
+    c = d1jax.preset("test-tiny", d_model=64, mlp_hidden_size=128)
     model = d1jax.LLaDA(c)
     params = d1jax.init_params(model, jax.random.key(0))
-    ids = np.random.RandomState(1).randint(0, 32, (8, 16)).astype(np.int32)
-    plen = np.full(8, 4, np.int32)
-    opt = optax.adam(3e-3)
-    state = opt.init(params)
-
-    @jax.jit
-    def step(p, s, k):
-        (l, _), g = jax.value_and_grad(lambda q: losses.sft_loss(
-            model, q, ids, plen, k, mask_id=c.mask_token_id), has_aux=True)(p)
-        u, s = opt.update(g, s, p)
-        return optax.apply_updates(p, u), s, l
+    opt = optim.make_optimizer(optim.OptimConfig(learning_rate=3e-3, weight_decay=0.0,
+                                                 max_grad_norm=1.0))
+    steps = update.make_jitted_steps(model, None, opt, lora=False, sft=update.SFTConfig())
+    state = steps.init(params)
+    ids = np.random.RandomState(1).randint(0, 100, (8, 16)).astype(np.int32)
+    batch = {"input_ids": ids, "prompt_len": np.full(8, 4, np.int32)}
     first = None
-    for i in range(600):
-        params, state, loss = step(params, state, jax.random.key(i))
-        first = first if first is not None else float(loss)
-    evals = [float(losses.sft_loss(model, params, ids, plen, jax.random.key(10_000 + i),
-                                   mask_id=c.mask_token_id)[0]) for i in range(8)]
-    assert first > 2.0 and np.mean(evals) < 0.05, (first, evals)
+    for i in range(500):
+        state, m = steps.sft_update(state, batch, jax.random.key(i))
+        first = float(m["loss"]) if first is None else first
+    evaluate = jax.jit(lambda p, k: losses.sft_loss(model, p, ids, batch["prompt_len"], k)[0])
+    evals = [float(evaluate(state.params, jax.random.key(10_000 + i))) for i in range(8)]
+    assert first > 3.0 and np.mean(evals) < 0.02, (first, evals)

@@ -1,8 +1,9 @@
-"""The sampler against a straightforward loop of LLaDA's generate.py written here in numpy.
+"""The exact sampler against a straightforward numpy loop of LLaDA's generate.py.
 
-The reference loop gets its logits from the same model (full sequence, all positions), and
-does everything else (budgets, Gumbel-free argmax, confidence over the whole sequence with
--inf beyond the block, per-row top-k, CFG, padding) in numpy, as generate.py does.
+The reference loop gets its logits from the same model (a full forward over the whole
+sequence, no slicing) and does everything else in numpy, as generate.py / d1 do: budgets
+from the block's mask count, float64 softmax over all positions, -inf beyond the block and
+for decoded positions, per-row top-k, CFG, EOS options, padding.
 """
 
 import jax
@@ -10,19 +11,51 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import d1jax
 from d1jax import sampler as smp
 from d1jax import sharding
 
 
-def ref_budget(mask_count, steps):
-    base, rem = mask_count // steps, mask_count % steps
-    out = np.full(steps, base)
-    out[:rem] += 1
+def ref_budget(mask_count: int, steps: int) -> np.ndarray:
+    """LLaDA's get_num_transfer_tokens for one row."""
+    out = np.full(steps, mask_count // steps)
+    out[:mask_count % steps] += 1
     return out
 
 
+def ref_logits(full, x, attn, prompt_index, cfg):
+    """Float64 logits [B, L, V] of the whole sequence, with CFG and logits_eos_inf."""
+    b = x.shape[0]
+    if cfg.cfg_scale > 0:
+        un_x = np.where(prompt_index, cfg.mask_id, x)
+        a2 = None if attn is None else np.concatenate([attn, attn])
+        lg = np.asarray(full(np.concatenate([x, un_x]), a2), np.float64)
+        logits = lg[b:] + (cfg.cfg_scale + 1) * (lg[:b] - lg[b:])
+    else:
+        logits = np.asarray(full(x, attn), np.float64)
+    if cfg.logits_eos_inf:
+        logits[:, :, cfg.eos_id] = -np.inf
+    return logits
+
+
+def ref_confidence(logits, x0, cfg, rng, gstep, s, e):
+    """x0_p [B, L] as generate.py: softmax p of x0, or a uniform draw (ours, for equality)."""
+    b, total = x0.shape
+    if cfg.remasking == "random":
+        _, key_r = smp.step_keys(rng, gstep)
+        x0_p = np.full((b, total), -np.inf)
+        x0_p[:, s:e] = np.asarray(jax.random.uniform(key_r, (b, e - s)))
+        return x0_p
+    if cfg.confidence_eos_eot_inf:  # at T = 0 LLaDA's chained assignment hits both ids
+        logits = logits.copy()
+        logits[:, :, [cfg.eos_id, cfg.eot_id]] = -np.inf
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.take_along_axis(p, x0[..., None], -1)[..., 0]
+
+
 def reference_generate(model, params, prompt, mask, cfg: smp.SamplerConfig, rng=None):
-    """LLaDA generate.py, step by step, in numpy (random remasking draws via step_keys)."""
+    """LLaDA generate.py / d1 DiffuGRPOTrainer.generate at temperature 0, step by step."""
     full = jax.jit(lambda ids, m: model.apply({"params": params}, ids, m))
     b, lp = prompt.shape
     x = np.concatenate([prompt, np.full((b, cfg.gen_length), cfg.mask_id)], 1)
@@ -31,37 +64,20 @@ def reference_generate(model, params, prompt, mask, cfg: smp.SamplerConfig, rng=
         attn = np.concatenate([mask, np.ones((b, cfg.gen_length), mask.dtype)], 1)
     prompt_index = x != cfg.mask_id
     nb = cfg.gen_length // cfg.block_length
-    spb = cfg.steps // nb
+    spb = max(1, cfg.steps // nb)  # d1
     for blk in range(nb):
         s, e = lp + blk * cfg.block_length, lp + (blk + 1) * cfg.block_length
-        budget = ref_budget((x[:, s:e] == cfg.mask_id).sum(1)[0], spb)
+        budgets = [ref_budget(int((x[j, s:e] == cfg.mask_id).sum()), spb) for j in range(b)]
         for i in range(spb):
             mask_index = x == cfg.mask_id
-            if cfg.cfg_scale > 0:
-                un_x = np.where(prompt_index, cfg.mask_id, x)
-                a2 = None if attn is None else np.concatenate([attn, attn])
-                lg = np.asarray(full(np.concatenate([x, un_x]), a2), np.float64)
-                cond, unc = lg[:b], lg[b:]
-                logits = unc + (cfg.cfg_scale + 1) * (cond - unc)
-            else:
-                logits = np.asarray(full(x, attn), np.float64)
-            if cfg.logits_eos_inf:
-                logits[:, :, cfg.eos_id] = -np.inf
+            logits = ref_logits(full, x, attn, prompt_index, cfg)
             x0 = logits.argmax(-1)
-            if cfg.remasking == "low_confidence":
-                p = np.exp(logits - logits.max(-1, keepdims=True))
-                p /= p.sum(-1, keepdims=True)
-                x0_p = np.take_along_axis(p, x0[..., None], -1)[..., 0]
-            else:
-                _, key_r = smp.step_keys(rng, blk * spb + i)
-                draw = np.asarray(jax.random.uniform(key_r, (b, cfg.block_length)))
-                x0_p = np.full(x.shape, -np.inf)
-                x0_p[:, s:e] = draw
+            x0_p = ref_confidence(logits, x0, cfg, rng, blk * spb + i, s, e)
             x0_p[:, e:] = -np.inf
             x0 = np.where(mask_index, x0, x)
             conf = np.where(mask_index, x0_p, -np.inf)
             for j in range(b):
-                sel = np.argsort(-conf[j], kind="stable")[:budget[i]]
+                sel = np.argsort(-conf[j], kind="stable")[:budgets[j][i]]
                 x[j, sel] = x0[j, sel]
     return x
 
@@ -73,7 +89,7 @@ def peaked_params(tiny_params):
     return {**tiny_params, "ff_out": {"kernel": tiny_params["ff_out"]["kernel"] * 40.0}}
 
 
-def make_prompts(vocab, mask_id, pad_id, b=3, lp=10, pad=(0, 3, 6), seed=0):
+def make_prompts(vocab, pad_id, b=3, lp=10, pad=(0, 3, 6), seed=0):
     rs = np.random.RandomState(seed)
     ids = rs.randint(0, vocab - 8, (b, lp)).astype(np.int32)
     mask = np.ones((b, lp), np.int32)
@@ -86,81 +102,110 @@ def make_prompts(vocab, mask_id, pad_id, b=3, lp=10, pad=(0, 3, 6), seed=0):
 def cfg_for(c, **kw):
     base = dict(gen_length=16, block_length=16, steps=16, mask_id=c.mask_token_id,
                 eos_id=c.eos_token_id, eot_id=c.eos_token_id - 1)
-    base.update(kw)
-    return smp.SamplerConfig(**base)
+    return smp.SamplerConfig(**{**base, **kw})
 
 
 CASES = {
     "1block_full_steps": dict(block_length=16, steps=16),
-    "4blocks_half_steps": dict(block_length=4, steps=8),
-    "4blocks_full_steps": dict(block_length=4, steps=16),
     "1block_half_steps": dict(block_length=16, steps=8),
-    "no_mask_d1_mode": dict(block_length=4, steps=8, use_attention_mask=False),
+    "4blocks_full_steps": dict(block_length=4, steps=16),
+    "4blocks_half_steps": dict(block_length=4, steps=8),
+    "padding_attended_d1_mode": dict(block_length=4, steps=8, use_attention_mask=False),
     "cfg": dict(block_length=8, steps=8, cfg_scale=1.5),
-    "eos_inf": dict(block_length=8, steps=8, logits_eos_inf=True),
+    "cfg_d1_mode": dict(block_length=8, steps=8, cfg_scale=0.5, use_attention_mask=False),
+    "logits_eos_inf": dict(block_length=8, steps=8, logits_eos_inf=True),
+    "confidence_eos_eot_inf": dict(block_length=8, steps=8, confidence_eos_eot_inf=True),
     "random_remasking": dict(block_length=4, steps=8, remasking="random"),
+    "steps_not_multiple_d1_floor": dict(block_length=4, steps=10),  # 2 per block
+    "steps_beyond_gen_length": dict(gen_length=8, block_length=8, steps=12),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_temperature0_matches_reference_loop(name, tiny_model, peaked_params, tiny_config):
-    tiny_params = peaked_params
     c = tiny_config
     cfg = cfg_for(c, **CASES[name])
-    ids, mask = make_prompts(c.vocab_size, c.mask_token_id, c.pad_token_id)
+    ids, mask = make_prompts(c.vocab_size, c.pad_token_id)
     rng = jax.random.key(7)
-    out = smp.generate(smp.llada_apply_fn(tiny_model), tiny_params, ids, mask, rng, cfg)
-    ref = reference_generate(tiny_model, tiny_params, ids, mask, cfg, rng)
+    out = smp.generate(smp.llada_apply_fn(tiny_model), peaked_params, ids, mask, rng, cfg)
+    ref = reference_generate(tiny_model, peaked_params, ids, mask, cfg, rng)
     np.testing.assert_array_equal(np.asarray(out.ids), ref)
+
+
+def test_eos_options_steer_eos(tiny_model, tiny_params, tiny_config):
+    """A model that strongly prefers EOS at even positions: logits_eos_inf never emits it;
+    with confidence_eos_eot_inf, EOS positions are unmasked after all others of a block."""
+    c = tiny_config
+    base = smp.llada_apply_fn(tiny_model)
+
+    def eos_fn(params, ids, mask, start, n):
+        bonus = jnp.where(jnp.arange(n) % 2 == 0, 50.0, 0.0)[None, :]
+        return base(params, ids, mask, start, n).at[..., c.eos_token_id].add(bonus)
+
+    ids, mask = make_prompts(c.vocab_size, c.pad_token_id)
+    run = lambda **kw: smp.generate(eos_fn, tiny_params, ids, mask, jax.random.key(0),
+                                    cfg_for(c, block_length=8, steps=8, **kw))
+    is_eos = np.asarray(run().ids)[:, 10:] == c.eos_token_id
+    assert is_eos[:, ::2].all() and not is_eos[:, 1::2].any()  # the construction works
+    assert not (np.asarray(run(logits_eos_inf=True).ids)[:, 10:] == c.eos_token_id).any()
+    out = run(confidence_eos_eot_inf=True)
+    np.testing.assert_array_equal(np.asarray(out.ids)[:, 10:] == c.eos_token_id, is_eos)
+    at = np.asarray(out.decoded_at).reshape(3, 2, 8)  # [row, block, position]
+    assert (at[..., ::2].min(-1) > at[..., 1::2].max(-1)).all()
 
 
 def test_budgets_and_no_mask_left(tiny_model, tiny_params, tiny_config):
     c = tiny_config
     cfg = cfg_for(c, gen_length=24, block_length=8, steps=9, temperature=0.7)
-    ids, mask = make_prompts(c.vocab_size, c.mask_token_id, c.pad_token_id)
+    ids, mask = make_prompts(c.vocab_size, c.pad_token_id)
     out = smp.generate(smp.llada_apply_fn(tiny_model), tiny_params, ids, mask,
                        jax.random.key(0), cfg)
     comp = np.asarray(out.ids)[:, ids.shape[1]:]
     assert not (comp == c.mask_token_id).any()
-    at = np.asarray(out.decoded_at)
+    np.testing.assert_array_equal(np.asarray(out.block_steps), [3, 3, 3])
     want = np.tile(smp.num_transfer_tokens(8, 3), 3)  # [3, 3, 2] per block
-    for row in at:
+    for row in np.asarray(out.decoded_at):
         np.testing.assert_array_equal(np.bincount(row, minlength=9), want)
-        # Block k is decoded in steps 3k..3k+2 only.
         assert all(3 * (p // 8) <= row[p] < 3 * (p // 8 + 1) for p in range(24))
-
-
-def test_steps_beyond_gen_length_follow_the_reference_budget(tiny_model, peaked_params,
-                                                           tiny_config):
-    tiny_params = peaked_params
-    c = tiny_config
-    cfg = cfg_for(c, gen_length=8, block_length=8, steps=12)
-    ids, mask = make_prompts(c.vocab_size, c.mask_token_id, c.pad_token_id)
-    out = smp.generate(smp.llada_apply_fn(tiny_model), tiny_params, ids, mask,
-                       jax.random.key(0), cfg)
-    np.testing.assert_array_equal(np.asarray(out.ids),
-                                  reference_generate(tiny_model, tiny_params, ids, mask, cfg))
+    hist = smp.history(out, ids.shape[1], c.mask_token_id)
+    np.testing.assert_array_equal((hist != c.mask_token_id).sum(-1)[:, 0], np.cumsum(want))
     assert smp.num_transfer_tokens(8, 12).tolist() == [1] * 8 + [0] * 4
 
 
-def test_rng_determinism_and_variety(tiny_model, tiny_params, tiny_config):
+def test_rng_determinism_variety_and_one_compile(tiny_model, tiny_params, tiny_config):
     c = tiny_config
-    cfg = cfg_for(c, temperature=1.0)
-    ids, mask = make_prompts(c.vocab_size, c.mask_token_id, c.pad_token_id)
-    gen = smp.make_generate_fn(smp.llada_apply_fn(tiny_model), cfg)
+    cfg = cfg_for(c, temperature=1.0, block_length=4, steps=8)
+    ids, mask = make_prompts(c.vocab_size, c.pad_token_id)
+    traces, base = [], smp.llada_apply_fn(tiny_model)
+
+    def counting_fn(*args):
+        traces.append(1)  # runs only while tracing
+        return base(*args)
+
+    gen = smp.make_generate_fn(counting_fn, cfg)
     a = np.asarray(gen(tiny_params, ids, mask, jax.random.key(1)).ids)
     b = np.asarray(gen(tiny_params, ids, mask, jax.random.key(1)).ids)
-    d = np.asarray(gen(tiny_params, ids, mask, jax.random.key(2)).ids)
+    d = np.asarray(gen(tiny_params, ids[::-1].copy(), mask[::-1].copy(), jax.random.key(2)).ids)
     np.testing.assert_array_equal(a, b)
-    assert (a != d).any()
+    assert (a[::-1] != d).any()
+    assert len(traces) == 1  # blocks and steps are lax loops: one trace, one compile
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_gumbel_max_samples_softmax(temperature):
+    """argmax(l + T g) with our float32 Gumbel noise is a sample of softmax(l / T)."""
+    logits = jnp.array([2.0, 1.0, 0.0, -1.0, -3.0])
+    g = smp.gumbel_noise(jax.random.key(0), (200_000, 5))
+    freq = np.bincount(np.asarray(jnp.argmax(logits + temperature * g, -1)), minlength=5) / 2e5
+    np.testing.assert_allclose(freq, jax.nn.softmax(logits / temperature), atol=4e-3)
+    gs = np.asarray(g)
+    assert abs(gs.mean() - np.euler_gamma) < 0.01 and abs(gs.var() - np.pi ** 2 / 6) < 0.02
 
 
 def test_sharded_equals_unsharded(tiny_model, tiny_config):
-    import d1jax
     c = tiny_config
     cfg = cfg_for(c, block_length=8, steps=8, temperature=0.5)
-    ids, mask = make_prompts(c.vocab_size, c.mask_token_id, c.pad_token_id, b=8,
-                             pad=(0, 2, 4, 6, 0, 1, 3, 5))
+    ids, mask = make_prompts(c.vocab_size, c.pad_token_id, b=8, pad=(0, 2, 4, 6, 0, 1, 3, 5))
     params = d1jax.init_params(tiny_model, jax.random.key(0))
     gen = smp.make_generate_fn(smp.llada_apply_fn(tiny_model), cfg)
     want = np.asarray(gen(params, ids, mask, jax.random.key(3)).ids)
@@ -172,13 +217,18 @@ def test_sharded_equals_unsharded(tiny_model, tiny_config):
     np.testing.assert_array_equal(np.asarray(got.ids), want)
 
 
-def test_bad_settings_are_refused(tiny_config):
-    with pytest.raises(ValueError, match="must divide gen_length"):
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="block_length=8 must divide gen_length=30"):
         smp.SamplerConfig(gen_length=30, block_length=8)
-    with pytest.raises(ValueError, match="multiple of the number of blocks"):
-        smp.SamplerConfig(gen_length=32, block_length=8, steps=6)
-    with pytest.raises(ValueError, match="remasking"):
+    with pytest.raises(ValueError, match="remasking='entropy'"):
         smp.SamplerConfig(remasking="entropy")
-    with pytest.raises(ValueError, match="exceeds the model's max_sequence_length"):
+    with pytest.raises(ValueError, match="steps=0 must be positive"):
+        smp.SamplerConfig(steps=0)
+    with pytest.raises(ValueError, match="temperature=-1"):
+        smp.SamplerConfig(temperature=-1.0)
+    with pytest.raises(ValueError, match="exceeds the model's max_sequence_length 256"):
         smp.generate(None, None, jnp.zeros((1, 250), jnp.int32), None, jax.random.key(0),
                      smp.SamplerConfig(gen_length=16, block_length=16, steps=16), max_length=256)
+    with pytest.raises(ValueError, match="prompt_mask shape"):
+        smp.generate(None, None, jnp.zeros((2, 8), jnp.int32), jnp.ones((2, 7)),
+                     jax.random.key(0), smp.SamplerConfig(gen_length=16, block_length=16))

@@ -20,8 +20,8 @@ class ConfigError(ValueError):
 
 def _model(tiny: bool) -> mlc.ConfigDict:
     m = mlc.ConfigDict()
-    m.path = None if tiny else os.environ.get("LLADA_PATH")  # Local HF LLaDA dir (config.json, *.safetensors, tokenizer); $LLADA_PATH by default.
-    m.tokenizer_path = None  # Tokenizer dir; None: model.path (or a tiny one trained on the task text when random_init).
+    m.path = "" if tiny else os.environ.get("LLADA_PATH", "")  # Local HF LLaDA dir (config.json, *.safetensors, tokenizer); $LLADA_PATH by default.
+    m.tokenizer_path = ""  # Tokenizer dir; None: model.path (or a tiny one trained on the task text when random_init).
     m.random_init = "test-tiny" if tiny else ""  # Preset name: random weights of that shape instead of model.path (tests, CPU smoke runs).
     m.width = 64 if tiny else 0  # For random_init: d_model override (0 keeps the preset's).
     m.n_layers = 2 if tiny else 0  # For random_init: layer count override (0 keeps the preset's).
@@ -92,7 +92,7 @@ def base(stage: str, task: str, tiny: bool, steps: int = 1000) -> mlc.ConfigDict
     c.train = _train(tiny, steps)
     c.task = mlc.ConfigDict()
     c.task.name = task  # gsm8k, math500, sudoku, countdown (or s1k for SFT).
-    c.task.source = None  # Local data file/dir in the Hugging Face schema; None: the public source.
+    c.task.source = ""  # Local data file/dir in the Hugging Face schema; "": the default (public data, or generated puzzles for sudoku/countdown).
     c.task.num_train = 256 if tiny else 0  # Use only the first N training examples (0: all).
     c.mesh = mlc.ConfigDict()
     c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); one -1 takes the remaining devices.

@@ -86,8 +86,9 @@ class GRPOEngine:
                  "completion_ids": self._put(comp.astype(np.int32)),
                  "completion_mask": self._put(cmask), "advantages": self._put(
                      np.asarray(advantages, np.float32))}
+        batch["mask_seeds"] = jax.device_put(seeds.astype(np.int32), sharding.replicated(s.mesh))
         with sharding.activate(s.mesh, s.rules):
-            batch.update(self.steps.rollout_logps(self.state, batch, jnp.asarray(seeds)))
+            batch.update(self.steps.rollout_logps(self.state, batch))
         jax.block_until_ready(batch)
         t_logp = time.perf_counter() - t0 - t_gen - t_score
         metrics = rl.reward_metrics(task, sharding.gather_rows(per_func), g.num_generations)

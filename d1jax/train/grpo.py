@@ -65,7 +65,7 @@ def _crossed(step: int, per_rollout: int, every: int) -> bool:
 
 
 def _train_examples(config, task) -> list[dict]:
-    examples = list(task.load_train(config.task.source))
+    examples = list(task.load_train(config.task.source or None))
     if config.task.num_train:
         examples = examples[:config.task.num_train]
     return examples

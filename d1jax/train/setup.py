@@ -57,7 +57,7 @@ def _random_model_config(config, tok) -> LLaDAConfig:
     ids = special_ids(tok)
     vocab = -(-len(tok) // 64) * 64  # room for the mesh's tensor axis to divide it
     over = dict(vocab_size=vocab, embedding_size=vocab, mask_token_id=ids["mask"],
-                eos_token_id=ids["eos"], pad_token_id=ids["pad"])
+                eos_token_id=ids["eos"], pad_token_id=ids["pad"], max_sequence_length=1024)
     if config.model.width:
         w = config.model.width
         over.update(d_model=w, mlp_hidden_size=3 * w)

@@ -27,10 +27,10 @@ def sft_examples(config) -> list[dict]:
     name = config.task.name
     if name == "s1k":
         from d1jax.tasks import s1k
-        rows = s1k.load_train(config.task.source)
+        rows = s1k.load_train(config.task.source or None)
     else:  # a generated task: d1's prompt and a solution trajectory (offline stand-in)
         task = tasks_lib.get_task(name)
-        rows = trajectory_examples(task, task.load_train(config.task.source))
+        rows = trajectory_examples(task, task.load_train(config.task.source or None))
     if config.task.num_train:
         rows = rows[:config.task.num_train]
     return rows

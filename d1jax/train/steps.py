@@ -1,4 +1,7 @@
-"""The update functions of d1jax.update, jitted for a run: explicit shardings, donation."""
+"""The update functions of d1jax.update, configured and jitted for a run.
+
+Each jitted step takes the state with its shardings in and out and donates it.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +10,15 @@ import functools
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 
+from d1jax import optim
 from d1jax import update as upd
-
-
-def _shardings(tree):
-    return jax.tree.map(lambda x: x.sharding, tree)
 
 
 @dataclasses.dataclass
 class Steps:
-    """``init_state(params)``, ``update(state, batch, it|rng, ...)``, ``rollout_logps``, ``sync_reference``."""
+    """``init_state(params)``, ``update(...)``, and for GRPO ``rollout_logps``, ``sync_reference``."""
 
     init_state: Callable
     update: Callable
@@ -26,62 +27,60 @@ class Steps:
 
 
 def _optimizer(config, total_steps: int):
-    o = config.optim
-    return upd.make_optimizer(o.learning_rate, total_steps, o.warmup_ratio, o.b1, o.b2,
-                              o.weight_decay, o.max_grad_norm)
+    return optim.make_optimizer(optim.OptimConfig.from_config(config.optim, total_steps))
 
 
-def _jit_with_state_shardings(fn, state_example, n_extra: int):
-    """jit ``fn(state, *extra)`` with the state's shardings in and out, state donated."""
-    sh = _shardings(state_example)
-    return jax.jit(fn, in_shardings=(sh,) + (None,) * n_extra, out_shardings=(sh, None),
-                   donate_argnums=(0,))
+def _lazy_jit(fn: Callable, donate_state: bool = True) -> Callable:
+    """jit ``fn(state, ...)`` on first call with the state's own shardings in and out."""
+    compiled: dict[str, Any] = {}
+
+    def call(state, *args):
+        if "fn" not in compiled:
+            sh = jax.tree.map(lambda x: x.sharding, state)
+            compiled["fn"] = jax.jit(fn, in_shardings=(sh,) + (None,) * len(args),
+                                     out_shardings=(sh, None),
+                                     donate_argnums=(0,) if donate_state else ())
+        return compiled["fn"](state, *args)
+    return call
+
+
+def grpo_config(config, model) -> upd.GRPOConfig:
+    g, o = config.grpo, config.optim
+    return upd.GRPOConfig(
+        num_iterations=g.num_iterations, beta=g.beta, epsilon=g.epsilon,
+        p_mask_prompt=g.p_mask_prompt, cfg_scale=config.sampler.cfg_scale,
+        use_attention_mask=config.sampler.use_attention_mask, grad_accum=o.grad_accum,
+        lora_dropout=config.lora.enabled and config.lora.dropout > 0)
 
 
 def make_grpo_steps(model, config, mesh, rules) -> Steps:
-    g, o = config.grpo, config.optim
-    hp = upd.GRPOHyper(
-        num_iterations=g.num_iterations, beta=g.beta, epsilon=g.epsilon,
-        p_mask_prompt=g.p_mask_prompt, mask_id=model.config.mask_token_id,
-        cfg_scale=config.sampler.cfg_scale, use_attention_mask=config.sampler.use_attention_mask,
-        grad_accum=o.grad_accum, max_grad_norm=o.max_grad_norm,
-        use_lora=config.lora.enabled, lora_dropout=config.lora.enabled and config.lora.dropout > 0)
+    del mesh, rules  # shardings come from the params, born sharded by the rules
+    g = config.grpo
+    cfg = grpo_config(config, model)
     opt = _optimizer(config, config.train.num_steps)
     keep_ref = g.beta != 0 and (g.sync_ref_model or not config.lora.enabled)
-    init = jax.jit(lambda p: upd.init_state(p, opt, config.lora.enabled, keep_ref))
-    compiled: dict[str, Any] = {}
+    init = functools.partial(upd.init_train_state, optimizer=opt, lora=config.lora.enabled,
+                             keep_reference=keep_ref)
 
-    def update(state, batch, it, rng):
-        if "update" not in compiled:
-            compiled["update"] = _jit_with_state_shardings(
-                functools.partial(upd.grpo_step, model, opt, hp), state, 3)
-        return compiled["update"](state, batch, it, rng)
+    def step(state, batch, it, rng):
+        return upd.grpo_update_step(model, opt, cfg, state, {**batch, "iteration": it}, rng)
 
-    logps = jax.jit(functools.partial(upd.rollout_logps, model, hp=hp))
+    logps = jax.jit(lambda state, batch: upd.rollout_logps(model, cfg, state, batch))
 
-    def sync(state, alpha):
-        if "sync" not in compiled:
-            sh = _shardings(state)
-            compiled["sync"] = jax.jit(upd.sync_reference, static_argnums=1,
-                                       in_shardings=(sh,), out_shardings=sh, donate_argnums=0)
-        return compiled["sync"](state, alpha)
-
-    return Steps(init, update, lambda state, batch, seeds: logps(state, batch, seeds), sync)
+    def sync_fn(state, alpha):
+        return upd.sync_reference(state, alpha), None
+    sync = _lazy_jit(sync_fn)
+    return Steps(init, _lazy_jit(step), logps,
+                 lambda state, alpha: sync(state, jnp.float32(alpha))[0])
 
 
 def make_sft_steps(model, config, mesh, rules, total_steps: int) -> Steps:
-    o = config.optim
+    del mesh, rules
     opt = _optimizer(config, total_steps)
-    init = jax.jit(lambda p: upd.init_state(p, opt, config.lora.enabled, False))
-    step_fn = functools.partial(upd.sft_step, model, opt, mask_id=model.config.mask_token_id,
-                                eps=config.sft.eps, grad_accum=o.grad_accum,
-                                max_grad_norm=o.max_grad_norm,
-                                lora_dropout=config.lora.enabled and config.lora.dropout > 0)
-    compiled: dict[str, Any] = {}
+    cfg = upd.SFTConfig(eps=config.sft.eps, grad_accum=config.optim.grad_accum,
+                        lora_dropout=config.lora.enabled and config.lora.dropout > 0)
+    init = functools.partial(upd.init_train_state, optimizer=opt, lora=config.lora.enabled)
 
-    def update(state, batch, rng):
-        if "update" not in compiled:
-            compiled["update"] = _jit_with_state_shardings(step_fn, state, 2)
-        return compiled["update"](state, batch, rng)
-
-    return Steps(init, update)
+    def step(state, batch, rng):
+        return upd.sft_update_step(model, opt, cfg, state, batch, rng)
+    return Steps(init, _lazy_jit(step))

@@ -1,0 +1,162 @@
+"""The optimizer of d1 (HF Trainer's AdamW) and the pieces of an update step around it.
+
+``make_optimizer``: global-norm clipping then AdamW with a constant-with-warmup schedule
+(d1 GRPO: lr 3e-6, betas 0.9/0.99, weight decay 0.1, clip 0.2, ``constant_with_warmup``).
+``accumulate_gradients``: mean loss and gradient over micro-batches (HF's accumulation: each
+micro-batch its own loss, averaged). ``apply_gradients``: one optimizer update that is
+skipped, leaving params and optimizer state untouched, when the gradient is not finite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import traverse_util
+
+Array = jax.Array
+# loss_fn(params, micro_batch, micro_index) -> (loss, metrics)
+LossFn = Callable[[Any, dict, Array], tuple[Array, dict]]
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """AdamW as HF Trainer runs it for d1 (``train.yaml``)."""
+
+    learning_rate: float = 3e-6  # Peak learning rate.
+    b1: float = 0.9  # Adam beta1.
+    b2: float = 0.99  # Adam beta2.
+    eps: float = 1e-8  # Adam epsilon (torch default).
+    weight_decay: float = 0.1  # Decoupled weight decay (lr x wd x param); norms excluded.
+    max_grad_norm: float = 0.2  # Global-norm clipping before AdamW; 0 disables.
+    warmup_steps: int = 0  # Linear warmup from 0, then constant (constant_with_warmup).
+
+    def __post_init__(self):
+        if self.learning_rate <= 0 or self.warmup_steps < 0 or self.max_grad_norm < 0:
+            raise ValueError(f"invalid optimizer config {self}: learning_rate must be > 0, "
+                             "warmup_steps and max_grad_norm >= 0")
+
+    @classmethod
+    def from_config(cls, optim: Any, total_steps: int) -> "OptimConfig":
+        """From a config block with learning_rate, b1, b2, weight_decay, max_grad_norm and
+        warmup_ratio (HF: warmup steps = ceil(ratio x total steps))."""
+        return cls(learning_rate=optim.learning_rate, b1=optim.b1, b2=optim.b2,
+                   weight_decay=optim.weight_decay, max_grad_norm=optim.max_grad_norm,
+                   warmup_steps=math.ceil(optim.warmup_ratio * total_steps))
+
+
+def lr_schedule(cfg: OptimConfig) -> optax.Schedule:
+    """HF ``constant_with_warmup``: lr x min(1, step / warmup_steps)."""
+    const = optax.constant_schedule(cfg.learning_rate)
+    if cfg.warmup_steps == 0:
+        return const
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps), const],
+        [cfg.warmup_steps])
+
+
+def decay_mask(params: Any) -> Any:
+    """True for leaves that get weight decay: every leaf outside a norm (attn_norm, ff_norm,
+    ln_f), as HF excludes LayerNorm weights. LoRA adapters are decayed, as under PEFT."""
+    flat = traverse_util.flatten_dict(params)
+    return traverse_util.unflatten_dict(
+        {k: not any("norm" in p or p == "ln_f" for p in k) for k in flat})
+
+
+def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+    """Clip by global norm (``max_grad_norm``), then AdamW with the warmup schedule. Both
+    record their hyperparameters in the state (``hyperparams``) for logging."""
+    adamw = optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
+        learning_rate=lr_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+        weight_decay=cfg.weight_decay, mask=decay_mask)
+    if cfg.max_grad_norm > 0:
+        clip = optax.inject_hyperparams(optax.clip_by_global_norm)(max_norm=cfg.max_grad_norm)
+        return optax.chain(clip, adamw)
+    return optax.chain(optax.identity(), adamw)
+
+
+def hyperparams(opt_state: Any) -> dict[str, Array]:
+    """The injected hyperparameters in an optimizer state (learning_rate: that of the most
+    recent update, ``schedule(0)`` before any; max_norm: the clipping threshold if any)."""
+    kinds = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
+    out: dict[str, Array] = {}
+    for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, kinds)):
+        if isinstance(s, kinds):
+            out.update(s.hyperparams)
+    return out
+
+
+def current_learning_rate(opt_state: Any) -> Array:
+    """The learning rate of the most recent update (``schedule(0)`` before any)."""
+    hp = hyperparams(opt_state)
+    if "learning_rate" not in hp:
+        raise ValueError("optimizer state has no injected learning rate (use make_optimizer)")
+    return hp["learning_rate"]
+
+
+def split_micro(batch: dict, n_micro: int) -> dict:
+    """[B, ...] leaves -> [n_micro, B / n_micro, ...]; micro-batch i takes rows i, i + n, ...
+
+    Strided, so a batch sharded in contiguous blocks over devices gives every device an equal
+    share of every micro-batch (no communication).
+    """
+    def one(x):
+        if x.shape[0] % n_micro:
+            raise ValueError(f"batch of {x.shape[0]} rows does not split into "
+                             f"{n_micro} micro-batches (grad_accum)")
+        return x.reshape((x.shape[0] // n_micro, n_micro) + x.shape[1:]).swapaxes(0, 1)
+    return jax.tree.map(one, batch)
+
+
+def accumulate_gradients(loss_fn: LossFn, params: Any, batch: dict, n_micro: int
+                         ) -> tuple[Array, Any, dict]:
+    """(loss, grads, metrics), each the mean over ``n_micro`` micro-batches of ``batch``.
+
+    Gradients accumulate in float32 inside a ``lax.scan``, so only one micro-batch's
+    activations are live at a time.
+    """
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if n_micro == 1:
+        (loss, metrics), grads = grad_fn(params, batch, jnp.int32(0))
+        return loss, grads, metrics
+    micro = split_micro(batch, n_micro)
+
+    def body(acc, xs):
+        i, mb = xs
+        (loss, metrics), grads = grad_fn(params, mb, i)
+        f32 = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), (loss, grads, metrics))
+        return jax.tree.map(jnp.add, acc, f32), None
+
+    shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro), jnp.int32(0))
+    (loss_s, metrics_s), grads_s = shapes
+    zero = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), (loss_s, grads_s, metrics_s))
+    (loss, grads, metrics), _ = jax.lax.scan(body, zero, (jnp.arange(n_micro), micro))
+    return jax.tree.map(lambda x: x / n_micro, (loss, grads, metrics))
+
+
+def apply_gradients(optimizer: optax.GradientTransformation, params: Any, opt_state: Any,
+                    grads: Any) -> tuple[Any, Any, dict]:
+    """One optimizer update; a non-finite gradient norm skips it (params and state kept).
+
+    Returns (params, opt_state, metrics): grad_norm (before clipping), grad_norm_clipped,
+    lr (of this update; of the last applied one when skipped), update_skipped (1.0 if so).
+    """
+    gnorm = optax.tree.norm(grads)
+    finite = jnp.isfinite(gnorm)
+
+    def update(operand):
+        p, s = operand
+        updates, s = optimizer.update(grads, s, p)
+        return optax.apply_updates(p, updates), s
+
+    params, opt_state = jax.lax.cond(finite, update, lambda operand: operand,
+                                     (params, opt_state))
+    hp = hyperparams(opt_state)
+    clipped = jnp.minimum(gnorm, hp["max_norm"]) if "max_norm" in hp else gnorm
+    lr = current_learning_rate(opt_state)
+    return params, opt_state, {"grad_norm": gnorm, "grad_norm_clipped": clipped, "lr": lr,
+                               "update_skipped": (~finite).astype(jnp.float32)}

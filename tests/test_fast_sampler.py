@@ -1,0 +1,227 @@
+"""Fast-dLLM decoding: the block KV cache (model methods) and confidence-threshold steps.
+
+Model level: prefill's keys/values against a layer-by-layer recomputation with the plain
+``Block``; cached logits against ``__call__``. Sampler level: every mode against a plain
+numpy loop of Fast-dLLM's generate_with_prefix_cache / generate_with_dual_cache fed the
+same model outputs (threshold rule: also unmask every p > tau, at least the budget).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import d1jax
+from d1jax import model as model_lib
+from d1jax import sampler as smp
+from d1jax import sharding
+
+
+@pytest.fixture(scope="module")
+def peaked_params(tiny_params):
+    """Sharper head: confidences spread over (0, 1] and no near-ties (REFERENCE_NOTES)."""
+    return {**tiny_params, "ff_out": {"kernel": tiny_params["ff_out"]["kernel"] * 40.0}}
+
+
+def prompts(c, b=3, lp=10, pad=(0, 3, 6)):
+    ids = np.random.RandomState(0).randint(0, c.vocab_size - 8, (b, lp)).astype(np.int32)
+    mask = np.ones((b, lp), np.int32)
+    for r, n in enumerate(pad[:b]):
+        ids[r, :n], mask[r, :n] = c.pad_token_id, 0
+    return ids, mask
+
+
+def sampler_cfg(c, **kw):
+    base = dict(gen_length=16, block_length=4, steps=8, mask_id=c.mask_token_id,
+                eos_id=c.eos_token_id, eot_id=c.eos_token_id - 1)
+    return smp.SamplerConfig(**{**base, **kw})
+
+
+def reference_kv(model, params, ids, mask):
+    """Keys/values [layers, B, L, K, H] layer by layer with the plain Block and numpy."""
+    c = model.config
+    b, l = ids.shape
+    rope = model_lib.rope_tables(jnp.broadcast_to(jnp.arange(l), (b, l)), c.head_dim,
+                                 c.rope_theta)
+    x = params["wte"]["embedding"][ids]
+    ks, vs = [], []
+    for i in range(c.n_layers):
+        lp = jax.tree_util.tree_map(lambda a: a[i], params["blocks"])
+        xs = np.asarray(x, np.float64)
+        xn = xs / np.sqrt((xs ** 2).mean(-1, keepdims=True) + c.rms_norm_eps)
+        xn = xn * np.asarray(lp["attn_norm"]["weight"])
+        k = (xn @ np.asarray(lp["k_proj"]["kernel"])).reshape(b, l, c.n_kv_heads, c.head_dim)
+        ks.append(np.asarray(model_lib.apply_rope(jnp.asarray(k, jnp.float32), *rope)))
+        vs.append((xn @ np.asarray(lp["v_proj"]["kernel"])).reshape(b, l, c.n_kv_heads, -1))
+        x, _ = model_lib.Block(c, jnp.float32, jnp.float32).apply(
+            {"params": lp}, x, rope, jnp.asarray(mask), True, True)
+    return np.stack(ks), np.stack(vs)
+
+
+def test_prefill_kv_equal_fresh_layer_by_layer(tiny_model, tiny_params, tiny_config):
+    ids, mask = prompts(tiny_config, lp=24)
+    _, cache = tiny_model.apply({"params": tiny_params}, ids, mask, method=tiny_model.prefill)
+    want_k, want_v = reference_kv(tiny_model, tiny_params, ids, mask)
+    np.testing.assert_allclose(cache.k, want_k, atol=2e-5)
+    np.testing.assert_allclose(cache.v, want_v, atol=2e-5)
+
+
+@pytest.mark.parametrize("q_end", [20, 32])  # dual: the block only; prefix: block + suffix
+def test_cached_logits_equal_uncached(q_end, tiny_model, tiny_params, tiny_config):
+    """Prompt + decoded block + partly decoded current block [16, 20) + masked suffix."""
+    c = tiny_config
+    ids, mask = prompts(c, lp=12)
+    rs = np.random.RandomState(1)
+    gen = rs.randint(0, c.vocab_size - 8, (3, 20)).astype(np.int32)
+    gen[:, 6:8] = c.mask_token_id
+    gen[:, 8:] = c.mask_token_id
+    x = np.concatenate([ids, gen], 1)
+    attn = np.concatenate([mask, np.ones((3, 20), np.int32)], 1)
+    apply = lambda *a, **kw: tiny_model.apply({"params": tiny_params}, *a, **kw)
+    full = apply(x, attn)
+    logits0, cache = apply(x, attn, slice_start=16, slice_len=4, method=tiny_model.prefill)
+    np.testing.assert_allclose(logits0, full[:, 16:20], atol=2e-5)
+    decode = jax.jit(lambda s, ids_q: apply(ids_q, cache, s, attn, head_len=4,
+                                            method=tiny_model.decode_slice))
+    np.testing.assert_allclose(decode(16, x[:, 16:q_end]), full[:, 16:20], atol=2e-5)
+
+
+def ref_step(x, logits, budget_i, s, cfg, conf_draw=None):
+    """One temperature-0 step of the current block [s, s+blk) in numpy (float64)."""
+    e = s + cfg.block_length
+    lg = np.asarray(logits, np.float64)
+    x0 = lg.argmax(-1)
+    if conf_draw is None:
+        p = np.exp(lg - lg.max(-1, keepdims=True))
+        conf = np.take_along_axis(p / p.sum(-1, keepdims=True), x0[..., None], -1)[..., 0]
+    else:
+        conf = conf_draw
+    masked = x[:, s:e] == cfg.mask_id
+    for j in range(x.shape[0]):
+        k = budget_i
+        if cfg.threshold < 1:
+            k = max(k, int((masked[j] & (conf[j] > cfg.threshold)).sum()))
+        order = np.argsort(-np.where(masked[j], conf[j], -np.inf), kind="stable")[:k]
+        order = order[masked[j, order]]
+        x[j, s + order] = x0[j, order]
+
+
+def reference_fast(model, params, ids, mask, cfg, rng):
+    """Fast-dLLM's loops: a full forward at each block start (its logits serve step 0),
+    then cached steps; a block ends when it has no mask left or its steps are spent."""
+    apply = lambda *a, **kw: model.apply({"params": params}, *a, **kw)
+    full = jax.jit(lambda x, s: apply(x, jnp.asarray(attn), slice_start=s,
+                                      slice_len=cfg.block_length, method=model.prefill))
+    decode = jax.jit(lambda q, cache, s: apply(q, cache, s, jnp.asarray(attn),
+                                               head_len=cfg.block_length,
+                                               method=model.decode_slice))
+    b, lp = ids.shape
+    x = np.concatenate([ids, np.full((b, cfg.gen_length), cfg.mask_id, np.int32)], 1)
+    attn = np.concatenate([mask, np.ones((b, cfg.gen_length), np.int32)], 1)
+    spb, blk = cfg.steps_per_block, cfg.block_length
+    budget = smp.num_transfer_tokens(blk, spb)
+    steps_taken = []
+    for nb in range(cfg.num_blocks):
+        s = lp + nb * blk
+        logits, cache = full(x, s)
+        i = 0
+        while i < spb and (x[:, s:s + blk] == cfg.mask_id).any():
+            if i > 0 and cfg.kv_cache == "none":
+                logits, _ = full(x, s)
+            elif i > 0:
+                q_end = s + blk if cfg.kv_cache == "dual" else x.shape[1]
+                logits = decode(x[:, s:q_end], cache, s)
+            draw = None
+            if cfg.remasking == "random":
+                draw = np.asarray(jax.random.uniform(smp.step_keys(rng, nb * spb + i)[1], (b, blk)))
+            ref_step(x, logits, budget[i], s, cfg, draw)
+            i += 1
+        steps_taken.append(i)
+    return x, steps_taken
+
+
+FAST_CASES = {  # 4 blocks of 4 unless said; parallel cases get 4 steps per block
+    "exact_tau1": dict(threshold=1.0),
+    "exact_tau1.5": dict(threshold=1.5),
+    "exact_parallel": dict(threshold=0.3, steps=16),
+    "prefix": dict(kv_cache="prefix", gen_length=12),
+    "dual": dict(kv_cache="dual", block_length=8),
+    "prefix_parallel": dict(kv_cache="prefix", threshold=0.3, steps=12, gen_length=12),
+    "dual_parallel_random": dict(kv_cache="dual", threshold=0.5, remasking="random", steps=16),
+    "dual_parallel_no_mask": dict(kv_cache="dual", threshold=0.3, steps=16,
+                                  use_attention_mask=False),
+}
+
+
+@pytest.mark.parametrize("name", list(FAST_CASES))
+def test_matches_fast_dllm_reference_loop(name, tiny_model, peaked_params, tiny_config):
+    c = tiny_config
+    cfg = sampler_cfg(c, **FAST_CASES[name])
+    ids, mask = prompts(c)
+    rng = jax.random.key(5)
+    out = smp.generate(smp.llada_fns(tiny_model), peaked_params, ids, mask, rng, cfg)
+    att = mask if cfg.use_attention_mask else np.ones_like(mask)
+    want, steps = reference_fast(tiny_model, peaked_params, ids, att, cfg, rng)
+    np.testing.assert_array_equal(np.asarray(out.ids), want)
+    np.testing.assert_array_equal(np.asarray(out.block_steps), steps)
+    if cfg.threshold < 1:  # the case exercises early block ends
+        assert sum(steps) < cfg.num_blocks * cfg.loop_steps
+
+
+def test_no_cache_tau1_is_the_exact_sampler(tiny_model, peaked_params, tiny_config):
+    c = tiny_config
+    ids, mask = prompts(c)
+    def run(fns, **kw):
+        cfg = sampler_cfg(c, temperature=0.7, **kw)
+        return np.asarray(smp.generate(fns, peaked_params, ids, mask, jax.random.key(0), cfg).ids)
+
+    exact = run(smp.llada_apply_fn(tiny_model))
+    np.testing.assert_array_equal(run(smp.llada_fns(tiny_model), threshold=1.0), exact)
+    np.testing.assert_array_equal(run(smp.llada_fns(tiny_model), threshold=2.0), exact)
+
+
+def test_parallel_composes_and_keeps_the_budget(tiny_model, peaked_params, tiny_config):
+    """Temperature, random remasking and the EOS options with cache and threshold: no mask
+    left, each step unmasks at least min(budget, masked left), blocks end early."""
+    c = tiny_config
+    ids, mask = prompts(c)
+    cfg = sampler_cfg(c, block_length=8, steps=8, kv_cache="dual", threshold=0.2,
+                      temperature=0.8, logits_eos_inf=True, confidence_eos_eot_inf=True)
+    out = smp.generate(smp.llada_fns(tiny_model), peaked_params, ids, mask, jax.random.key(1), cfg)
+    comp = np.asarray(out.ids)[:, 10:]
+    assert not (comp == c.mask_token_id).any() and not (comp == c.eos_token_id).any()
+    steps = np.asarray(out.block_steps)
+    assert (steps >= 1).all() and (steps <= 4).all() and steps.sum() < 8
+    budget = smp.num_transfer_tokens(8, 4)
+    for row in np.asarray(out.decoded_at):
+        for blk in range(2):
+            local = row[blk * 8:(blk + 1) * 8] - blk * 4
+            counts = np.bincount(local, minlength=steps[blk])
+            left = 8 - np.concatenate([[0], np.cumsum(counts)[:-1]])
+            assert (counts[:steps[blk]] >= np.minimum(budget[:steps[blk]], left[:steps[blk]])).all()
+
+
+def test_dual_parallel_sharded_equals_unsharded(tiny_model, tiny_config):
+    c = tiny_config
+    cfg = sampler_cfg(c, kv_cache="dual", threshold=0.5, temperature=0.5)
+    ids, mask = prompts(c, b=8, pad=(0, 2, 4, 6, 0, 1, 3, 5))
+    gen = smp.make_generate_fn(smp.llada_fns(tiny_model), cfg)
+    params = d1jax.init_params(tiny_model, jax.random.key(0))
+    want = np.asarray(gen(params, ids, mask, jax.random.key(3)).ids)
+    mesh = sharding.make_mesh((2, 2, 2))
+    sparams = d1jax.init_params(tiny_model, jax.random.key(0), mesh)
+    bs = sharding.batch_sharding(mesh)
+    with sharding.activate(mesh):
+        got = gen(sparams, jax.device_put(ids, bs), jax.device_put(mask, bs), jax.random.key(3))
+    np.testing.assert_array_equal(np.asarray(got.ids), want)
+
+
+def test_fast_settings_refused(tiny_model):
+    with pytest.raises(ValueError, match="cfg_scale=1.0 with kv_cache='dual'"):
+        smp.SamplerConfig(kv_cache="dual", cfg_scale=1.0)
+    with pytest.raises(ValueError, match="kv_cache='paged'"):
+        smp.SamplerConfig(kv_cache="paged")
+    with pytest.raises(ValueError, match="needs ModelFns with prefill and decode"):
+        smp.generate(smp.llada_apply_fn(tiny_model), None, jnp.zeros((1, 4), jnp.int32), None,
+                     jax.random.key(0), smp.SamplerConfig(gen_length=8, block_length=8,
+                                                          kv_cache="prefix"))

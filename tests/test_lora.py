@@ -1,0 +1,118 @@
+"""LoRA: zero adapters are the base model, adapters off are the reference, merge for export,
+updates touch only adapters, and the bookkeeping (split, join, optax mask, counts)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import traverse_util
+
+import d1jax
+from d1jax import lora as lora_lib
+from d1jax import optim, update
+from d1jax.model import LoraConfig
+
+LORA = LoraConfig(rank=4, alpha=8.0, dropout=0.0)
+
+
+class Apply:
+    """model.apply jitted once per (model, use_lora)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.fns = {u: jax.jit(lambda p, ids, u=u: model.apply({"params": p}, ids, use_lora=u))
+                    for u in (True, False)}
+
+    def __call__(self, params, ids, use_lora=True):
+        return np.asarray(self.fns[use_lora](params, ids))
+
+
+@pytest.fixture(scope="module")
+def lora_setup(tiny_config):
+    model = d1jax.LLaDA(tiny_config, lora=LORA)
+    params = d1jax.init_params(model, jax.random.key(0))
+    ids = np.random.RandomState(0).randint(0, 120, (2, 10)).astype(np.int32)
+    plain = d1jax.LLaDA(tiny_config)
+    return model, plain, params, ids, Apply(model), Apply(plain)
+
+
+def _with_random_b(params, scale=0.3):
+    """Adapters as after training: lora_b no longer zero."""
+    flat = traverse_util.flatten_dict(params)
+    keys = jax.random.split(jax.random.key(7), len(flat))
+    flat = {k: (scale * jax.random.normal(kk, v.shape, v.dtype) if k[-1] == "lora_b" else v)
+            for kk, (k, v) in zip(keys, flat.items())}
+    return traverse_util.unflatten_dict(flat)
+
+
+def test_zero_initialised_adapters_give_the_base_logits_exactly(lora_setup):
+    _, _, params, ids, apply, apply_plain = lora_setup
+    base, adapters = lora_lib.split(params)
+    assert all(float(jnp.abs(b).max()) == 0 for b in jax.tree.leaves(adapters["blocks"])
+               if b.shape[-2] == LORA.rank)  # every lora_b starts at zero
+    want = apply_plain(base, ids)
+    np.testing.assert_array_equal(apply(params, ids), want)
+    np.testing.assert_array_equal(apply(params, ids, use_lora=False), want)
+
+
+def test_adapters_off_is_the_base_and_merge_equals_the_adapter_model(lora_setup):
+    _, _, params, ids, apply, apply_plain = lora_setup
+    trained = _with_random_b(params)
+    with_lora = apply(trained, ids)
+    base_only = apply_plain(lora_lib.split(trained)[0], ids)
+    assert np.abs(with_lora - base_only).max() > 1e-2  # the adapters matter
+    np.testing.assert_array_equal(apply(trained, ids, use_lora=False), base_only)
+    merged = lora_lib.merge(trained, LORA)
+    assert not any(lora_lib.is_adapter(k) for k in traverse_util.flatten_dict(merged))
+    np.testing.assert_allclose(apply_plain(merged, ids), with_lora, atol=1e-5)
+
+
+def test_split_join_optax_mask_and_counts(lora_setup, tiny_config):
+    params = lora_setup[2]
+    base, adapters = lora_lib.split(params)
+    joined = lora_lib.join(base, adapters)
+    assert jax.tree.structure(joined) == jax.tree.structure(params)
+    c = tiny_config
+    d, f, kvd, r = c.d_model, c.mlp_hidden_size, c.n_kv_heads * c.head_dim, LORA.rank
+    shapes = {"q_proj": (d, d), "k_proj": (d, kvd), "v_proj": (d, kvd), "attn_out": (d, d),
+              "ff_proj": (d, f), "up_proj": (d, f), "ff_out": (f, d)}
+    want = c.n_layers * sum(i * r + r * o for i, o in shapes.values())
+    counts = lora_lib.param_counts(params)
+    assert counts == {"total": c.num_params() + want, "base": c.num_params(), "adapters": want}
+    # On one tree, freeze_base (optax.multi_transform over the trainable mask) moves adapters only.
+    opt = lora_lib.freeze_base(optax.adam(1.0), params)
+    ones = jax.tree.map(jnp.ones_like, params)
+    moved = optax.apply_updates(params, opt.update(ones, opt.init(params), params)[0])
+    for (k, a), b in zip(traverse_util.flatten_dict(params).items(),
+                         traverse_util.flatten_dict(moved).values()):
+        assert bool(jnp.any(a != b)) == lora_lib.is_adapter(k), k
+    with pytest.raises(ValueError, match="adapters"):
+        lora_lib.merge(params, None)
+
+
+def test_a_grpo_step_changes_only_adapters(lora_setup):
+    model, _, params = lora_setup[:3]
+    opt = optim.make_optimizer(optim.OptimConfig(learning_rate=1e-2))
+    cfg = update.GRPOConfig(num_iterations=1, beta=0.04, grad_accum=1)
+    steps = update.make_jitted_steps(model, None, opt, lora=True, grpo=cfg)
+    state = steps.init(params)
+    assert state.ref is None  # the reference is the base model, adapters off: no copy
+    assert lora_lib.count(state.params) == lora_lib.param_counts(params)["adapters"]
+    before = traverse_util.flatten_dict(jax.tree.map(np.asarray, params))
+    rs = np.random.RandomState(0)
+    batch = dict(prompt_ids=rs.randint(0, 120, (4, 6)).astype(np.int32),
+                 prompt_mask=np.ones((4, 6), np.int32),
+                 completion_ids=rs.randint(0, 120, (4, 5)).astype(np.int32),
+                 completion_mask=np.ones((4, 5), np.int32),
+                 advantages=np.array([1.0, -1.0, 0.5, -0.5], np.float32),
+                 mask_seeds=np.array([11], np.int32))
+    batch.update(steps.rollout_logps(state, batch))
+    state, metrics = steps.grpo_update(state, batch, jax.random.key(0))
+    assert float(metrics["update_skipped"]) == 0 and float(metrics["kl"]) == 0.0
+    after = traverse_util.flatten_dict(state.policy_params())
+    for k, v in before.items():
+        changed = not np.array_equal(v, np.asarray(after[k]))
+        assert changed == (k[-1] == "lora_b") or k[-1] == "lora_a", k  # A: weight decay only
+        if k[-1] == "lora_b":
+            assert changed, k

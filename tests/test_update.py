@@ -1,0 +1,211 @@
+"""Update steps: sharded equals single-device, skipped non-finite updates, the reference pass
+only when beta != 0, mask seeds per inner iteration, AdamW against numpy, accumulation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import d1jax
+from d1jax import logprob, optim, update
+from d1jax import sharding as shd
+from d1jax.model import LoraConfig
+
+
+def rollout_batch(b=8, p=6, c=5, mu=2, seed=0):
+    rs = np.random.RandomState(seed)
+    prompt_mask = np.ones((b, p), np.int32)
+    prompt_mask[0, :2] = 0  # left padding
+    return dict(prompt_ids=rs.randint(0, 120, (b, p)).astype(np.int32), prompt_mask=prompt_mask,
+                completion_ids=rs.randint(0, 120, (b, c)).astype(np.int32),
+                completion_mask=(np.arange(c)[None] <= rs.randint(1, c, (b, 1))).astype(np.int32),
+                advantages=rs.normal(size=b).astype(np.float32),
+                mask_seeds=rs.randint(0, 4096, mu).astype(np.int32))
+
+
+def test_sharded_update_equals_single_device(tiny_config):
+    """Mesh (2, 2, 2) vs one device: rollout log-probs, two GRPO steps (grad accumulation 2,
+    LoRA, a synced reference copy) agree within 1e-5."""
+    model = d1jax.LLaDA(tiny_config, lora=LoraConfig(rank=4, alpha=8.0, dropout=0.0))
+    params = jax.tree.map(np.asarray, d1jax.init_params(model, jax.random.key(0)))
+    opt = optim.make_optimizer(optim.OptimConfig(learning_rate=1e-2))
+    cfg = update.GRPOConfig(num_iterations=2, beta=0.04, grad_accum=2)
+    results = []
+    for mesh in (None, shd.make_mesh((2, 2, 2))):
+        steps = update.make_jitted_steps(model, mesh, opt, lora=True, keep_reference=True,
+                                         grpo=cfg)
+        state = steps.init(jax.tree.map(jnp.asarray, params))
+        batch = rollout_batch()
+        batch.update(steps.rollout_logps(state, batch))
+        logps = np.asarray(batch["old_logps"])
+        metrics = []
+        for i in range(2):
+            state, m = steps.grpo_update(state, batch, jax.random.key(i))
+            metrics.append(m)
+        state = steps.sync_reference(state, 0.6)
+        if mesh is not None:
+            leaf = state.params["blocks"]["q_proj"]["lora_a"]
+            assert leaf.sharding.spec == shd.param_shardings(model, mesh)["blocks"]["q_proj"][
+                "lora_a"].spec
+        results.append((logps, jax.device_get(metrics), jax.device_get(state.params),
+                        jax.device_get(state.ref)))
+    (l0, m0, p0, r0), (l1, m1, p1, r1) = results
+    np.testing.assert_allclose(l0, l1, atol=1e-5)
+    for a, b in zip(m0, m1):
+        for k in a:
+            np.testing.assert_allclose(a[k], b[k], atol=1e-5, rtol=1e-5, err_msg=k)
+    for t0, t1 in ((p0, p1), (r0, r1)):
+        for a, b in zip(jax.tree.leaves(t0), jax.tree.leaves(t1)):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+    start = update.lora_lib.split(params)[1]
+    assert not np.allclose(p0["blocks"]["q_proj"]["lora_b"], start["blocks"]["q_proj"]["lora_b"])
+
+
+@pytest.fixture(scope="module")
+def full_ft(tiny_model, tiny_params):
+    opt = optim.make_optimizer(optim.OptimConfig(learning_rate=1e-2))
+    return tiny_model, tiny_params, opt
+
+
+@pytest.fixture(scope="module")
+def ft_steps(full_ft):
+    """Full fine-tuning, mu = 3, beta = 0, p_mask = 0.5: compiled once for two tests."""
+    model, params, opt = full_ft
+    cfg = update.GRPOConfig(num_iterations=3, beta=0.0, p_mask_prompt=0.5)
+    steps = update.make_jitted_steps(model, None, opt, lora=False, grpo=cfg)
+    batch = rollout_batch(mu=3, p=12)
+    batch["mask_seeds"] = np.array([1, 2, 3], np.int32)
+    batch.update(jax.device_get(steps.rollout_logps(steps.init(params), batch)))
+    return steps, params, batch
+
+
+def test_non_finite_gradient_skips_the_update_and_is_counted(ft_steps):
+    steps, params, batch = ft_steps
+    state = steps.init(params)
+    before = jax.device_get((state.params, state.opt_state))
+    bad = {**batch, "advantages": batch["advantages"].copy(), "iteration": np.int32(0)}
+    bad["advantages"][3] = np.nan
+    state, m = steps.grpo_update(state, bad, jax.random.key(0))
+    assert float(m["update_skipped"]) == 1 and int(state.skipped) == 1 and int(state.step) == 1
+    after = jax.device_get((state.params, state.opt_state))
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+        np.testing.assert_array_equal(a, b)
+    state, m = steps.grpo_update(state, {**batch, "iteration": np.int32(1)}, jax.random.key(1))
+    assert float(m["update_skipped"]) == 0 and int(m["skipped_updates"]) == 1
+    assert np.isfinite(float(m["grad_norm"])) and int(state.step) == 2
+
+
+def test_each_inner_iteration_uses_its_own_mask_seed(ft_steps):
+    """At the first update the policy is the old policy: the ratio is exactly 1 iff the step
+    pairs iteration i's old log-probs with iteration i's mask seed."""
+    steps, params, batch = ft_steps
+    for it in range(3):
+        _, m = steps.grpo_update(steps.init(params), {**batch, "iteration": np.int32(it)},
+                                 jax.random.key(0))
+        assert abs(float(m["ratio_min"]) - 1) < 1e-6 and abs(float(m["ratio_max"]) - 1) < 1e-6
+    rolled = {**batch, "old_logps": np.roll(batch["old_logps"], 1, axis=0),
+              "iteration": np.int32(1)}
+    _, m = steps.grpo_update(steps.init(params), rolled, jax.random.key(0))
+    assert float(m["ratio_max"]) - float(m["ratio_min"]) > 1e-3
+
+
+def test_default_iteration_is_step_mod_mu(full_ft):
+    model, params, opt = full_ft
+    cfg = update.GRPOConfig(num_iterations=3, beta=0.0)
+    state = update.init_train_state(params, opt, lora=False).replace(step=jnp.int32(4))
+    batch = {**rollout_batch(mu=3), "old_logps": jnp.zeros((3, 8, 5)).at[1].set(1.0)}
+    seed, rows = update._iteration_rows(cfg, state, batch)  # 4 % 3 = 1
+    assert int(seed[0]) == int(batch["mask_seeds"][1]) and float(rows["old_logps"].min()) == 1.0
+
+
+def test_reference_pass_only_when_beta_is_nonzero(full_ft, monkeypatch):
+    model, params, opt = full_ft
+    calls = []
+    real = logprob.per_token_logps
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("use_lora", True))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(update.logprob, "per_token_logps", counting)
+    state = update.init_train_state(params, opt, lora=False, keep_reference=True)
+    for mu, beta, want_keys in ((2, 0.0, {"old_logps"}), (2, 0.04, {"old_logps", "ref_logps"}),
+                                (1, 0.0, set()), (1, 0.04, {"ref_logps"})):
+        cfg = update.GRPOConfig(num_iterations=mu, beta=beta)
+        calls.clear()
+        out = jax.eval_shape(lambda s, b: update.rollout_logps(model, cfg, s, b), state,
+                             rollout_batch(mu=mu))
+        assert set(out) == want_keys and len(calls) == len(want_keys), (mu, beta)
+    # The update with beta = 0 needs no ref_logps and runs one estimator pass.
+    cfg = update.GRPOConfig(num_iterations=1, beta=0.0)
+    calls.clear()
+    jax.eval_shape(lambda s, b: update.grpo_update_step(model, opt, cfg, s, b, jax.random.key(0)),
+                   state, rollout_batch(mu=1))
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="keep_reference=True"):
+        no_ref = update.init_train_state(params, opt, lora=False)
+        update.rollout_logps(model, update.GRPOConfig(num_iterations=2), no_ref,
+                             rollout_batch(mu=2))
+
+
+def test_adamw_with_clipping_and_warmup_matches_numpy():
+    """HF Trainer order: clip the global norm, then torch AdamW (decoupled decay, no decay on
+    norms), lr linear warmup from 0 then constant."""
+    cfg = optim.OptimConfig(learning_rate=0.1, b1=0.9, b2=0.99, weight_decay=0.1,
+                            max_grad_norm=0.2, warmup_steps=2)
+    rs = np.random.RandomState(0)
+    params = {"w": rs.normal(size=(3, 2)), "ln_f": {"weight": rs.normal(size=(2,))}}
+    opt = optim.make_optimizer(cfg)
+    p = jax.tree.map(jnp.asarray, params)
+    state = opt.init(p)
+    want = {k: np.array(v, np.float64) if k == "w" else np.array(v["weight"], np.float64)
+            for k, v in params.items()}
+    m = {k: 0.0 for k in want}
+    v = {k: 0.0 for k in want}
+    for t in range(1, 5):
+        g = {"w": rs.normal(size=(3, 2)), "ln_f": {"weight": rs.normal(size=(2,))}}
+        gn = {"w": g["w"], "ln_f": g["ln_f"]["weight"]}
+        norm = np.sqrt(sum((x ** 2).sum() for x in gn.values()))
+        lr = 0.1 * min(1.0, (t - 1) / 2)
+        for k, x in gn.items():
+            x = x * min(1.0, 0.2 / norm)
+            m[k] = 0.9 * m[k] + 0.1 * x
+            v[k] = 0.99 * v[k] + 0.01 * x * x
+            step = (m[k] / (1 - 0.9 ** t)) / (np.sqrt(v[k] / (1 - 0.99 ** t)) + 1e-8)
+            want[k] = want[k] - lr * step - (lr * 0.1 * want[k] if k == "w" else 0.0)
+        updates, state = opt.update(jax.tree.map(jnp.asarray, g), state, p)
+        assert abs(float(optim.current_learning_rate(state)) - lr) < 1e-7
+        p = jax.tree.map(lambda a, b: a + b, p, updates)
+    np.testing.assert_allclose(np.asarray(p["w"]), want["w"], rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(p["ln_f"]["weight"]), want["ln_f"], rtol=1e-5)
+
+
+def test_gradient_accumulation_is_the_mean_over_strided_micro_batches():
+    rs = np.random.RandomState(0)
+    w = jnp.array(rs.normal(size=(3,)), jnp.float32)
+    batch = {"x": jnp.array(rs.normal(size=(8, 3)), jnp.float32),
+             "y": jnp.array(rs.normal(size=(8,)), jnp.float32)}
+
+    def loss_fn(w, mb, i):
+        loss = jnp.mean((mb["x"] @ w - mb["y"]) ** 2)
+        return loss, {"first_y": mb["y"][0]}
+    loss, g, m = optim.accumulate_gradients(loss_fn, w, batch, 4)
+    micro = [{k: v[i::4] for k, v in batch.items()} for i in range(4)]  # rows i, i + 4
+    want = [jax.value_and_grad(lambda w: loss_fn(w, mb, 0)[0])(w) for mb in micro]
+    np.testing.assert_allclose(float(loss), np.mean([float(l) for l, _ in want]), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(g), np.mean([np.asarray(d) for _, d in want], 0),
+                               rtol=1e-5)
+    np.testing.assert_allclose(float(m["first_y"]), float(batch["y"][:4].mean()), rtol=1e-6)
+    with pytest.raises(ValueError, match="micro-batches"):
+        optim.accumulate_gradients(loss_fn, w, batch, 3)
+
+
+def test_sync_reference_mixes_toward_the_policy(full_ft):
+    model, params, opt = full_ft
+    state = update.init_train_state(params, opt, lora=False, keep_reference=True)
+    moved = jax.tree.map(lambda x: x + 1.0, state.params)
+    synced = update.sync_reference(state.replace(params=moved), 0.6)
+    for p, r0, r in zip(*(jax.tree.leaves(t) for t in (moved, state.ref, synced.ref))):
+        np.testing.assert_allclose(np.asarray(r), 0.6 * np.asarray(p) + 0.4 * np.asarray(r0),
+                                   rtol=1e-6, atol=1e-6)
+    no_ref = update.init_train_state(params, opt, lora=False)
+    assert update.sync_reference(no_ref, 0.6) is no_ref
