@@ -29,7 +29,7 @@ from d1jax.train.setup import build
 def generate_texts(s, task, examples, scfg: smp.SamplerConfig, batch_size: int,
                    prompt_length: int, seed: int = 0) -> list[str]:
     """Completions (special tokens kept, as d1 decodes them) for ``examples``."""
-    gen = smp.make_generate_fn(smp.llada_apply_fn(s.model), scfg,
+    gen = smp.make_generate_fn(smp.llada_fns(s.model), scfg,
                                s.model_config.max_sequence_length)
     prompts = [task.eval_prompt(s.tokenizer, ex) for ex in examples]
     out: list[str] = []
@@ -67,7 +67,7 @@ def evaluate(config, s, task, examples, workdir: Path) -> dict:
         scfg = smp.SamplerConfig(
             gen_length=gl, block_length=e.block_length, steps=steps, temperature=e.temperature,
             mask_id=s.model_config.mask_token_id, use_attention_mask=e.use_attention_mask,
-            eos_id=s.ids["eos"])
+            eos_id=s.ids["eos"], kv_cache=e.kv_cache, threshold=e.threshold)
         t0 = time.perf_counter()
         texts = generate_texts(s, task, examples, scfg, e.batch_size, plen, config.seed)
         wall = time.perf_counter() - t0

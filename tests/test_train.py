@@ -126,3 +126,30 @@ def test_eval_of_the_exported_model_writes_d1_layout_and_scores(grpo_run, tmp_pa
     from d1jax.score import score_file
     scored = score_file(files[0])
     np.testing.assert_allclose(scored["accuracy"], acc["accuracy"], atol=1e-6)
+
+
+def test_fast_sampler_rollouts_run(tmp_path, shared_d1_module):
+    assert_ok(main("--config=configs/grpo_sudoku.py:tiny", f"--workdir={tmp_path}",
+                   "--config.sampler.kv_cache=dual", "--config.sampler.threshold=0.9",
+                   "--config.train.num_steps=2", "--config.train.export_hf=False"))
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert len(rows) == 2 and all(np.isfinite(r["loss"]) for r in rows)
+
+
+def test_sigterm_saves_and_stops(tmp_path, shared_d1_module):
+    import signal
+    import time
+    p = subprocess.Popen([sys.executable, "-m", "d1jax.main", "--config=configs/grpo_sudoku.py:tiny",
+                          f"--workdir={tmp_path}", "--config.train.num_steps=1000",
+                          "--config.train.save_every=1000"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    out = p.communicate(timeout=300)[0]
+    assert p.returncode == 0, out[-3000:]
+    assert "SIGTERM received" in out
+    steps = sorted(int(d.name) for d in (tmp_path / "checkpoints").iterdir() if d.name.isdigit())
+    assert steps and steps[-1] == read_jsonl(metrics)[-1]["step"] < 1000

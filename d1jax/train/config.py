@@ -62,8 +62,8 @@ def _sampler(tiny: bool) -> mlc.ConfigDict:
     s.cfg_scale = 0.0  # Classifier-free guidance scale.
     s.remasking = "low_confidence"  # "low_confidence" or "random".
     s.use_attention_mask = True  # Honour prompt padding; False attends to padding like d1.
-    s.fast = ""  # "" exact sampler; "cache", "dual_cache" (block KV cache) for rollouts.
-    s.threshold = 1.0  # Confidence threshold tau for parallel decoding (1.0: off).
+    s.kv_cache = "none"  # Rollout sampler: "none" (exact), "prefix" or "dual" block KV cache (Fast-dLLM).
+    s.threshold = 1.0  # Parallel decoding: also unmask every token with confidence > tau (>= 1: off).
     return s
 
 
@@ -216,5 +216,7 @@ def eval_config(arg: str | None) -> mlc.ConfigDict:
     c.eval.num_examples = 16 if tiny else {"sudoku": 256, "countdown": 256}.get(task, 0)  # d1: 256 for sudoku/countdown, all otherwise (0).
     c.eval.use_attention_mask = True  # Honour prompt padding (d1 attends to it).
     c.eval.model_name = "d1jax"  # Model name in the output file names.
+    c.eval.kv_cache = "none"  # "none" (d1's exact protocol), "prefix" or "dual" KV cache.
+    c.eval.threshold = 1.0  # Parallel decoding tau (>= 1: off, d1's protocol).
     c.lock()
     return c

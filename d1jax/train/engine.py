@@ -36,7 +36,8 @@ def sampler_config(config, s) -> smp.SamplerConfig:
         gen_length=sc.gen_length, block_length=sc.block_length, steps=sc.steps,
         temperature=sc.temperature, cfg_scale=sc.cfg_scale, remasking=sc.remasking,
         mask_id=s.model_config.mask_token_id, use_attention_mask=sc.use_attention_mask,
-        eos_id=s.ids["eos"], eot_id=s.ids["eot"] if s.ids["eot"] is not None else s.ids["eos"])
+        eos_id=s.ids["eos"], eot_id=s.ids["eot"] if s.ids["eot"] is not None else s.ids["eos"],
+        kv_cache=sc.kv_cache, threshold=sc.threshold)
 
 
 class GRPOEngine:
@@ -48,9 +49,10 @@ class GRPOEngine:
         self.mu = g.num_iterations
         self.key = jax.random.key(config.seed)
         self.batch_sharding = sharding.batch_sharding(setup.mesh, 2, setup.rules)
-        apply_fn = smp.llada_apply_fn(setup.model)
         self.sampler_cfg = sampler_config(config, setup)
-        self._generate = smp.make_generate_fn(apply_fn, self.sampler_cfg,
+        # The fast sampler (KV cache, parallel decoding) only changes rollouts; the
+        # log-prob estimator is the same one-step estimator either way.
+        self._generate = smp.make_generate_fn(smp.llada_fns(setup.model), self.sampler_cfg,
                                               setup.model_config.max_sequence_length)
         self.steps = steps_lib.make_grpo_steps(setup.model, config, setup.mesh, setup.rules)
         with sharding.activate(setup.mesh, setup.rules):
