@@ -53,14 +53,19 @@ def grpo_config(config, model) -> upd.GRPOConfig:
         lora_dropout=config.lora.enabled and config.lora.dropout > 0)
 
 
+def _init(model, opt, mesh, rules, lora: bool, keep_ref: bool) -> Callable:
+    """init_train_state with every leaf placed by the rules (counters replicated)."""
+    sh = upd.state_shardings(model, mesh, opt, lora=lora, keep_reference=keep_ref, rules=rules)
+    return functools.partial(upd.init_train_state, optimizer=opt, lora=lora,
+                             keep_reference=keep_ref, shardings=sh)
+
+
 def make_grpo_steps(model, config, mesh, rules) -> Steps:
-    del mesh, rules  # shardings come from the params, born sharded by the rules
     g = config.grpo
     cfg = grpo_config(config, model)
     opt = _optimizer(config, config.train.num_steps)
     keep_ref = g.beta != 0 and (g.sync_ref_model or not config.lora.enabled)
-    init = functools.partial(upd.init_train_state, optimizer=opt, lora=config.lora.enabled,
-                             keep_reference=keep_ref)
+    init = _init(model, opt, mesh, rules, config.lora.enabled, keep_ref)
 
     def step(state, batch, it, rng):
         return upd.grpo_update_step(model, opt, cfg, state, {**batch, "iteration": it}, rng)
@@ -75,11 +80,10 @@ def make_grpo_steps(model, config, mesh, rules) -> Steps:
 
 
 def make_sft_steps(model, config, mesh, rules, total_steps: int) -> Steps:
-    del mesh, rules
     opt = _optimizer(config, total_steps)
     cfg = upd.SFTConfig(eps=config.sft.eps, grad_accum=config.optim.grad_accum,
                         lora_dropout=config.lora.enabled and config.lora.dropout > 0)
-    init = functools.partial(upd.init_train_state, optimizer=opt, lora=config.lora.enabled)
+    init = _init(model, opt, mesh, rules, config.lora.enabled, False)
 
     def step(state, batch, rng):
         return upd.sft_update_step(model, opt, cfg, state, batch, rng)
