@@ -153,3 +153,21 @@ def test_sigterm_saves_and_stops(tmp_path, shared_d1_module):
     assert "SIGTERM received" in out
     steps = sorted(int(d.name) for d in (tmp_path / "checkpoints").iterdir() if d.name.isdigit())
     assert steps and steps[-1] == read_jsonl(metrics)[-1]["step"] < 1000
+
+
+@pytest.mark.parametrize("config,row", [
+    ("configs/grpo_gsm8k.py:tiny",
+     lambda i: {"question": f"Tom has {i} apples and buys 3 more. How many now?",
+                "answer": f"{i} + 3 = {i + 3}\n#### {i + 3}"}),
+    ("configs/grpo_math.py:tiny",
+     lambda i: {"problem": f"What is ${i}+1$?", "solution": f"It is $\\boxed{{{i + 1}}}$.",
+                "answer": str(i + 1), "level": "Level 1", "type": "Algebra"}),
+])
+def test_hub_task_tiny_configs_run_on_a_local_file(tmp_path, config, row):
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps(row(i)) for i in range(16)) + "\n")
+    assert_ok(main(f"--config={config}", f"--workdir={tmp_path / 'run'}",
+                   f"--config.task.source={data}", "--config.train.num_steps=2",
+                   "--config.train.export_hf=False"))
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert len(rows) == 2 and all(np.isfinite(r["loss"]) for r in rows)
