@@ -96,7 +96,7 @@ def format_table(task_name: str, results: dict) -> str:
 
 def run(config, workdir: str) -> dict:
     wd = loop.prepare(config, workdir)
-    task = tasks_lib.get_task(config.task.name)
+    task = tasks_lib.task_from_config(config)
     examples = list(task.load_test(config.task.source or None))
     if config.eval.num_examples:
         examples = examples[:config.eval.num_examples]

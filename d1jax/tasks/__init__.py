@@ -20,7 +20,7 @@ TASK_NAMES = ("gsm8k", "math500", "sudoku", "countdown")
 _ALIASES = {"math": "math500", "gsm": "gsm8k"}
 
 __all__ = ["EVAL_PREFILL", "TASK_NAMES", "DataUnavailableError", "Task", "Verdict",
-           "XML_SYSTEM_PROMPT", "format_prompt", "get_task"]
+           "XML_SYSTEM_PROMPT", "format_prompt", "get_task", "task_from_config"]
 
 
 def get_task(name: str, **options) -> Task:
@@ -35,3 +35,10 @@ def get_task(name: str, **options) -> Task:
     if key not in TASK_NAMES:
         raise ValueError(f"unknown task {name!r}: choose one of {', '.join(TASK_NAMES)}")
     return importlib.import_module(f"d1jax.tasks.{key}").make_task(**options)
+
+
+def task_from_config(config) -> Task:
+    """The task a run config names (``config.task.name``, and ``config.task.prompt``
+    when it is not d1's own prompt)."""
+    prompt = config.task.get("prompt", "d1")
+    return get_task(config.task.name, **({} if prompt == "d1" else {"prompt": prompt}))

@@ -22,7 +22,7 @@ def _model(tiny: bool) -> mlc.ConfigDict:
     m = mlc.ConfigDict()
     m.path = "" if tiny else os.environ.get("LLADA_PATH", "")  # Local HF LLaDA dir (config.json, *.safetensors, tokenizer); $LLADA_PATH by default.
     m.tokenizer_path = ""  # Tokenizer dir; None: model.path (or a tiny one trained on the task text when random_init).
-    m.random_init = "test-tiny" if tiny else ""  # Preset name: random weights of that shape instead of model.path (tests, CPU smoke runs).
+    m.random_init = "test-tiny" if tiny else ""  # Preset name: random weights of that shape when model.path is empty (tests, CPU smoke runs).
     m.width = 64 if tiny else 0  # For random_init: d_model override (0 keeps the preset's).
     m.n_layers = 2 if tiny else 0  # For random_init: layer count override (0 keeps the preset's).
     m.tokenizer_vocab = 1024  # For random_init: vocabulary size of the trained tiny tokenizer.
@@ -93,6 +93,7 @@ def base(stage: str, task: str, tiny: bool, steps: int = 1000) -> mlc.ConfigDict
     c.task = mlc.ConfigDict()
     c.task.name = task  # gsm8k, math500, sudoku, countdown (or s1k for SFT).
     c.task.source = ""  # Local data file/dir in the Hugging Face schema; "": the default (public data, or generated puzzles for sudoku/countdown).
+    c.task.prompt = "d1"  # "d1": d1's prompt; "compact" (sudoku): the question alone (CPU demo).
     c.task.num_train = 256 if tiny else 0  # Use only the first N training examples (0: all).
     c.mesh = mlc.ConfigDict()
     c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); one -1 takes the remaining devices.
@@ -190,6 +191,10 @@ def sft(arg: str | None) -> mlc.ConfigDict:
     c.sft.max_length = 256 if tiny else 4096  # Prompt + completion tokens (longer are cut).
     c.sft.num_epochs = 0 if tiny else 20  # Epochs (d1: 20); 0: run train.num_steps.
     c.sft.eps = 1e-3  # Lower bound of the mask ratio t ~ U(eps, 1).
+    c.sft.tokenize = "joint"  # "joint": template the whole conversation (d1); "split": prompt and completion apart, as generation sees them.
+    c.sft.objective = "sft"  # "sft": completion-only loss; "pretrain": whole documents (the demo's base model).
+    c.sft.answer_noise = 0.0  # pretrain: chance each empty cell of a document's answer is wrong.
+    c.sft.format_noise = 0.0  # pretrain: chance a document's answer is untagged rows (unreadable to the reward).
     c.lock()
     return c
 
@@ -218,5 +223,62 @@ def eval_config(arg: str | None) -> mlc.ConfigDict:
     c.eval.model_name = "d1jax"  # Model name in the output file names.
     c.eval.kv_cache = "none"  # "none" (d1's exact protocol), "prefix" or "dual" KV cache.
     c.eval.threshold = 1.0  # Parallel decoding tau (>= 1: off, d1's protocol).
+    c.lock()
+    return c
+
+
+def demo(arg: str | None) -> mlc.ConfigDict:
+    """The CPU demo (d1jax/train/demo.py): base -> SFT -> diffu-GRPO on 4x4 Sudoku.
+
+    ``arg``: None (the README's run, about 15 minutes on 2 cores) or "ci" (a shortened
+    run for the test suite: one seed, fewer steps, smaller evaluation sets).
+    """
+    if arg not in (None, "", "ci"):
+        raise ConfigError(f"unknown demo variant {arg!r}: use nothing or ':ci'")
+    ci = arg == "ci"
+    c = mlc.ConfigDict()
+    c.stage = "demo"  # d1jax.main runs d1jax.train.demo.
+    c.workdir = ""  # Run directory (--workdir overrides); one sub-directory per stage.
+    d = c.demo = mlc.ConfigDict()
+    d.seed = 0  # Seed of the data, the base model's init and the SFT stage.
+    d.seeds = (0,) if ci else (0, 1, 2)  # One diffu-GRPO run per seed from each starting model.
+    d.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor) for every stage.
+    d.gen_length = 32  # Completion tokens: <answer> grid </answer> is 24, then EOS.
+    d.block_length = 32  # Semi-autoregressive block length (d1: 32); steps = gen_length / 2 (d1).
+    d.model = mlc.ConfigDict()
+    d.model.width = 128  # d_model (mlp 3x, 4 heads, 2 KV heads).
+    d.model.n_layers = 4  # Transformer blocks.
+    d.model.tokenizer_vocab = 320  # Byte-level BPE vocabulary trained on the puzzles' text.
+    d.data = mlc.ConfigDict()
+    d.data.seed = 1234  # Seed of the generated puzzles.
+    d.data.num_train = 20_000  # Training pool (pretraining documents, SFT and GRPO prompts).
+    d.data.num_heldout = 256  # Held-out generated puzzles (evaluation only).
+    d.data.num_empty = (6, 10)  # Empty cells per generated puzzle (d1's test set has 8).
+    d.pretrain = mlc.ConfigDict()
+    d.pretrain.steps = 300 if ci else 1500  # Optimizer steps of masked-diffusion pretraining.
+    d.pretrain.batch_size = 32  # Documents per step.
+    d.pretrain.learning_rate = 1e-3  # AdamW peak learning rate.
+    d.pretrain.answer_noise = 0.1  # Chance each empty cell of a document's answer is wrong.
+    d.pretrain.format_noise = 0.5  # Chance a document's answer is untagged rows instead of <answer>.
+    d.pretrain.save_every = 250  # Checkpoint period.
+    d.sft = mlc.ConfigDict()
+    d.sft.steps = 100 if ci else 300  # Optimizer steps of masked SFT on clean trajectories.
+    d.sft.batch_size = 32  # Trajectories per step.
+    d.sft.learning_rate = 5e-4  # AdamW learning rate (constant).
+    d.sft.save_every = 100  # Checkpoint period.
+    d.grpo = mlc.ConfigDict()
+    d.grpo.steps = 40 if ci else 160  # Optimizer steps per diffu-GRPO run.
+    d.grpo.num_generations = 8  # G.
+    d.grpo.prompts_per_step = 4  # Prompts per rollout.
+    d.grpo.num_iterations = 8  # mu.
+    d.grpo.beta = 0.04  # KL weight (d1).
+    d.grpo.temperature = 0.9  # Rollout temperature (d1).
+    d.grpo.learning_rate = 3e-4  # AdamW learning rate.
+    d.grpo.lora_rank = 16  # LoRA rank (0: full fine-tuning).
+    d.grpo.save_every = 40  # Checkpoint period.
+    d.eval = mlc.ConfigDict()
+    d.eval.num_examples = 64 if ci else 256  # Puzzles per evaluation set (d1: 256).
+    d.eval.batch_size = 64  # Prompts per generate call.
+    d.eval.samples = 2  # Sampled completions per puzzle (rollout temperature) besides greedy.
     c.lock()
     return c

@@ -24,7 +24,7 @@ def run(config, workdir: str) -> dict:
     g = config.grpo
     G, P = g.num_generations, g.prompts_per_step
     config_lib.check_batch(P * G, G, data_parallel_size(make_mesh(config)[0]), "prompts_per_step x G")
-    task = tasks_lib.get_task(config.task.name)
+    task = tasks_lib.task_from_config(config)
     examples = _train_examples(config, task)
     s = build(config, wd, texts=lambda: _tokenizer_texts(task, examples))
     eng = engine.GRPOEngine(config, s)

@@ -43,7 +43,7 @@ def data_parallel_size(mesh: jax.sharding.Mesh) -> int:
 def _tokenizer(config, workdir: Path, texts):
     if config.model.tokenizer_path:
         return load_tokenizer(config.model.tokenizer_path)
-    if config.model.random_init:
+    if _random(config):
         tok_dir = workdir / "tokenizer"
         if (tok_dir / "tokenizer.json").exists():  # a resumed run keeps its tokenizer
             return load_tokenizer(tok_dir)
@@ -66,6 +66,12 @@ def _random_model_config(config, tok) -> LLaDAConfig:
     return preset(config.model.random_init, **over)
 
 
+def _random(config) -> bool:
+    """Random weights: random_init names a preset and no model.path was given (a path wins,
+    so ``--config.model.path=DIR`` on a :tiny config evaluates or trains that model)."""
+    return bool(config.model.random_init) and not config.model.path
+
+
 def lora_config(config) -> LoraConfig | None:
     if not config.lora.enabled:
         return None
@@ -83,7 +89,7 @@ def build(config, workdir: str | Path, texts=None) -> Setup:
     tok = _tokenizer(config, workdir, texts)
     dtype, pdtype = _dtype(config.model.dtype), _dtype(config.model.param_dtype)
     lora = lora_config(config)
-    if config.model.random_init:
+    if _random(config):
         mcfg = _random_model_config(config, tok)
         model = LLaDA(mcfg, dtype=dtype, param_dtype=pdtype, remat=config.model.remat, lora=lora)
         params = _init(model, jax.random.key(config.seed), mesh, rules, only_lora=False)

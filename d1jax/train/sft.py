@@ -29,11 +29,27 @@ def sft_examples(config) -> list[dict]:
         from d1jax.tasks import s1k
         rows = s1k.load_train(config.task.source or None)
     else:  # a generated task: d1's prompt and a solution trajectory (offline stand-in)
-        task = tasks_lib.get_task(name)
-        rows = trajectory_examples(task, task.load_train(config.task.source or None))
+        task = tasks_lib.task_from_config(config)
+        rows = task.load_train(config.task.source or None)
+        if not _pretrain(config):
+            rows = trajectory_examples(task, rows)
     if config.task.num_train:
         rows = rows[:config.task.num_train]
+    if _pretrain(config):
+        from d1jax.train import demo_data
+        rows = demo_data.pretraining_documents(task, rows, config.sft.answer_noise, config.seed,
+                                              config.sft.format_noise)
     return rows
+
+
+def _pretrain(config) -> bool:
+    objective = config.sft.get("objective", "sft")
+    if objective not in ("sft", "pretrain"):
+        raise config_lib.ConfigError(f"sft.objective={objective!r}: sft or pretrain")
+    if objective == "pretrain" and config.task.name != "sudoku":
+        raise config_lib.ConfigError("sft.objective=pretrain builds documents from generated "
+                                     f"sudoku puzzles; task.name={config.task.name!r}")
+    return objective == "pretrain"
 
 
 def num_steps(config, n_examples: int) -> int:
@@ -46,6 +62,7 @@ def run(config, workdir: str) -> dict:
     """Runs masked SFT as configured; returns the last step's metrics."""
     wd = loop.prepare(config, workdir)
     rows = sft_examples(config)
+    pretrain = _pretrain(config)
     s = build(config, wd, texts=lambda: [m["content"] for r in rows[:512] for m in r["prompt"]]
               + [r["completion"] for r in rows[:512]])
     config_lib.check_batch(config.sft.batch_size, 1, data_parallel_size(s.mesh), "sft.batch_size")
@@ -64,7 +81,8 @@ def run(config, workdir: str) -> dict:
     try:
         while step < total and not ctx.should_stop(step, config):
             t0 = time.perf_counter()
-            enc = encode_sft(s.tokenizer, next(data), config.sft.max_length)
+            enc = encode_sft(s.tokenizer, next(data), config.sft.max_length, train_prompt=pretrain,
+                             split=config.sft.get("tokenize", "joint") == "split")
             batch = {k: sharding.host_to_global(v, s.mesh, s.rules) for k, v in enc.items()}
             with sharding.activate(s.mesh, s.rules):
                 state, m = steps.update(state, batch, jax.random.fold_in(key, step))

@@ -1,0 +1,193 @@
+"""Accuracy and speed of each sampler variant of a trained model on 4x4 Sudoku.
+
+    python bench/sampler_accuracy.py --model-dir runs/demo_sudoku/export \
+        --puzzles ../shared/data/d1/4x4_test_sudoku.csv --png sudoku_samplers.png --out sudoku.json
+    python bench/sampler_accuracy.py --model-dir DIR --puzzles CSV --num 64 --taus 0.7,0.9 \
+        --repeats 1
+
+The model is a Hugging Face LLaDA directory (config.json, *.safetensors, tokenizer). Prompts
+are the "compact" Sudoku prompt (no system prompt, no <reasoning> prefill), all of one token
+length, so there is no padding. Variants: ``exact`` (no cache, tau 1), the ``prefix`` and
+``dual`` KV caches, and for each tau of --taus ``{none,prefix,dual}+tau{t}`` (Fast-dLLM
+parallel decoding); temperature 0, low-confidence remasking. Per variant: d1's cell
+accuracy (100 * correct cells / empty cells) and ``solved`` (% of puzzles fully right),
+both also as the difference to ``exact`` in points; generated tokens/s (N * gen_length /
+wall time: each variant compiled and run once, then the best of --repeats passes over all
+N puzzles, the variants interleaved within each round so that they share the machine's
+load) and ``speedup_vs_exact``; model evaluations per generated token (the sampler's
+``block_steps``: a cached variant's full forward at each block start and its cheaper
+block forwards count alike). Prints one JSON object; --png plots accuracy against tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from common import device_name  # noqa: E402  (bench/common.py)
+from sampler import compile_mode  # noqa: E402  (bench/sampler.py)
+from d1jax import sampler as smp, sharding, tasks, weights  # noqa: E402
+from d1jax.model import LLaDA  # noqa: E402
+from d1jax.tasks import sudoku  # noqa: E402
+from d1jax.tokenizer import load_tokenizer, special_ids  # noqa: E402
+from d1jax.train.rollout import encode_prompts  # noqa: E402
+from d1jax.train.setup import Setup  # noqa: E402
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def load(model_dir: str, dtype: str = "float32") -> Setup:
+    """Tokenizer, model and params of an HF-layout directory, batch sharded over all devices."""
+    mesh, rules = sharding.make_mesh(), sharding.DEFAULT_RULES
+    mcfg, params = weights.load_hf_checkpoint(model_dir, mesh=mesh, dtype=DTYPES[dtype],
+                                              rules=rules)
+    tok = load_tokenizer(model_dir)
+    model = LLaDA(mcfg, dtype=DTYPES[dtype], param_dtype=DTYPES[dtype])
+    return Setup(mesh, rules, tok, model, mcfg, params, special_ids(tok))
+
+
+def variants(taus) -> dict[str, tuple[str, float]]:
+    """Variant name -> (kv_cache, threshold)."""
+    out = {"exact": ("none", 1.0), "prefix": ("prefix", 1.0), "dual": ("dual", 1.0)}
+    for tau in taus:
+        out.update({f"{kv}+tau{tau:g}": (kv, tau) for kv in ("none", "prefix", "dual")})
+    return out
+
+
+def score(task, examples, texts) -> dict:
+    """d1's pooled cell accuracy and the share of fully solved puzzles, in %."""
+    verdicts = [task.verdict(task.record(ex, t)) for ex, t in zip(examples, texts)]
+    hits, total = sum(v.hits for v in verdicts), sum(v.total for v in verdicts)
+    return {"accuracy": 100.0 * hits / max(total, 1),
+            "solved": 100.0 * float(np.mean([v.correct for v in verdicts]))}
+
+
+def run(model_dir: str, puzzles: str, num: int = 256, gen_length: int = 32,
+        block_length: int = 32, steps: int | None = None, batch_size: int = 64,
+        taus=(0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99), repeats: int = 3,
+        dtype: str = "float32", s: Setup | None = None) -> dict:
+    """The benchmark's result (see the module docstring); ``s``: an already loaded model."""
+    s = s or load(model_dir, dtype)
+    task = tasks.get_task("sudoku", prompt="compact")
+    examples = sudoku.load_test(puzzles, subsample=None)[:num]
+    n, bs = len(examples), min(batch_size, len(examples))
+    texts = [task.eval_prompt(s.tokenizer, ex) for ex in examples]
+    lengths = [len(t) for t in s.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    if min(lengths) != max(lengths):
+        raise ValueError(f"compact prompts of {min(lengths)}..{max(lengths)} tokens: "
+                         "expected a single length")
+    ids, _ = encode_prompts(s.tokenizer, texts + texts[-1:] * (-n % bs), max(lengths))
+    put = lambda a: jax.device_put(a, sharding.batch_sharding(s.mesh, 2, s.rules))
+    batches = [put(ids[i:i + bs]) for i in range(0, len(ids), bs)]
+    fns, rng = smp.llada_fns(s.model), jax.random.key(0)
+    cfgs = {name: smp.SamplerConfig(
+        gen_length=gen_length, block_length=block_length, steps=steps or gen_length // 2,
+        temperature=0.0, remasking="low_confidence", mask_id=s.model_config.mask_token_id,
+        eos_id=s.ids["eos"], kv_cache=kv, threshold=tau)
+        for name, (kv, tau) in variants(taus).items()}
+    with sharding.activate(s.mesh, s.rules):
+        compiled = {m: compile_mode(fns, s.params, batches[0], cfg) for m, cfg in cfgs.items()}
+        times, outs = {m: [] for m in cfgs}, {}
+        for _ in range(repeats):  # rounds interleave the variants: load changes hit all alike
+            for m, (fn, _, _) in compiled.items():
+                t0 = time.perf_counter()
+                outs[m] = jax.block_until_ready([fn(s.params, b, None, rng) for b in batches])
+                times[m].append(time.perf_counter() - t0)
+    rows = {}
+    for m, cfg in cfgs.items():
+        comp = np.concatenate([np.asarray(o.ids) for o in outs[m]])[:n, ids.shape[1]:]
+        steps_run = np.stack([np.asarray(o.block_steps) for o in outs[m]])  # [batches, blocks]
+        completions = s.tokenizer.batch_decode(comp, skip_special_tokens=False)
+        rows[m] = {"kv_cache": cfg.kv_cache, "threshold": cfg.threshold,
+                   **score(task, examples, completions),
+                   "tokens_per_s": n * gen_length / min(times[m]),
+                   "tokens_per_s_median": n * gen_length / statistics.median(times[m]),
+                   "wall_s": min(times[m]), "compile_s": compiled[m][1],
+                   "forwards_per_token": float(steps_run.sum(1).mean()) / gen_length}
+    ex = rows["exact"]
+    for r in rows.values():
+        r.update(speedup_vs_exact=r["tokens_per_s"] / ex["tokens_per_s"],
+                 accuracy_vs_exact=r["accuracy"] - ex["accuracy"],
+                 solved_vs_exact=r["solved"] - ex["solved"])
+    for r in rows.values():
+        r.update({k: round(v, 1 if k.startswith("tokens") else 4) + 0.0  # + 0.0: no -0.0
+                  for k, v in r.items() if isinstance(v, float)})
+    cfg = cfgs["exact"]
+    return {"model_dir": str(model_dir), "puzzles": str(puzzles), "device": device_name(),
+            "num": n, "prompt_length": int(ids.shape[1]), "gen_length": gen_length,
+            "block_length": block_length, "steps": cfg.steps, "batch_size": bs,
+            "repeats": repeats, "dtype": dtype, "variants": rows}
+
+
+def plot(result: dict, path: str) -> None:
+    """Accuracy against tokens/s: one line per cache mode over tau (1: no parallel decoding),
+    the exact sampler (no cache, tau 1) as a star."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    rows = result["variants"]
+    for kv in ("none", "prefix", "dual"):
+        pts = sorted({(r["threshold"], r["tokens_per_s"], r["accuracy"])  # tau 1: no parallel
+                      for r in rows.values() if r["kv_cache"] == kv})
+        line, = ax.plot([p[1] for p in pts], [p[2] for p in pts], "o-", alpha=0.8,
+                        label=f"{kv} cache")
+        for tau, x, y in pts:
+            ax.annotate(f"{tau:g}", (x, y), textcoords="offset points", xytext=(4, 4),
+                        fontsize=7, color=line.get_color())
+    ex = rows["exact"]
+    ax.plot(ex["tokens_per_s"], ex["accuracy"], "k*", ms=14, label="exact", zorder=5)
+    ax.set(xlabel="generated tokens/s", ylabel="cell accuracy (%)",
+           title=f"4x4 Sudoku, {result['num']} puzzles, gen {result['gen_length']}, "
+                 f"block {result['block_length']}, {result['steps']} steps (labels: tau)")
+    ax.title.set_fontsize(9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model-dir", required=True, help="HF-layout LLaDA directory")
+    p.add_argument("--puzzles", required=True, help="CSV with Puzzle,Solution columns")
+    p.add_argument("--num", type=int, default=256, help="first N puzzles of the CSV")
+    p.add_argument("--gen-length", type=int, default=32)
+    p.add_argument("--block-length", type=int, default=32)
+    p.add_argument("--steps", type=int, default=None, help="default gen_length // 2")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--taus", default="0.5,0.6,0.7,0.8,0.9,0.95,0.99")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.add_argument("--png", help="write the accuracy-vs-speed plot here")
+    p.add_argument("--out", help="also write the JSON here")
+    a = p.parse_args(argv)
+    result = {"load_average_1m_at_start": round(os.getloadavg()[0], 2),
+              **run(a.model_dir, a.puzzles, a.num, a.gen_length, a.block_length, a.steps,
+                    a.batch_size, [float(t) for t in a.taus.split(",")], a.repeats, a.dtype),
+              "load_average_1m": round(os.getloadavg()[0], 2)}
+    text = json.dumps(result, indent=1)
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
+    if a.png:
+        plot(result, a.png)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,382 @@
+"""The d1 recipe in miniature on a CPU (d1, Table 1): base -> SFT -> diffu-GRPO, evaluated.
+
+  python -m d1jax.main --config=configs/demo_sudoku.py --workdir=/tmp/d1jax_demo
+
+Stages, each a normal run of this package in its own sub-workdir (checkpoints, metrics,
+a Hugging Face export in ``<stage>/hf``), so every one can be resumed, evaluated with
+``python -m d1jax.eval`` and reused on its own:
+
+1. ``data/``: generated 4x4 puzzles (train pool and a held-out set, none of them in d1's
+   test set) and a tokenizer trained on their text, saved in the Hugging Face format.
+2. ``base/``: a tiny LLaDA pretrained with the masked-diffusion objective on whole
+   conversations whose answers are partly wrong (``demo_data``): the stand-in base model.
+3. ``sft/``: masked SFT on clean solution trajectories (d1's stage 1).
+4. ``grpo_base_s{seed}/`` and ``d1_s{seed}/``: diffu-GRPO with the Sudoku reward from the
+   base and from the SFT model (d1's stage 2), one run per seed.
+5. ``results.json``, ``results.md`` (the table) and ``reward_curves.png``: accuracy by d1's
+   rule (correct empty cells / empty cells) on the held-out puzzles and on d1's official
+   4x4 test set, greedy decoding.
+
+Rerunning the command resumes: finished stages (an ``hf`` export present) are skipped, an
+interrupted one continues from its last checkpoint, evaluations already written are kept.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import json
+import time
+from pathlib import Path
+
+import jax
+import ml_collections as mlc
+import numpy as np
+
+from d1jax import sharding
+from d1jax import tasks as tasks_lib
+from d1jax import eval as eval_lib
+from d1jax import sampler as smp
+from d1jax.tasks import sudoku
+from d1jax.tasks.sources import DataUnavailableError
+from d1jax.tokenizer import load_tokenizer, train_tiny_tokenizer
+from d1jax.train import config as config_lib
+from d1jax.train import demo_data, grpo, loop, sft
+from d1jax.train.setup import build
+
+STAGE_DIRS = ("base", "sft")
+
+
+# ------------------------------------------------------------------------- stage configs
+
+def _common(c: mlc.ConfigDict, demo: mlc.ConfigDict, data: dict) -> None:
+    c.seed = demo.seed
+    c.task.name = "sudoku"
+    c.task.prompt = "compact"
+    c.task.source = data["train"]
+    c.task.num_train = 0
+    c.model.tokenizer_path = data["tokenizer"]
+    c.max_prompt_length = data["prompt_length"]
+    c.mesh.shape = tuple(demo.mesh_shape)
+    c.train.log_every = 1
+    c.train.max_to_keep = 1
+    c.train.async_checkpoints = False
+    if "sft" in c:
+        c.sft.tokenize = "split"
+
+
+def pretrain_config(demo: mlc.ConfigDict, data: dict) -> mlc.ConfigDict:
+    p = demo.pretrain
+    c = config_lib.sft("tiny")
+    _common(c, demo, data)
+    c.model.random_init = "test-tiny"
+    c.model.width = demo.model.width
+    c.model.n_layers = demo.model.n_layers
+    c.lora.enabled = False
+    c.sft.objective = "pretrain"
+    c.sft.answer_noise = p.answer_noise
+    c.sft.format_noise = p.format_noise
+    c.sft.batch_size = p.batch_size
+    c.sft.max_length = data["prompt_length"] + demo.gen_length
+    c.optim.learning_rate = p.learning_rate
+    c.optim.warmup_ratio = 0.05
+    c.optim.max_grad_norm = 1.0
+    c.optim.weight_decay = 0.01
+    c.train.num_steps = p.steps
+    c.train.save_every = p.save_every
+    return c
+
+
+def sft_config(demo: mlc.ConfigDict, data: dict, base: Path) -> mlc.ConfigDict:
+    p = demo.sft
+    c = config_lib.sft("tiny")
+    _common(c, demo, data)
+    c.model.random_init = ""
+    c.model.path = str(base / "hf")
+    c.lora.enabled = False
+    c.sft.batch_size = p.batch_size
+    c.sft.max_length = data["prompt_length"] + demo.gen_length
+    c.optim.learning_rate = p.learning_rate
+    c.optim.warmup_ratio = 0.0
+    c.optim.max_grad_norm = 1.0
+    c.optim.weight_decay = 0.0
+    c.train.num_steps = p.steps
+    c.train.save_every = p.save_every
+    return c
+
+
+def grpo_config(demo: mlc.ConfigDict, data: dict, start: Path,
+                seed: int) -> mlc.ConfigDict:
+    g = demo.grpo
+    c = config_lib.grpo("sudoku", "tiny")
+    _common(c, demo, data)
+    c.seed = seed
+    c.model.random_init = ""
+    c.model.path = str(start / "hf")
+    c.lora.enabled = g.lora_rank > 0
+    c.lora.rank = max(g.lora_rank, 1)
+    c.lora.alpha = 2.0 * max(g.lora_rank, 1)
+    c.lora.dropout = 0.0
+    c.sampler.gen_length = demo.gen_length
+    c.sampler.block_length = demo.block_length
+    c.sampler.steps = demo.gen_length // 2
+    c.sampler.temperature = g.temperature
+    c.grpo.num_generations = g.num_generations
+    c.grpo.prompts_per_step = g.prompts_per_step
+    c.grpo.num_iterations = g.num_iterations
+    c.grpo.beta = g.beta
+    c.grpo.ref_model_sync_steps = 64
+    c.optim.learning_rate = g.learning_rate
+    c.optim.weight_decay = 0.0
+    c.train.num_steps = g.steps
+    c.train.save_every = g.save_every
+    c.train.sample_every = 8
+    return c
+
+
+# ------------------------------------------------------------------------- data
+
+def prepare_data(demo: mlc.ConfigDict, wd: Path) -> dict:
+    """Train pool, held-out set and tokenizer under ``wd/data`` (kept when present).
+
+    Also measures the prompt length in tokens, which is the same for every puzzle: each
+    stage trains and generates on sequences of exactly prompt + ``gen_length`` tokens with
+    no padding. (A bidirectional model sees where a sequence ends: trained on one total
+    length, it misplaces the answer's closing tokens at another.)
+    """
+    d = wd / "data"
+    d.mkdir(parents=True, exist_ok=True)
+    files = {"train": str(d / "train.csv"), "heldout": str(d / "heldout.csv"),
+             "tokenizer": str(d / "tokenizer")}
+    task = tasks_lib.get_task("sudoku", prompt="compact")
+    if not (d / "tokenizer" / "tokenizer.json").exists():
+        try:
+            d1_test = [r["puzzle"] for r in sudoku.load_test(subsample=None)]
+        except DataUnavailableError:
+            d1_test = []  # offline: nothing to exclude (and no d1 column in the table)
+        empty = tuple(demo.data.num_empty)
+        pool = sudoku.generate_puzzles(demo.data.num_train + demo.data.num_heldout,
+                                       seed=demo.data.seed, exclude=d1_test, num_empty=empty)
+        _write_csv(files["heldout"], pool[:demo.data.num_heldout])
+        _write_csv(files["train"], pool[demo.data.num_heldout:])
+        docs = demo_data.pretraining_documents(task, pool[demo.data.num_heldout:][:2000], 0.3, 0,
+                                                   format_noise=0.5)
+        texts = [m["content"] for doc in docs for m in doc["prompt"]] + [
+            doc["completion"] for doc in docs]
+        train_tiny_tokenizer(texts, d / "tokenizer.tmp", demo.model.tokenizer_vocab)
+        (d / "tokenizer.tmp").rename(d / "tokenizer")  # present only once complete
+    tok = load_tokenizer(files["tokenizer"])
+    probe = sudoku.load_test(files["heldout"], subsample=None)[:64]
+    lengths = {len(tok(task.eval_prompt(tok, ex), add_special_tokens=False)["input_ids"])
+               for ex in probe}
+    if len(lengths) != 1:
+        raise RuntimeError(f"demo prompts tokenize to different lengths {sorted(lengths)}")
+    return {**files, "prompt_length": lengths.pop()}
+
+
+def _write_csv(path: str, rows: list[dict]) -> None:
+    tmp = Path(path + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Puzzle", "Solution"])
+        w.writerows([r["puzzle"], r["solution"]] for r in rows)
+    tmp.replace(path)
+
+
+# ------------------------------------------------------------------------- stages
+
+def _finished(stage_dir: Path) -> bool:
+    return (stage_dir / "hf" / "d1jax_export.json").exists()
+
+
+def _run_stage(name: str, fn, cfg, stage_dir: Path, log) -> float:
+    if _finished(stage_dir):
+        log(f"[demo] {name}: done before, kept ({stage_dir})")
+        return 0.0
+    t0 = time.perf_counter()
+    log(f"[demo] {name} -> {stage_dir}")
+    fn(cfg, str(stage_dir))
+    if not _finished(stage_dir):  # stopped early (preempted): leave it resumable
+        raise SystemExit(f"[demo] {name} stopped before its last step; rerun to resume")
+    dt = time.perf_counter() - t0
+    log(f"[demo] {name}: {dt:.0f} s")
+    return dt
+
+
+def eval_sets(demo: mlc.ConfigDict, data: dict) -> dict[str, list[dict]]:
+    """Held-out generated puzzles and d1's official 4x4 test set (d1's 256 subset)."""
+    sets = {"heldout": sudoku.load_test(data["heldout"], subsample=None)[:demo.eval.num_examples]}
+    try:
+        sets["d1_test"] = sudoku.load_test()[:demo.eval.num_examples]
+    except DataUnavailableError as e:
+        print(f"[demo] d1's test set is unavailable ({e}); reporting held-out only", flush=True)
+    return sets
+
+
+def evaluate_model(demo: mlc.ConfigDict, data: dict, model_dir: Path,
+                   sets: dict[str, list[dict]]) -> dict[str, dict]:
+    """Accuracy of one exported model on each evaluation set, two ways.
+
+    ``accuracy``: d1's protocol (greedy, steps = gen_length / 2), d1's parser.
+    ``sampled_accuracy`` / ``sampled_reward``: ``demo.eval.samples`` completions per puzzle
+    at the rollout temperature (fixed seeds), scored by the parser and by the GRPO reward:
+    the policy GRPO actually trains, measured on puzzles it never saw.
+    """
+    c = config_lib.eval_config("sudoku-tiny")
+    c.model.random_init = ""
+    c.model.path = str(model_dir)
+    c.task.prompt = "compact"
+    c.mesh.shape = tuple(demo.mesh_shape)
+    s = build(c, model_dir)
+    task = tasks_lib.task_from_config(c)
+
+    def score(examples, temperature, seed):
+        scfg = smp.SamplerConfig(
+            gen_length=demo.gen_length, block_length=demo.block_length,
+            steps=demo.gen_length // 2, temperature=temperature,
+            mask_id=s.model_config.mask_token_id, eos_id=s.ids["eos"])
+        texts = eval_lib.generate_texts(s, task, examples, scfg, demo.eval.batch_size,
+                                        data["prompt_length"], seed=seed)
+        verdicts = [task.verdict(task.record(ex, t)) for ex, t in zip(examples, texts)]
+        return (sum(v.hits for v in verdicts), sum(v.total for v in verdicts),
+                [v.correct for v in verdicts], task.total_reward(texts, examples), texts)
+
+    out = {}
+    for name, examples in sets.items():
+        hits, total, solved, rewards, texts = score(examples, 0.0, 0)
+        r = {"accuracy": 100.0 * hits / max(total, 1), "solved": 100.0 * float(np.mean(solved)),
+             "reward": float(np.mean(rewards)), "n": len(examples), "sample": texts[0]}
+        hits = total = 0
+        rewards = []
+        for k in range(demo.eval.samples):
+            h, t, _, rw, _ = score(examples, demo.grpo.temperature, 1000 * (k + 1))
+            hits, total, rewards = hits + h, total + t, rewards + list(rw)
+        r.update(sampled_accuracy=100.0 * hits / max(total, 1),
+                 sampled_reward=float(np.mean(rewards)))
+        out[name] = r
+    return out
+
+
+ROWS = (("base", "LLaDA-tiny (base)"), ("sft", "+SFT"), ("grpo_base", "+diffu-GRPO"),
+        ("d1", "d1 (SFT + diffu-GRPO)"))
+
+
+def run(config: mlc.ConfigDict, workdir: str) -> dict:
+    """The whole demo; returns the results written to ``results.json``."""
+    demo = config.demo
+    wd = config_lib.check_workdir(workdir)
+    # Every GRPO run (and evaluation) of the demo compiles the same programs: cache them.
+    jax.config.update("jax_compilation_cache_dir", str(wd / ".jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every save at INFO
+    log = lambda msg: print(msg, flush=True) if jax.process_index() == 0 else None
+    t_start = time.perf_counter()
+    data = prepare_data(demo, wd)
+    times = {"base": _run_stage("pretrain (base model)", sft.run, pretrain_config(demo, data),
+                                wd / "base", log)}
+    times["sft"] = _run_stage("SFT", sft.run, sft_config(demo, data, wd / "base"), wd / "sft", log)
+    runs: dict[str, list[Path]] = {"base": [wd / "base"], "sft": [wd / "sft"],
+                                   "grpo_base": [], "d1": []}
+    for seed in demo.seeds:
+        for kind, start in (("grpo_base", wd / "base"), ("d1", wd / "sft")):
+            stage_dir = wd / f"{kind}_s{seed}"
+            times[stage_dir.name] = _run_stage(
+                f"diffu-GRPO from {start.name}, seed {seed}", grpo.run,
+                grpo_config(demo, data, start, seed), stage_dir, log)
+            runs[kind].append(stage_dir)
+    sets = eval_sets(demo, data)
+    evals = {}
+    cache = wd / "eval_cache.json"
+    done = json.loads(cache.read_text()) if cache.exists() else {}
+    for kind, dirs in runs.items():
+        for stage_dir in dirs:
+            if stage_dir.name not in done:
+                done[stage_dir.name] = evaluate_model(demo, data, stage_dir / "hf", sets)
+                cache.write_text(json.dumps(done, indent=1))
+            evals[stage_dir.name] = done[stage_dir.name]
+    results = summarize(runs, evals, list(sets))
+    results["wall_time_s"] = time.perf_counter() - t_start
+    results["stage_times_s"] = times
+    if jax.process_index() == 0:
+        (wd / "results.json").write_text(json.dumps(results, indent=2))
+        table = format_table(results)
+        (wd / "results.md").write_text(table + "\n")
+        plot_rewards(wd, demo.seeds, wd / "reward_curves.png")
+        log(table)
+        log(f"[demo] wall time {results['wall_time_s']:.0f} s; workdir {wd}")
+    return results
+
+
+def summarize(runs: dict[str, list[Path]], evals: dict, set_names: list[str]) -> dict:
+    """Mean and spread (std over seeds, and min..max) per row and evaluation set."""
+    rows = {}
+    for kind, _ in ROWS:
+        rows[kind] = {}
+        for name in set_names:
+            vals = [evals[d.name][name]["accuracy"] for d in runs[kind]]
+            solved = [evals[d.name][name]["solved"] for d in runs[kind]]
+            sampled = [evals[d.name][name]["sampled_accuracy"] for d in runs[kind]]
+            rows[kind][name] = {"mean": float(np.mean(vals)), "std": float(np.std(vals)),
+                                "min": float(np.min(vals)), "max": float(np.max(vals)),
+                                "values": vals, "solved_mean": float(np.mean(solved)),
+                                "sampled_mean": float(np.mean(sampled)),
+                                "sampled_std": float(np.std(sampled)), "sampled_values": sampled}
+    return {"rows": rows, "sets": set_names, "per_run": evals}
+
+
+_SET_TITLES = {"heldout": "held-out generated", "d1_test": "d1's 4x4 test set"}
+
+
+def format_table(results: dict) -> str:
+    """Mean ± std over seeds (one run for base and SFT); greedy is d1's protocol."""
+    sets = results["sets"]
+    cols = [f"{_SET_TITLES[s]}: {kind}" for s in sets
+            for kind in ("greedy (d1 protocol)", "sampled, T=0.9")]
+    lines = ["| model | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for kind, title in ROWS:
+        cells = []
+        for s in sets:
+            r = results["rows"][kind][s]
+            many = len(r["values"]) > 1
+            cells.append(f"{r['mean']:.1f}" + (f" ± {r['std']:.1f}" if many else ""))
+            cells.append(f"{r['sampled_mean']:.1f}" + (f" ± {r['sampled_std']:.1f}" if many else ""))
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_rewards(wd: Path, seeds, out: Path) -> None:
+    """Mean rollout reward per optimizer step of every GRPO run (one line per seed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from d1jax.metrics import read_jsonl
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for kind, color, title in (("grpo_base", "tab:blue", "diffu-GRPO from base"),
+                               ("d1", "tab:red", "d1: diffu-GRPO from SFT")):
+        for i, seed in enumerate(seeds):
+            rows = [r for r in read_jsonl(wd / f"{kind}_s{seed}" / "metrics.jsonl") if "reward" in r]
+            steps = [r["step"] for r in rows]
+            ax.plot(steps, _smooth([r["reward"] for r in rows]), color=color, alpha=0.8,
+                    label=title if i == 0 else None)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("mean rollout reward (smoothed)")
+    ax.set_title("4x4 Sudoku, tiny LLaDA on CPU: reward during diffu-GRPO")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _smooth(values: list[float], width: int = 8) -> np.ndarray:
+    v = np.asarray(values, float)
+    if len(v) < 2:
+        return v
+    k = min(width, len(v))
+    c = np.cumsum(np.insert(v, 0, 0.0))
+    out = np.empty_like(v)
+    for i in range(len(v)):
+        lo = max(0, i - k + 1)
+        out[i] = (c[i + 1] - c[lo]) / (i + 1 - lo)
+    return out

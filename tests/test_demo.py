@@ -1,0 +1,103 @@
+"""The CPU demo, shortened (configs/demo_sudoku.py:ci): base -> SFT -> diffu-GRPO on 4x4
+Sudoku through `python -m d1jax.main`, then resume, evaluate and export its workdir."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from d1jax.train import demo_data
+from d1jax.tasks import get_task, sudoku
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_main(*args, env=None, module="d1jax.main"):
+    # One CPU device: the demo is a single-core workload; 8 fake devices only slow it down.
+    env = {**os.environ, "XLA_FLAGS": "", **(env or {})}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900, env=env)
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    from tests.conftest import SHARED_D1
+    if not SHARED_D1.is_dir():
+        pytest.skip(f"d1 data folder {SHARED_D1} is absent (it sits beside the repo in CI)")
+    wd = tmp_path_factory.mktemp("demo")
+    r = run_main("--config=configs/demo_sudoku.py:ci", f"--workdir={wd}")
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-5000:])
+    return wd, r.stdout
+
+
+def test_stages_improve_in_the_order_the_recipe_builds_them(demo_run):
+    wd, _ = demo_run
+    rows = json.loads((wd / "results.json").read_text())["rows"]
+    # SFT on clean trajectories lifts the noisy base model on both evaluation sets. (That
+    # diffu-GRPO lifts its starting point is not asserted: this recipe does not yet show it.)
+    for s in ("heldout", "d1_test"):
+        assert rows["sft"][s]["mean"] > rows["base"][s]["mean"] + 5.0, rows
+
+
+def test_results_table_plot_and_stage_exports(demo_run):
+    wd, stdout = demo_run
+    res = json.loads((wd / "results.json").read_text())
+    assert res["sets"] == ["heldout", "d1_test"]
+    for kind in ("base", "sft", "grpo_base", "d1"):
+        for s in res["sets"]:
+            row = res["rows"][kind][s]
+            assert 0.0 <= row["min"] <= row["mean"] <= row["max"] <= 100.0
+    table = (wd / "results.md").read_text()
+    assert "d1 (SFT + diffu-GRPO)" in table and table.strip() in stdout
+    assert (wd / "reward_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for stage in ("base", "sft", "grpo_base_s0", "d1_s0"):
+        hf = wd / stage / "hf"
+        assert json.loads((hf / "config.json").read_text())["model_type"] == "llada"
+        assert (hf / "model.safetensors").exists() and (hf / "tokenizer.json").exists()
+        assert (wd / stage / "metrics.jsonl").exists()
+
+
+def test_rerun_resumes_without_recomputing(demo_run):
+    wd, _ = demo_run
+    before = (wd / "results.json").read_text()
+    r = run_main("--config=configs/demo_sudoku.py:ci", f"--workdir={wd}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("done before, kept") == 4
+    assert json.loads(before)["rows"] == json.loads((wd / "results.json").read_text())["rows"]
+
+
+def test_eval_cli_scores_the_exported_d1_model(demo_run, tmp_path):
+    wd, _ = demo_run
+    r = run_main("--config=configs/eval.py:sudoku-tiny", "--config.task.prompt=compact",
+                 f"--config.model.path={wd / 'd1_s0' / 'hf'}", "--config.eval.num_examples=64",
+                 "--config.eval.block_length=32", "--config.eval.batch_size=64",
+                 f"--workdir={tmp_path}", module="d1jax.eval")
+    assert r.returncode == 0, r.stderr[-3000:]
+    acc = json.loads((tmp_path / "accuracy.json").read_text())["32"]["accuracy"]
+    res = json.loads((wd / "results.json").read_text())
+    # Same model, same 64 puzzles of d1's test set, same greedy protocol.
+    assert acc == pytest.approx(res["per_run"]["d1_s0"]["d1_test"]["accuracy"], abs=1e-6)
+
+
+def test_pretraining_documents_are_noisy_as_configured():
+    task = get_task("sudoku", prompt="compact")
+    rows = sudoku.generate_puzzles(400, seed=3)
+    docs = demo_data.pretraining_documents(task, rows, noise=0.25, seed=0, format_noise=0.5)
+    untagged = [(ex, d) for ex, d in zip(rows, docs) if "<answer>" not in d["completion"]]
+    assert 0.4 < len(untagged) / len(docs) < 0.6
+    wrong = total = 0
+    for ex, d in zip(rows, docs):
+        grid = "".join(c for c in d["completion"] if c.isdigit())
+        for i in range(16):
+            if ex["puzzle"][i] == "0":
+                total += 1
+                wrong += grid[i] != ex["solution"][i]
+            else:
+                assert grid[i] == ex["solution"][i]  # given cells are never corrupted
+    assert 0.2 < wrong / total < 0.3
+    # The reward reads the tagged answers and gives the untagged ones nothing.
+    rewards = task.total_reward([d["completion"] for _, d in untagged], [ex for ex, _ in untagged])
+    assert max(rewards) == 0.0

@@ -1,0 +1,92 @@
+"""bench/sampler_accuracy.py on a random tiny model saved in the Hugging Face layout."""
+
+import csv
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import d1jax
+from d1jax import eval as eval_lib
+from d1jax import sampler as smp
+from d1jax import tasks, weights
+from d1jax.tasks import sudoku
+from d1jax.tokenizer import special_ids, train_tiny_tokenizer
+from d1jax.train.rollout import encode_prompts
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import sampler_accuracy  # noqa: E402
+
+GEN, BLOCK, PROMPT = 16, 8, 44  # 16 digits: one answer; two blocks; compact prompt tokens
+
+
+def make_model(out_dir: Path, tmp: Path) -> None:
+    """Random test-tiny LLaDA whose head predicts only the digits 1-4: logits +-w1.h and
+    +-w2.h against 0 for every other token, w1 and w2 the main directions along which the
+    masked positions' hidden states vary. Completions are 16-digit answers (some cells
+    right by chance) that vary by puzzle and position, with confidences across (0, 1)."""
+    train = sudoku.generate_puzzles(200, seed=1)
+    tok = train_tiny_tokenizer([t for ex in train for t in
+                                (sudoku.question(ex), f"<answer>\n{ex['solution']}\n</answer>")],
+                               tmp / "tokenizer", vocab_size=320)
+    ids = special_ids(tok)
+    vocab = -(-len(tok) // 64) * 64
+    cfg = d1jax.preset("test-tiny", vocab_size=vocab, embedding_size=vocab,
+                       mask_token_id=ids["mask"], eos_token_id=ids["eos"],
+                       pad_token_id=ids["pad"], max_sequence_length=256)
+    model = d1jax.LLaDA(cfg)
+    p = d1jax.init_params(model, jax.random.key(0))
+    p["blocks"] = jax.tree_util.tree_map(lambda x: x * 10 if x.ndim == 3 else x, p["blocks"])
+    task = tasks.get_task("sudoku", prompt="compact")
+    x, _ = encode_prompts(tok, [task.eval_prompt(tok, ex) for ex in train[:64]], PROMPT)
+    x = np.concatenate([x, np.full((64, GEN), ids["mask"], np.int32)], 1)
+    h = np.asarray(model.apply({"params": p}, x, method=model.hidden))[:, PROMPT:]
+    h = h.reshape(-1, cfg.d_model) - h.reshape(-1, cfg.d_model).mean(0)
+    w = np.linalg.svd(h, full_matrices=False)[2][:2].T  # [D, 2]
+    w = w * 8.0 / (h @ w).std(0)
+    k = np.zeros((cfg.d_model, vocab), np.float32)
+    for j, d in enumerate("1234"):
+        k[:, tok.convert_tokens_to_ids(d)] = (-1) ** j * w[:, j // 2]
+    p["ff_out"] = {"kernel": jnp.asarray(k)}
+    weights.save_hf_checkpoint(out_dir, cfg, p)
+    tok.save_pretrained(out_dir)
+
+
+def test_sampler_accuracy_run(tmp_path):
+    model_dir, puzzles = tmp_path / "model", tmp_path / "puzzles.csv"
+    make_model(model_dir, tmp_path)
+    examples = sudoku.generate_puzzles(16, seed=5)
+    with open(puzzles, "w", newline="") as f:
+        csv.writer(f).writerows([("Puzzle", "Solution")] +
+                                [(ex["puzzle"], ex["solution"]) for ex in examples])
+    s = sampler_accuracy.load(str(model_dir))
+    res = sampler_accuracy.run(str(model_dir), str(puzzles), num=16, gen_length=GEN,
+                               block_length=BLOCK, batch_size=8, taus=(0.7, 1.0), repeats=1, s=s)
+    rows = res["variants"]
+    assert res["prompt_length"] == PROMPT and res["num"] == 16
+    kvs = ("none", "prefix", "dual")
+    assert set(rows) == {"exact", "prefix", "dual"} | {f"{kv}+tau{t}" for kv in kvs
+                                                        for t in ("0.7", "1")}
+
+    # Exact: the accuracy d1's protocol (eval.generate_texts, task.verdict) gives.
+    task = tasks.get_task("sudoku", prompt="compact")
+    scfg = smp.SamplerConfig(gen_length=GEN, block_length=BLOCK, steps=GEN // 2,
+                             mask_id=s.model_config.mask_token_id, eos_id=s.ids["eos"])
+    texts = eval_lib.generate_texts(s, task, examples, scfg, batch_size=8, prompt_length=PROMPT)
+    verdicts = [task.verdict(task.record(ex, t)) for ex, t in zip(examples, texts)]
+    accuracy = 100.0 * sum(v.hits for v in verdicts) / sum(v.total for v in verdicts)
+    assert 0 < accuracy < 100  # the model's answers are parsed, and vary
+    assert rows["exact"]["accuracy"] == round(accuracy, 4)
+    assert rows["exact"]["forwards_per_token"] == 0.5  # steps / gen_length
+    assert rows["none+tau1"]["accuracy"] == rows["exact"]["accuracy"]
+    assert rows["none+tau1"]["accuracy_vs_exact"] == 0.0
+    for r in rows.values():
+        assert 0 <= r["accuracy"] <= 100 and 0 <= r["solved"] <= 100
+        assert r["tokens_per_s"] > 0 and r["speedup_vs_exact"] > 0
+        assert 0 < r["forwards_per_token"] <= 0.5
+    assert min(rows[f"{kv}+tau0.7"]["forwards_per_token"] for kv in kvs) < 0.5  # tau acted
+
+    sampler_accuracy.plot(res, str(tmp_path / "plot.png"))
+    assert (tmp_path / "plot.png").stat().st_size > 10_000
