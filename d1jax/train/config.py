@@ -126,6 +126,8 @@ def validate(c: mlc.ConfigDict) -> None:
                               f"{nblocks} blocks (gen_length / block_length)")
         if s.remasking not in ("low_confidence", "random"):
             raise ConfigError(f"sampler.remasking={s.remasking!r}: low_confidence or random")
+    if "sft" in c and c.sft.get("tokenize", "joint") not in ("joint", "split"):
+        raise ConfigError(f"sft.tokenize={c.sft.tokenize!r}: joint or split")
     if c.optim.learning_rate <= 0:
         raise ConfigError(f"optim.learning_rate={c.optim.learning_rate} must be positive")
 

@@ -65,43 +65,39 @@ def _common(c: mlc.ConfigDict, demo: mlc.ConfigDict, data: dict) -> None:
         c.sft.tokenize = "split"
 
 
-def pretrain_config(demo: mlc.ConfigDict, data: dict) -> mlc.ConfigDict:
-    p = demo.pretrain
+def _sft_stage(demo: mlc.ConfigDict, data: dict, p: mlc.ConfigDict, warmup: float,
+               weight_decay: float) -> mlc.ConfigDict:
+    """An SFT-loop run (full fine-tuning) with the demo's lengths and stage ``p``'s schedule."""
     c = config_lib.sft("tiny")
     _common(c, demo, data)
-    c.model.random_init = "test-tiny"
-    c.model.width = demo.model.width
-    c.model.n_layers = demo.model.n_layers
     c.lora.enabled = False
-    c.sft.objective = "pretrain"
-    c.sft.answer_noise = p.answer_noise
-    c.sft.format_noise = p.format_noise
     c.sft.batch_size = p.batch_size
     c.sft.max_length = data["prompt_length"] + demo.gen_length
     c.optim.learning_rate = p.learning_rate
-    c.optim.warmup_ratio = 0.05
+    c.optim.warmup_ratio = warmup
     c.optim.max_grad_norm = 1.0
-    c.optim.weight_decay = 0.01
+    c.optim.weight_decay = weight_decay
     c.train.num_steps = p.steps
     c.train.save_every = p.save_every
     return c
 
 
+def pretrain_config(demo: mlc.ConfigDict, data: dict) -> mlc.ConfigDict:
+    p = demo.pretrain
+    c = _sft_stage(demo, data, p, warmup=0.05, weight_decay=0.01)
+    c.model.random_init = "test-tiny"
+    c.model.width = demo.model.width
+    c.model.n_layers = demo.model.n_layers
+    c.sft.objective = "pretrain"
+    c.sft.answer_noise = p.answer_noise
+    c.sft.format_noise = p.format_noise
+    return c
+
+
 def sft_config(demo: mlc.ConfigDict, data: dict, base: Path) -> mlc.ConfigDict:
-    p = demo.sft
-    c = config_lib.sft("tiny")
-    _common(c, demo, data)
+    c = _sft_stage(demo, data, demo.sft, warmup=0.0, weight_decay=0.0)
     c.model.random_init = ""
     c.model.path = str(base / "hf")
-    c.lora.enabled = False
-    c.sft.batch_size = p.batch_size
-    c.sft.max_length = data["prompt_length"] + demo.gen_length
-    c.optim.learning_rate = p.learning_rate
-    c.optim.warmup_ratio = 0.0
-    c.optim.max_grad_norm = 1.0
-    c.optim.weight_decay = 0.0
-    c.train.num_steps = p.steps
-    c.train.save_every = p.save_every
     return c
 
 
