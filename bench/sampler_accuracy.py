@@ -41,7 +41,8 @@ from d1jax import sampler as smp, sharding, tasks, weights  # noqa: E402
 from d1jax.model import LLaDA  # noqa: E402
 from d1jax.tasks import sudoku  # noqa: E402
 from d1jax.tokenizer import load_tokenizer, special_ids  # noqa: E402
-from d1jax.train.rollout import encode_prompts  # noqa: E402
+from d1jax.eval import score_records  # noqa: E402
+from d1jax.train.rollout import encode_prompts, uniform_prompt_length  # noqa: E402
 from d1jax.train.setup import Setup  # noqa: E402
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -65,14 +66,6 @@ def variants(taus) -> dict[str, tuple[str, float]]:
     return out
 
 
-def score(task, examples, texts) -> dict:
-    """d1's pooled cell accuracy and the share of fully solved puzzles, in %."""
-    verdicts = [task.verdict(task.record(ex, t)) for ex, t in zip(examples, texts)]
-    hits, total = sum(v.hits for v in verdicts), sum(v.total for v in verdicts)
-    return {"accuracy": 100.0 * hits / max(total, 1),
-            "solved": 100.0 * float(np.mean([v.correct for v in verdicts]))}
-
-
 def run(model_dir: str, puzzles: str, num: int = 256, gen_length: int = 32,
         block_length: int = 32, steps: int | None = None, batch_size: int = 64,
         taus=(0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99), repeats: int = 3,
@@ -83,11 +76,8 @@ def run(model_dir: str, puzzles: str, num: int = 256, gen_length: int = 32,
     examples = sudoku.load_test(puzzles, subsample=None)[:num]
     n, bs = len(examples), min(batch_size, len(examples))
     texts = [task.eval_prompt(s.tokenizer, ex) for ex in examples]
-    lengths = [len(t) for t in s.tokenizer(texts, add_special_tokens=False)["input_ids"]]
-    if min(lengths) != max(lengths):
-        raise ValueError(f"compact prompts of {min(lengths)}..{max(lengths)} tokens: "
-                         "expected a single length")
-    ids, _ = encode_prompts(s.tokenizer, texts + texts[-1:] * (-n % bs), max(lengths))
+    ids, _ = encode_prompts(s.tokenizer, texts + texts[-1:] * (-n % bs),
+                            uniform_prompt_length(s.tokenizer, texts))
     put = lambda a: jax.device_put(a, sharding.batch_sharding(s.mesh, 2, s.rules))
     batches = [put(ids[i:i + bs]) for i in range(0, len(ids), bs)]
     fns, rng = smp.llada_fns(s.model), jax.random.key(0)
@@ -109,8 +99,9 @@ def run(model_dir: str, puzzles: str, num: int = 256, gen_length: int = 32,
         comp = np.concatenate([np.asarray(o.ids) for o in outs[m]])[:n, ids.shape[1]:]
         steps_run = np.stack([np.asarray(o.block_steps) for o in outs[m]])  # [batches, blocks]
         completions = s.tokenizer.batch_decode(comp, skip_special_tokens=False)
+        sc = score_records(task, [task.record(ex, t) for ex, t in zip(examples, completions)])
         rows[m] = {"kv_cache": cfg.kv_cache, "threshold": cfg.threshold,
-                   **score(task, examples, completions),
+                   "accuracy": sc["accuracy"], "solved": sc["solved"],
                    "tokens_per_s": n * gen_length / min(times[m]),
                    "tokens_per_s_median": n * gen_length / statistics.median(times[m]),
                    "wall_s": min(times[m]), "compile_s": compiled[m][1],

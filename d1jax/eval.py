@@ -54,6 +54,15 @@ def _all_rows(x) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
+def score_records(task, records) -> dict:
+    """d1's pooled accuracy of generation records (``task.record``: hits / total over the
+    items, %) and the share of strictly correct items (%), by the task's evaluation parser."""
+    verdicts = [task.verdict(r) for r in records]
+    hits, total = sum(v.hits for v in verdicts), sum(v.total for v in verdicts)
+    return {"accuracy": 100.0 * hits / max(total, 1), "hits": hits, "total": total,
+            "solved": 100.0 * float(np.mean([v.correct for v in verdicts]))}
+
+
 def evaluate(config, s, task, examples, workdir: Path) -> dict:
     """Generates at each configured length; writes d1-layout JSON; returns accuracies."""
     e = config.eval
@@ -72,10 +81,8 @@ def evaluate(config, s, task, examples, workdir: Path) -> dict:
         texts = generate_texts(s, task, examples, scfg, e.batch_size, plen, config.seed)
         wall = time.perf_counter() - t0
         records = [task.record(ex, t) for ex, t in zip(examples, texts)]
-        verdicts = [task.verdict(r) for r in records]
-        hits, total = sum(v.hits for v in verdicts), sum(v.total for v in verdicts)
-        acc = {"accuracy": 100.0 * hits / max(total, 1),
-               "solved": 100.0 * float(np.mean([v.correct for v in verdicts])),
+        sc = score_records(task, records)
+        acc = {"accuracy": sc["accuracy"], "solved": sc["solved"],
                "n": len(records), "wall_time_s": wall}
         results[gl] = acc
         if jax.process_index() == 0:

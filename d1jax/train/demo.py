@@ -24,8 +24,8 @@ interrupted one continues from its last checkpoint, evaluations already written 
 from __future__ import annotations
 
 import csv
-import logging
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -33,7 +33,6 @@ import jax
 import ml_collections as mlc
 import numpy as np
 
-from d1jax import sharding
 from d1jax import tasks as tasks_lib
 from d1jax import eval as eval_lib
 from d1jax import sampler as smp
@@ -41,11 +40,9 @@ from d1jax.tasks import sudoku
 from d1jax.tasks.sources import DataUnavailableError
 from d1jax.tokenizer import load_tokenizer, train_tiny_tokenizer
 from d1jax.train import config as config_lib
-from d1jax.train import demo_data, grpo, loop, sft
+from d1jax.train import demo_data, grpo, sft
+from d1jax.train.rollout import uniform_prompt_length
 from d1jax.train.setup import build
-
-STAGE_DIRS = ("base", "sft")
-
 
 # ------------------------------------------------------------------------- stage configs
 
@@ -155,19 +152,18 @@ def prepare_data(demo: mlc.ConfigDict, wd: Path) -> dict:
                                        seed=demo.data.seed, exclude=d1_test, num_empty=empty)
         _write_csv(files["heldout"], pool[:demo.data.num_heldout])
         _write_csv(files["train"], pool[demo.data.num_heldout:])
-        docs = demo_data.pretraining_documents(task, pool[demo.data.num_heldout:][:2000], 0.3, 0,
-                                                   format_noise=0.5)
+        # Text like the base model's corpus, at fixed noise rates (not demo.pretrain's:
+        # the tokenizer, and so every published demo number, stays put when those change).
+        docs = demo_data.pretraining_documents(task, pool[demo.data.num_heldout:][:2000],
+                                               0.3, 0, format_noise=0.5)
         texts = [m["content"] for doc in docs for m in doc["prompt"]] + [
             doc["completion"] for doc in docs]
         train_tiny_tokenizer(texts, d / "tokenizer.tmp", demo.model.tokenizer_vocab)
         (d / "tokenizer.tmp").rename(d / "tokenizer")  # present only once complete
     tok = load_tokenizer(files["tokenizer"])
     probe = sudoku.load_test(files["heldout"], subsample=None)[:64]
-    lengths = {len(tok(task.eval_prompt(tok, ex), add_special_tokens=False)["input_ids"])
-               for ex in probe}
-    if len(lengths) != 1:
-        raise RuntimeError(f"demo prompts tokenize to different lengths {sorted(lengths)}")
-    return {**files, "prompt_length": lengths.pop()}
+    length = uniform_prompt_length(tok, [task.eval_prompt(tok, ex) for ex in probe])
+    return {**files, "prompt_length": length}
 
 
 def _write_csv(path: str, rows: list[dict]) -> None:
@@ -226,29 +222,28 @@ def evaluate_model(demo: mlc.ConfigDict, data: dict, model_dir: Path,
     s = build(c, model_dir)
     task = tasks_lib.task_from_config(c)
 
-    def score(examples, temperature, seed):
+    def generate(examples, temperature, seed):
         scfg = smp.SamplerConfig(
             gen_length=demo.gen_length, block_length=demo.block_length,
             steps=demo.gen_length // 2, temperature=temperature,
             mask_id=s.model_config.mask_token_id, eos_id=s.ids["eos"])
-        texts = eval_lib.generate_texts(s, task, examples, scfg, demo.eval.batch_size,
-                                        data["prompt_length"], seed=seed)
-        verdicts = [task.verdict(task.record(ex, t)) for ex, t in zip(examples, texts)]
-        return (sum(v.hits for v in verdicts), sum(v.total for v in verdicts),
-                [v.correct for v in verdicts], task.total_reward(texts, examples), texts)
+        return eval_lib.generate_texts(s, task, examples, scfg, demo.eval.batch_size,
+                                       data["prompt_length"], seed=seed)
+
+    def score(examples, texts):  # pooled over every (puzzle, completion) pair
+        sc = eval_lib.score_records(task, [task.record(ex, t) for ex, t in zip(examples, texts)])
+        return sc, float(np.mean(task.total_reward(texts, examples)))
 
     out = {}
     for name, examples in sets.items():
-        hits, total, solved, rewards, texts = score(examples, 0.0, 0)
-        r = {"accuracy": 100.0 * hits / max(total, 1), "solved": 100.0 * float(np.mean(solved)),
-             "reward": float(np.mean(rewards)), "n": len(examples), "sample": texts[0]}
-        hits = total = 0
-        rewards = []
-        for k in range(demo.eval.samples):
-            h, t, _, rw, _ = score(examples, demo.grpo.temperature, 1000 * (k + 1))
-            hits, total, rewards = hits + h, total + t, rewards + list(rw)
-        r.update(sampled_accuracy=100.0 * hits / max(total, 1),
-                 sampled_reward=float(np.mean(rewards)))
+        texts = generate(examples, 0.0, 0)
+        sc, reward = score(examples, texts)
+        r = {"accuracy": sc["accuracy"], "solved": sc["solved"], "reward": reward,
+             "n": len(examples), "sample": texts[0]}
+        sampled = [t for k in range(demo.eval.samples)
+                   for t in generate(examples, demo.grpo.temperature, 1000 * (k + 1))]
+        sc, reward = score(examples * demo.eval.samples, sampled)
+        r.update(sampled_accuracy=sc["accuracy"], sampled_reward=reward)
         out[name] = r
     return out
 

@@ -24,6 +24,16 @@ def encode_prompts(tokenizer, texts: Sequence[str], length: int) -> tuple[np.nda
     return ids, mask
 
 
+def uniform_prompt_length(tokenizer, texts: Sequence[str]) -> int:
+    """The token length shared by every prompt text; an error if they differ (callers that
+    train and generate without padding, like the CPU demo, rely on it)."""
+    lengths = {len(t) for t in tokenizer(list(texts), add_special_tokens=False)["input_ids"]}
+    if len(lengths) != 1:
+        raise ValueError(f"prompts tokenize to {min(lengths)}..{max(lengths)} tokens: "
+                         "expected a single length")
+    return lengths.pop()
+
+
 def chat_prompts(tokenizer, task, examples: Sequence[dict]) -> list[str]:
     """d1's prompt text: the task's chat messages through the tokenizer's chat template."""
     return [tokenizer.apply_chat_template(task.build_messages(ex), add_generation_prompt=True,

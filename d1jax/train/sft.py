@@ -25,17 +25,18 @@ from d1jax.train.sft_data import encode_sft, trajectory_examples
 def sft_examples(config) -> list[dict]:
     """(prompt messages, completion text) pairs for the configured SFT data."""
     name = config.task.name
+    pretrain = _pretrain(config)
     if name == "s1k":
         from d1jax.tasks import s1k
         rows = s1k.load_train(config.task.source or None)
     else:  # a generated task: d1's prompt and a solution trajectory (offline stand-in)
         task = tasks_lib.task_from_config(config)
         rows = task.load_train(config.task.source or None)
-        if not _pretrain(config):
+        if not pretrain:
             rows = trajectory_examples(task, rows)
     if config.task.num_train:
         rows = rows[:config.task.num_train]
-    if _pretrain(config):
+    if pretrain:
         from d1jax.train import demo_data
         rows = demo_data.pretraining_documents(task, rows, config.sft.answer_noise, config.seed,
                                               config.sft.format_noise)

@@ -61,12 +61,12 @@ def solution_trajectory(task_name: str, example: dict, grid: str | None = None,
         if not reasoning:
             return f"<answer>\n{sol}\n</answer>"
         rows = [sol[i:i + 4] for i in range(0, 16, 4)]
-        reasoning = f"Rows: {' '.join(rows)}"
+        trace = f"Rows: {' '.join(rows)}"
         answer = sol
     else:
-        reasoning = "Work it out step by step."
+        trace = "Work it out step by step."
         answer = str(example.get("answer", example.get("solution", "")))
-    return f"<reasoning>\n{reasoning}\n</reasoning>\n<answer>\n{answer}\n</answer>"
+    return f"<reasoning>\n{trace}\n</reasoning>\n<answer>\n{answer}\n</answer>"
 
 
 def trajectory_examples(task, examples) -> list[dict]:
