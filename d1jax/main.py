@@ -34,6 +34,11 @@ def maybe_initialize_distributed() -> None:
     import jax
     if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS") == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        # Every process waits for the others' CPU topology (default 2 minutes): on a loaded
+        # machine a slow starter is not a failure.
+        minutes = int(os.environ.get("D1JAX_TOPOLOGY_TIMEOUT_MINUTES", "10"))
+        jax.config.update("jax_cpu_get_local_topology_timeout_minutes", minutes)
+        jax.config.update("jax_cpu_get_global_topology_timeout_minutes", minutes)
     jax.distributed.initialize(coordinator, int(os.environ["D1JAX_NUM_PROCESSES"]),
                                int(os.environ["D1JAX_PROCESS_ID"]))
 

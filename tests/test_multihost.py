@@ -3,6 +3,7 @@ config and save; one process with 8 devices on a different mesh restores and con
 the same numbers as an uninterrupted single-process run."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -30,8 +31,11 @@ def _env(devices: int, **extra) -> dict:
     return env
 
 
-def test_two_processes_then_one_on_another_mesh(tmp_path, shared_d1):
-    wd, ref = tmp_path / "run", tmp_path / "ref"
+_COORDINATION_FLAKE = "GetKeyValue() timed out"
+
+
+def _two_processes(wd: Path) -> tuple[list[int], list[str]]:
+    """Process 0 and 1 run 2 steps on mesh (2, 2, 2), 4 devices each; returns codes, outputs."""
     port = _free_port()
     procs = [subprocess.Popen(
         [sys.executable, "-m", "d1jax.main", *CONFIG, f"--workdir={wd}",
@@ -39,9 +43,20 @@ def test_two_processes_then_one_on_another_mesh(tmp_path, shared_d1):
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=_env(4, D1JAX_COORDINATOR=f"127.0.0.1:{port}", D1JAX_NUM_PROCESSES="2",
                  D1JAX_PROCESS_ID=str(i))) for i in range(2)]
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-4000:]
+    outs = [p.communicate(timeout=900)[0] for p in procs]
+    return [p.returncode for p in procs], outs
+
+
+def test_two_processes_then_one_on_another_mesh(tmp_path, shared_d1):
+    wd, ref = tmp_path / "run", tmp_path / "ref"
+    codes, outs = _two_processes(wd)
+    if codes != [0, 0] and any(_COORDINATION_FLAKE in out for out in outs):
+        # The processes never met (a port taken between _free_port and the bind, or a
+        # starved starter): infrastructure, not the code under test. One fresh try.
+        shutil.rmtree(wd, ignore_errors=True)
+        codes, outs = _two_processes(wd)
+    assert codes == [0, 0], "\n\n".join(f"--- process {i} (exit {c}) ---\n{o[-3000:]}"
+                                         for i, (c, o) in enumerate(zip(codes, outs)))
     assert (wd / "checkpoints" / "2").exists()
     assert [r["step"] for r in read_jsonl(wd / "metrics.jsonl")] == [1, 2]  # process 0 only
 
