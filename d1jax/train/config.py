@@ -195,8 +195,8 @@ def sft(arg: str | None) -> mlc.ConfigDict:
     c.sft.eps = 1e-3  # Lower bound of the mask ratio t ~ U(eps, 1).
     c.sft.tokenize = "joint"  # "joint": template the whole conversation (d1); "split": prompt and completion apart, as generation sees them.
     c.sft.objective = "sft"  # "sft": completion-only loss; "pretrain": whole documents (the demo's base model).
-    c.sft.answer_noise = 0.0  # pretrain: chance each empty cell of a document's answer is wrong.
-    c.sft.format_noise = 0.0  # pretrain: chance a document's answer is untagged rows (unreadable to the reward).
+    c.sft.answer_noise = 0.0  # sudoku, > 0: train on a noisy corpus (demo_data); chance each empty cell of a document's answer is wrong.
+    c.sft.format_noise = 0.0  # sudoku, > 0: noisy corpus; chance a document's answer is untagged rows (unreadable to the reward).
     c.lock()
     return c
 
@@ -257,29 +257,30 @@ def demo(arg: str | None) -> mlc.ConfigDict:
     d.data.num_heldout = 256  # Held-out generated puzzles (evaluation only).
     d.data.num_empty = (6, 10)  # Empty cells per generated puzzle (d1's test set has 8).
     d.pretrain = mlc.ConfigDict()
-    d.pretrain.steps = 300 if ci else 1500  # Optimizer steps of masked-diffusion pretraining.
+    d.pretrain.objective = "sft"  # "sft": masked diffusion on the documents' answers; "pretrain": on whole documents.
+    d.pretrain.steps = 200 if ci else 400  # Optimizer steps of masked-diffusion training on the noisy corpus.
     d.pretrain.batch_size = 32  # Documents per step.
     d.pretrain.learning_rate = 1e-3  # AdamW peak learning rate.
-    d.pretrain.answer_noise = 0.1  # Chance each empty cell of a document's answer is wrong.
-    d.pretrain.format_noise = 0.5  # Chance a document's answer is untagged rows instead of <answer>.
+    d.pretrain.answer_noise = 0.3  # Chance each empty cell of a document's answer is wrong.
+    d.pretrain.format_noise = 0.3  # Chance a document's answer is untagged rows instead of <answer>.
     d.pretrain.save_every = 250  # Checkpoint period.
     d.sft = mlc.ConfigDict()
-    d.sft.steps = 100 if ci else 300  # Optimizer steps of masked SFT on clean trajectories.
+    d.sft.steps = 300  # Optimizer steps of masked SFT on clean trajectories.
     d.sft.batch_size = 32  # Trajectories per step.
-    d.sft.learning_rate = 5e-4  # AdamW learning rate (constant).
+    d.sft.learning_rate = 1e-3  # AdamW learning rate (constant).
     d.sft.save_every = 100  # Checkpoint period.
     d.grpo = mlc.ConfigDict()
-    d.grpo.steps = 40 if ci else 160  # Optimizer steps per diffu-GRPO run.
+    d.grpo.steps = 60 if ci else 160  # Optimizer steps per diffu-GRPO run.
     d.grpo.num_generations = 8  # G.
     d.grpo.prompts_per_step = 4  # Prompts per rollout.
-    d.grpo.num_iterations = 8  # mu.
+    d.grpo.num_iterations = 2  # mu: optimizer steps per rollout (each with a fresh mask seed).
     d.grpo.beta = 0.04  # KL weight (d1).
     d.grpo.temperature = 0.9  # Rollout temperature (d1).
-    d.grpo.learning_rate = 3e-4  # AdamW learning rate.
+    d.grpo.learning_rate = 1e-3  # AdamW learning rate (of the LoRA adapters).
     d.grpo.lora_rank = 16  # LoRA rank (0: full fine-tuning).
     d.grpo.save_every = 40  # Checkpoint period.
     d.eval = mlc.ConfigDict()
-    d.eval.num_examples = 64 if ci else 256  # Puzzles per evaluation set (d1: 256).
+    d.eval.num_examples = 256  # Puzzles per evaluation set (d1: 256).
     d.eval.batch_size = 64  # Prompts per generate call.
     d.eval.samples = 2  # Sampled completions per puzzle (rollout temperature) besides greedy.
     c.lock()

@@ -85,7 +85,7 @@ def pretrain_config(demo: mlc.ConfigDict, data: dict) -> mlc.ConfigDict:
     c.model.random_init = "test-tiny"
     c.model.width = demo.model.width
     c.model.n_layers = demo.model.n_layers
-    c.sft.objective = "pretrain"
+    c.sft.objective = p.objective
     c.sft.answer_noise = p.answer_noise
     c.sft.format_noise = p.format_noise
     return c

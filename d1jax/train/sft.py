@@ -25,18 +25,18 @@ from d1jax.train.sft_data import encode_sft, trajectory_examples
 def sft_examples(config) -> list[dict]:
     """(prompt messages, completion text) pairs for the configured SFT data."""
     name = config.task.name
-    pretrain = _pretrain(config)
+    noisy = _noisy_corpus(config)
     if name == "s1k":
         from d1jax.tasks import s1k
         rows = s1k.load_train(config.task.source or None)
     else:  # a generated task: d1's prompt and a solution trajectory (offline stand-in)
         task = tasks_lib.task_from_config(config)
         rows = task.load_train(config.task.source or None)
-        if not pretrain:
+        if not noisy:
             rows = trajectory_examples(task, rows)
     if config.task.num_train:
         rows = rows[:config.task.num_train]
-    if pretrain:
+    if noisy:
         from d1jax.train import demo_data
         rows = demo_data.pretraining_documents(task, rows, config.sft.answer_noise, config.seed,
                                               config.sft.format_noise)
@@ -51,6 +51,16 @@ def _pretrain(config) -> bool:
         raise config_lib.ConfigError("sft.objective=pretrain builds documents from generated "
                                      f"sudoku puzzles; task.name={config.task.name!r}")
     return objective == "pretrain"
+
+
+def _noisy_corpus(config) -> bool:
+    """Train on ``demo_data`` documents (answers partly wrong / untagged) instead of clean
+    trajectories: always for the pretraining objective, and for SFT when a noise is set."""
+    noisy = _pretrain(config) or config.sft.answer_noise > 0 or config.sft.format_noise > 0
+    if noisy and config.task.name != "sudoku":
+        raise config_lib.ConfigError("sft.answer_noise / format_noise corrupt generated sudoku "
+                                     f"answers; task.name={config.task.name!r}")
+    return noisy
 
 
 def num_steps(config, n_examples: int) -> int:
