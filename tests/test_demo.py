@@ -111,3 +111,21 @@ def test_pretraining_documents_are_noisy_as_configured():
     # The reward reads the tagged answers and gives the untagged ones nothing.
     rewards = task.total_reward([d["completion"] for _, d in untagged], [ex for ex, _ in untagged])
     assert max(rewards) == 0.0
+
+
+def test_sft_noise_switches_choose_the_corpus(tmp_path):
+    from d1jax.train import config as config_lib
+    from d1jax.train import sft
+    rows = sudoku.generate_puzzles(64, seed=5)
+    path = tmp_path / "train.csv"
+    path.write_text("Puzzle,Solution\n" + "".join(f"{r['puzzle']},{r['solution']}\n" for r in rows))
+    c = config_lib.sft("tiny")
+    c.task.name, c.task.source, c.task.prompt, c.task.num_train = "sudoku", str(path), "compact", 0
+    clean = sft.sft_examples(c)
+    assert all(ex["completion"] == f"<answer>\n{r['solution']}\n</answer>"
+               for ex, r in zip(clean, rows))
+    c.sft.format_noise = 1.0  # a noisy corpus under the SFT (answer-only) objective
+    assert all("<answer>" not in ex["completion"] for ex in sft.sft_examples(c))
+    c.task.name = "countdown"
+    with pytest.raises(config_lib.ConfigError, match="format_noise"):
+        sft.sft_examples(c)

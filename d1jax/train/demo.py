@@ -8,8 +8,9 @@ a Hugging Face export in ``<stage>/hf``), so every one can be resumed, evaluated
 
 1. ``data/``: generated 4x4 puzzles (train pool and a held-out set, none of them in d1's
    test set) and a tokenizer trained on their text, saved in the Hugging Face format.
-2. ``base/``: a tiny LLaDA pretrained with the masked-diffusion objective on whole
-   conversations whose answers are partly wrong (``demo_data``): the stand-in base model.
+2. ``base/``: a tiny LLaDA trained from scratch with the masked-diffusion objective on a
+   corpus of puzzle conversations whose answers are partly wrong or untagged (``demo_data``):
+   the stand-in base model.
 3. ``sft/``: masked SFT on clean solution trajectories (d1's stage 1).
 4. ``grpo_base_s{seed}/`` and ``d1_s{seed}/``: diffu-GRPO with the Sudoku reward from the
    base and from the SFT model (d1's stage 2), one run per seed.
