@@ -232,7 +232,7 @@ def eval_config(arg: str | None) -> mlc.ConfigDict:
 def demo(arg: str | None) -> mlc.ConfigDict:
     """The CPU demo (d1jax/train/demo.py): base -> SFT -> diffu-GRPO on 4x4 Sudoku.
 
-    ``arg``: None (the README's run, about 15 minutes on 2 cores) or "ci" (a shortened
+    ``arg``: None (the README's run, about 24 minutes on 2 cores) or "ci" (a shortened
     run for the test suite: one seed, fewer steps, smaller evaluation sets).
     """
     if arg not in (None, "", "ci"):
