@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from d1jax.train import demo_data
+from d1jax.train import demo, demo_data
 from d1jax.tasks import get_task, sudoku
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +118,7 @@ def test_sft_noise_switches_choose_the_corpus(tmp_path):
     from d1jax.train import sft
     rows = sudoku.generate_puzzles(64, seed=5)
     path = tmp_path / "train.csv"
-    path.write_text("Puzzle,Solution\n" + "".join(f"{r['puzzle']},{r['solution']}\n" for r in rows))
+    demo._write_csv(str(path), rows)  # the demo's own train-pool writer
     c = config_lib.sft("tiny")
     c.task.name, c.task.source, c.task.prompt, c.task.num_train = "sudoku", str(path), "compact", 0
     clean = sft.sft_examples(c)

@@ -233,7 +233,7 @@ def demo(arg: str | None) -> mlc.ConfigDict:
     """The CPU demo (d1jax/train/demo.py): base -> SFT -> diffu-GRPO on 4x4 Sudoku.
 
     ``arg``: None (the README's run, about 24 minutes on 2 cores) or "ci" (a shortened
-    run for the test suite: one seed, fewer steps, smaller evaluation sets).
+    run for the test suite: one seed, fewer pretraining and GRPO steps).
     """
     if arg not in (None, "", "ci"):
         raise ConfigError(f"unknown demo variant {arg!r}: use nothing or ':ci'")

@@ -5,9 +5,10 @@ and an answer whose grid is right only in part (each empty cell is replaced by a
 digit with probability ``noise``), written in d1's ``<answer>`` format or, with
 probability ``format_noise``, as four space-separated rows with no tags (``rows_answer``), which neither
 d1's reward nor its evaluation parser can read (text of mixed quality and format, as a
-web corpus would hold). Trained on whole documents with the masked-diffusion objective, this
-gives a base model that knows the format and some Sudoku, and leaves room for SFT on
-clean trajectories (d1's stage 1) and diffu-GRPO (stage 2) to improve it.
+web corpus would hold). Trained on it with the masked-diffusion objective (on the answers,
+``sft.objective="sft"``, as the demo does, or on whole documents, ``"pretrain"``), this gives
+a base model that knows the format and little Sudoku, and leaves room for SFT on clean
+trajectories (d1's stage 1) and diffu-GRPO (stage 2) to improve it.
 """
 
 from __future__ import annotations
