@@ -56,14 +56,18 @@ def test_results_table_plot_and_stage_exports(demo_run):
     wd, stdout = demo_run
     res = json.loads((wd / "results.json").read_text())
     assert res["sets"] == ["heldout", "d1_test"]
-    for kind in ("base", "sft", "grpo_base", "d1"):
+    # The ci variant runs diffu-GRPO from the SFT model only (demo.grpo.starts).
+    assert set(res["rows"]) == {"base", "sft", "d1"}
+    for kind in ("base", "sft", "d1"):
         for s in res["sets"]:
             row = res["rows"][kind][s]
             assert 0.0 <= row["min"] <= row["mean"] <= row["max"] <= 100.0
     table = (wd / "results.md").read_text()
     assert "d1 (SFT + diffu-GRPO)" in table and table.strip() in stdout
+    assert "| +diffu-GRPO |" not in table
     assert (wd / "reward_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for stage in ("base", "sft", "grpo_base_s0", "d1_s0"):
+    assert not (wd / "grpo_base_s0").exists()
+    for stage in ("base", "sft", "d1_s0"):
         hf = wd / stage / "hf"
         assert json.loads((hf / "config.json").read_text())["model_type"] == "llada"
         assert (hf / "model.safetensors").exists() and (hf / "tokenizer.json").exists()
@@ -75,7 +79,7 @@ def test_rerun_resumes_without_recomputing(demo_run):
     before = (wd / "results.json").read_text()
     r = run_main("--config=configs/demo_sudoku.py:ci", f"--workdir={wd}")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("done before, kept") == 4
+    assert r.stdout.count("done before, kept") == 3  # base, SFT, d1_s0
     assert json.loads(before)["rows"] == json.loads((wd / "results.json").read_text())["rows"]
 
 
@@ -90,6 +94,15 @@ def test_eval_cli_scores_the_exported_d1_model(demo_run, tmp_path):
     res = json.loads((wd / "results.json").read_text())
     # Same model, same 256 puzzles of d1's test set, same greedy protocol.
     assert acc == pytest.approx(res["per_run"]["d1_s0"]["d1_test"]["accuracy"], abs=1e-6)
+
+
+def test_bad_grpo_starts_fail_before_any_stage_runs(tmp_path):
+    wd = tmp_path / "wd"
+    r = run_main("--config=configs/demo_sudoku.py:ci", "--config.demo.grpo.starts=('sft', 'rl')",
+                 f"--workdir={wd}")
+    assert r.returncode != 0
+    assert "demo.grpo.starts" in r.stderr and "Traceback" not in r.stderr
+    assert not wd.exists()  # nothing written: no data, no base model
 
 
 def test_pretraining_documents_are_noisy_as_configured():

@@ -115,12 +115,15 @@ def grpo_config(demo: mlc.ConfigDict, data: dict, start: Path,
     c.sampler.block_length = demo.block_length
     c.sampler.steps = demo.gen_length // 2
     c.sampler.temperature = g.temperature
+    c.sampler.kv_cache = g.kv_cache
+    c.sampler.threshold = g.threshold
     c.grpo.num_generations = g.num_generations
     c.grpo.prompts_per_step = g.prompts_per_step
     c.grpo.num_iterations = g.num_iterations
     c.grpo.beta = g.beta
     c.grpo.ref_model_sync_steps = 64
     c.optim.learning_rate = g.learning_rate
+    c.optim.warmup_ratio = g.warmup_ratio
     c.optim.weight_decay = 0.0
     c.train.num_steps = g.steps
     c.train.save_every = g.save_every
@@ -211,7 +214,8 @@ def evaluate_model(demo: mlc.ConfigDict, data: dict, model_dir: Path,
     """Accuracy of one exported model on each evaluation set, two ways.
 
     ``accuracy``: d1's protocol (greedy, steps = gen_length / 2), d1's parser.
-    ``sampled_accuracy`` / ``sampled_reward``: ``demo.eval.samples`` completions per puzzle
+    ``sampled_accuracy`` / ``sampled_reward`` (for the sets in ``demo.eval.sampled_sets``):
+    ``demo.eval.samples`` completions per puzzle
     at the rollout temperature (fixed seeds), scored by the parser and by the GRPO reward:
     the policy GRPO actually trains, measured on puzzles it never saw.
     """
@@ -241,10 +245,11 @@ def evaluate_model(demo: mlc.ConfigDict, data: dict, model_dir: Path,
         sc, reward = score(examples, texts)
         r = {"accuracy": sc["accuracy"], "solved": sc["solved"], "reward": reward,
              "n": len(examples), "sample": texts[0]}
-        sampled = [t for k in range(demo.eval.samples)
-                   for t in generate(examples, demo.grpo.temperature, 1000 * (k + 1))]
-        sc, reward = score(examples * demo.eval.samples, sampled)
-        r.update(sampled_accuracy=sc["accuracy"], sampled_reward=reward)
+        if name in demo.eval.sampled_sets and demo.eval.samples > 0:
+            sampled = [t for k in range(demo.eval.samples)
+                       for t in generate(examples, demo.grpo.temperature, 1000 * (k + 1))]
+            sc, reward = score(examples * demo.eval.samples, sampled)
+            r.update(sampled_accuracy=sc["accuracy"], sampled_reward=reward)
         out[name] = r
     return out
 
@@ -256,6 +261,10 @@ ROWS = (("base", "LLaDA-tiny (base)"), ("sft", "+SFT"), ("grpo_base", "+diffu-GR
 def run(config: mlc.ConfigDict, workdir: str) -> dict:
     """The whole demo; returns the results written to ``results.json``."""
     demo = config.demo
+    starts = tuple(demo.grpo.starts)
+    if not starts or set(starts) - {"base", "sft"}:
+        raise config_lib.ConfigError(f"demo.grpo.starts={starts!r}: a non-empty subset of "
+                                     "('base', 'sft')")
     wd = config_lib.check_workdir(workdir)
     # Every GRPO run (and evaluation) of the demo compiles the same programs: cache them.
     jax.config.update("jax_compilation_cache_dir", str(wd / ".jax_cache"))
@@ -271,6 +280,8 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict:
                                    "grpo_base": [], "d1": []}
     for seed in demo.seeds:
         for kind, start in (("grpo_base", wd / "base"), ("d1", wd / "sft")):
+            if start.name not in starts:
+                continue
             stage_dir = wd / f"{kind}_s{seed}"
             times[stage_dir.name] = _run_stage(
                 f"diffu-GRPO from {start.name}, seed {seed}", grpo.run,
@@ -303,16 +314,19 @@ def summarize(runs: dict[str, list[Path]], evals: dict, set_names: list[str]) ->
     """Mean and spread (std over seeds, and min..max) per row and evaluation set."""
     rows = {}
     for kind, _ in ROWS:
+        if not runs[kind]:  # a GRPO start the config left out
+            continue
         rows[kind] = {}
         for name in set_names:
             vals = [evals[d.name][name]["accuracy"] for d in runs[kind]]
             solved = [evals[d.name][name]["solved"] for d in runs[kind]]
-            sampled = [evals[d.name][name]["sampled_accuracy"] for d in runs[kind]]
             rows[kind][name] = {"mean": float(np.mean(vals)), "std": float(np.std(vals)),
                                 "min": float(np.min(vals)), "max": float(np.max(vals)),
-                                "values": vals, "solved_mean": float(np.mean(solved)),
-                                "sampled_mean": float(np.mean(sampled)),
-                                "sampled_std": float(np.std(sampled)), "sampled_values": sampled}
+                                "values": vals, "solved_mean": float(np.mean(solved))}
+            if "sampled_accuracy" in evals[runs[kind][0].name][name]:
+                sampled = [evals[d.name][name]["sampled_accuracy"] for d in runs[kind]]
+                rows[kind][name].update(sampled_mean=float(np.mean(sampled)),
+                                        sampled_std=float(np.std(sampled)), sampled_values=sampled)
     return {"rows": rows, "sets": set_names, "per_run": evals}
 
 
@@ -321,17 +335,21 @@ _SET_TITLES = {"heldout": "held-out generated", "d1_test": "d1's 4x4 test set"}
 
 def format_table(results: dict) -> str:
     """Mean ± std over seeds (one run for base and SFT); greedy is d1's protocol."""
-    sets = results["sets"]
-    cols = [f"{_SET_TITLES[s]}: {kind}" for s in sets
-            for kind in ("greedy (d1 protocol)", "sampled, T=0.9")]
-    lines = ["| model | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    rows = results["rows"]
+    cols = []  # (set, key of the mean, title)
+    for s in results["sets"]:
+        cols.append((s, "", f"{_SET_TITLES[s]}: greedy (d1 protocol)"))
+        if "sampled_mean" in rows["base"][s]:
+            cols.append((s, "sampled_", f"{_SET_TITLES[s]}: sampled, T=0.9"))
+    lines = ["| model | " + " | ".join(t for *_, t in cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for kind, title in ROWS:
+        if kind not in rows:
+            continue
         cells = []
-        for s in sets:
-            r = results["rows"][kind][s]
+        for s, pre, _ in cols:
+            r = rows[kind][s]
             many = len(r["values"]) > 1
-            cells.append(f"{r['mean']:.1f}" + (f" ± {r['std']:.1f}" if many else ""))
-            cells.append(f"{r['sampled_mean']:.1f}" + (f" ± {r['sampled_std']:.1f}" if many else ""))
+            cells.append(f"{r[pre + 'mean']:.1f}" + (f" ± {r[pre + 'std']:.1f}" if many else ""))
         lines.append(f"| {title} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -347,7 +365,10 @@ def plot_rewards(wd: Path, seeds, out: Path) -> None:
     for kind, color, title in (("grpo_base", "tab:blue", "diffu-GRPO from base"),
                                ("d1", "tab:red", "d1: diffu-GRPO from SFT")):
         for i, seed in enumerate(seeds):
-            rows = [r for r in read_jsonl(wd / f"{kind}_s{seed}" / "metrics.jsonl") if "reward" in r]
+            path = wd / f"{kind}_s{seed}" / "metrics.jsonl"
+            if not path.exists():  # a GRPO start the config left out
+                continue
+            rows = [r for r in read_jsonl(path) if "reward" in r]
             steps = [r["step"] for r in rows]
             ax.plot(steps, _smooth([r["reward"] for r in rows]), color=color, alpha=0.8,
                     label=title if i == 0 else None)
