@@ -232,8 +232,9 @@ def eval_config(arg: str | None) -> mlc.ConfigDict:
 def demo(arg: str | None) -> mlc.ConfigDict:
     """The CPU demo (d1jax/train/demo.py): base -> SFT -> diffu-GRPO on 4x4 Sudoku.
 
-    ``arg``: None (the README's run, about 24 minutes on 2 cores) or "ci" (a shortened
-    run for the test suite: one seed, fewer pretraining and GRPO steps).
+    ``arg``: None (the README's run, about 15 minutes on 2 cores) or "ci" (a shortened
+    run for the test suite: fewer pretraining steps, one 60-step diffu-GRPO run from the SFT
+    model with exact rollouts).
     """
     if arg not in (None, "", "ci"):
         raise ConfigError(f"unknown demo variant {arg!r}: use nothing or ':ci'")
