@@ -80,7 +80,13 @@ def test_rerun_resumes_without_recomputing(demo_run):
     r = run_main("--config=configs/demo_sudoku.py:ci", f"--workdir={wd}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("done before, kept") == 3  # base, SFT, d1_s0
-    assert json.loads(before)["rows"] == json.loads((wd / "results.json").read_text())["rows"]
+    after = json.loads((wd / "results.json").read_text())
+    assert json.loads(before)["rows"] == after["rows"]
+    # The first run's measured stage times survive the rerun, which adds its own wall time.
+    assert after["stage_times_s"] == json.loads(before)["stage_times_s"]
+    assert min(after["stage_times_s"].values()) > 0
+    assert len(after["invocation_wall_times_s"]) == 2
+    assert after["invocation_wall_times_s"][0] == json.loads(before)["wall_time_s"]
 
 
 def test_eval_cli_scores_the_exported_d1_model(demo_run, tmp_path):

@@ -298,8 +298,16 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict:
                 cache.write_text(json.dumps(done, indent=1))
             evals[stage_dir.name] = done[stage_dir.name]
     results = summarize(runs, evals, list(sets))
-    results["wall_time_s"] = time.perf_counter() - t_start
-    results["stage_times_s"] = times
+    results["wall_time_s"] = time.perf_counter() - t_start  # this invocation
+    # A rerun skips finished stages: keep the times measured when they ran, and every
+    # invocation's wall time, instead of overwriting them with zeros.
+    prev_path = wd / "results.json"
+    prev = json.loads(prev_path.read_text()) if prev_path.exists() else {}
+    prev_times = prev.get("stage_times_s", {})
+    results["stage_times_s"] = {k: v if v > 0 else prev_times.get(k, v) for k, v in times.items()}
+    results["invocation_wall_times_s"] = prev.get(
+        "invocation_wall_times_s", [prev["wall_time_s"]] if "wall_time_s" in prev else []) + [
+        results["wall_time_s"]]
     if jax.process_index() == 0:
         (wd / "results.json").write_text(json.dumps(results, indent=2))
         table = format_table(results)
