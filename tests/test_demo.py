@@ -102,12 +102,14 @@ def test_eval_cli_scores_the_exported_d1_model(demo_run, tmp_path):
     assert acc == pytest.approx(res["per_run"]["d1_s0"]["d1_test"]["accuracy"], abs=1e-6)
 
 
-def test_bad_grpo_starts_fail_before_any_stage_runs(tmp_path):
+@pytest.mark.parametrize("flag,field", [
+    ("--config.demo.grpo.starts=('sft', 'rl')", "demo.grpo.starts"),
+    ("--config.demo.eval.sampled_sets=('heldout', 'test')", "demo.eval.sampled_sets")])
+def test_bad_demo_switches_fail_before_any_stage_runs(tmp_path, flag, field):
     wd = tmp_path / "wd"
-    r = run_main("--config=configs/demo_sudoku.py:ci", "--config.demo.grpo.starts=('sft', 'rl')",
-                 f"--workdir={wd}")
+    r = run_main("--config=configs/demo_sudoku.py:ci", flag, f"--workdir={wd}")
     assert r.returncode != 0
-    assert "demo.grpo.starts" in r.stderr and "Traceback" not in r.stderr
+    assert field in r.stderr and "Traceback" not in r.stderr
     assert not wd.exists()  # nothing written: no data, no base model
 
 

@@ -281,7 +281,7 @@ def demo(arg: str | None) -> mlc.ConfigDict:
     d.grpo.learning_rate = 1e-3  # AdamW learning rate (of the LoRA adapters).
     d.grpo.warmup_ratio = 0.0001  # Linear warmup over this fraction of the steps (d1: 0.0001).
     d.grpo.lora_rank = 16  # LoRA rank (0: full fine-tuning).
-    # Rollouts with the fast sampler (issue 8): 1.5x faster GRPO runs; ci keeps the exact one.
+    # Rollouts with the fast sampler (issue 8): GRPO runs ~1.7x faster; ci keeps the exact one.
     d.grpo.kv_cache = "none" if ci else "dual"  # Rollout block KV cache: "none" (exact), "prefix", "dual".
     d.grpo.threshold = 1.0 if ci else 0.9  # Rollout parallel decoding: unmask confidence > tau (>= 1: off).
     d.grpo.save_every = 40  # Checkpoint period.

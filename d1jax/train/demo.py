@@ -265,6 +265,9 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict:
     if not starts or set(starts) - {"base", "sft"}:
         raise config_lib.ConfigError(f"demo.grpo.starts={starts!r}: a non-empty subset of "
                                      "('base', 'sft')")
+    if set(demo.eval.sampled_sets) - {"heldout", "d1_test"}:
+        raise config_lib.ConfigError(f"demo.eval.sampled_sets={tuple(demo.eval.sampled_sets)!r}: "
+                                     "a subset of ('heldout', 'd1_test')")
     wd = config_lib.check_workdir(workdir)
     # Every GRPO run (and evaluation) of the demo compiles the same programs: cache them.
     jax.config.update("jax_compilation_cache_dir", str(wd / ".jax_cache"))
