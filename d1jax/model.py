@@ -180,7 +180,7 @@ class RMSNorm(nn.Module):
 class Proj(nn.Module):
     """A bias-free linear map ``x @ kernel`` with an optional LoRA branch.
 
-    kernel is [in, out] (torch weight transposed). LoRA params ``lora_a`` [in, r] (normal)
+    kernel is [in, out] (torch weight transposed). LoRA params ``lora_a`` [in, r] (he-uniform)
     and ``lora_b`` [r, out] (zeros) exist only when ``lora`` targets this projection.
     """
 
