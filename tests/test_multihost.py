@@ -27,11 +27,21 @@ def _free_port() -> int:
 def _env(devices: int, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("D1JAX_PROCESS")}
     env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-               JAX_PLATFORMS="cpu", **extra)
+               JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", **extra)
     return env
 
 
-_COORDINATION_FLAKE = "GetKeyValue() timed out"
+def _never_trained(wd: Path) -> bool:
+    """True when the two processes failed before finishing step 1 together: they never met
+    (a port taken between _free_port and the bind, or a starter starved on a loaded 2-core
+    machine, which the coordination service reports in several wordings)."""
+    metrics = wd / "metrics.jsonl"
+    return not metrics.exists() or not read_jsonl(metrics)
+
+
+def _report(codes: list[int], outs: list[str]) -> str:
+    return "\n\n".join(f"--- process {i} (exit {c}) ---\n{o[:3000]}\n[...]\n{o[-3000:]}"
+                       for i, (c, o) in enumerate(zip(codes, outs)))
 
 
 def _two_processes(wd: Path) -> tuple[list[int], list[str]]:
@@ -50,13 +60,15 @@ def _two_processes(wd: Path) -> tuple[list[int], list[str]]:
 def test_two_processes_then_one_on_another_mesh(tmp_path, shared_d1):
     wd, ref = tmp_path / "run", tmp_path / "ref"
     codes, outs = _two_processes(wd)
-    if codes != [0, 0] and any(_COORDINATION_FLAKE in out for out in outs):
-        # The processes never met (a port taken between _free_port and the bind, or a
-        # starved starter): infrastructure, not the code under test. One fresh try.
+    if codes != [0, 0] and _never_trained(wd):
+        # Infrastructure, not the code under test: one fresh try on a new port. A failure in
+        # the training itself (after step 1) is never retried, and a second failure counts.
+        first = _report(codes, outs)
         shutil.rmtree(wd, ignore_errors=True)
         codes, outs = _two_processes(wd)
-    assert codes == [0, 0], "\n\n".join(f"--- process {i} (exit {c}) ---\n{o[-3000:]}"
-                                         for i, (c, o) in enumerate(zip(codes, outs)))
+        assert codes == [0, 0], f"failed twice; first try:\n{first}\n\nsecond try:\n" + _report(
+            codes, outs)
+    assert codes == [0, 0], _report(codes, outs)
     assert (wd / "checkpoints" / "2").exists()
     assert [r["step"] for r in read_jsonl(wd / "metrics.jsonl")] == [1, 2]  # process 0 only
 
