@@ -104,6 +104,7 @@ def test_eval_cli_scores_the_exported_d1_model(demo_run, tmp_path):
 
 @pytest.mark.parametrize("flag,field", [
     ("--config.demo.grpo.starts=('sft', 'rl')", "demo.grpo.starts"),
+    ("--config.demo.grpo.kv_cache=dual2", "demo.grpo.kv_cache='dual2'"),
     ("--config.demo.eval.sampled_sets=('heldout', 'test')", "demo.eval.sampled_sets")])
 def test_bad_demo_switches_fail_before_any_stage_runs(tmp_path, flag, field):
     wd = tmp_path / "wd"
@@ -150,3 +151,19 @@ def test_sft_noise_switches_choose_the_corpus(tmp_path):
     c.task.name = "countdown"
     with pytest.raises(config_lib.ConfigError, match="format_noise"):
         sft.sft_examples(c)
+
+
+def test_eval_cache_is_reused_only_with_the_same_settings(tmp_path):
+    path, logs = tmp_path / "eval_cache.json", []
+    settings = {"sets": ["d1_test", "heldout"], "sampled_sets": ["heldout"], "samples": 2}
+    assert demo.load_eval_cache(path, settings, logs.append) == {"settings": settings,
+                                                                  "models": {}}
+    path.write_text(json.dumps({"settings": settings, "models": {"sft": {"heldout": {}}}}))
+    assert demo.load_eval_cache(path, dict(settings), logs.append)["models"] == {
+        "sft": {"heldout": {}}}
+    assert logs == []
+    other = {**settings, "sampled_sets": ["d1_test", "heldout"]}
+    assert demo.load_eval_cache(path, other, logs.append) == {"settings": other, "models": {}}
+    path.write_text(json.dumps({"sft": {"heldout": {}}}))  # the layout before settings
+    assert demo.load_eval_cache(path, settings, logs.append)["models"] == {}
+    assert len(logs) == 2 and "other evaluation settings" in logs[0]

@@ -126,10 +126,24 @@ def validate(c: mlc.ConfigDict) -> None:
                               f"{nblocks} blocks (gen_length / block_length)")
         if s.remasking not in ("low_confidence", "random"):
             raise ConfigError(f"sampler.remasking={s.remasking!r}: low_confidence or random")
+        check_sampler("sampler.", gen_length=s.gen_length, block_length=s.block_length,
+                      steps=s.steps, temperature=s.temperature, cfg_scale=s.cfg_scale,
+                      remasking=s.remasking, kv_cache=s.get("kv_cache", "none"),
+                      threshold=s.get("threshold", 1.0))
     if "sft" in c and c.sft.get("tokenize", "joint") not in ("joint", "split"):
         raise ConfigError(f"sft.tokenize={c.sft.tokenize!r}: joint or split")
     if c.optim.learning_rate <= 0:
         raise ConfigError(f"optim.learning_rate={c.optim.learning_rate} must be positive")
+
+
+def check_sampler(prefix: str, **fields) -> None:
+    """Runs the sampler's own checks (``SamplerConfig``) before any model is loaded; a bad
+    field becomes one ConfigError naming it as ``prefix + field``."""
+    from d1jax import sampler  # heavy (jax): only when a config is validated
+    try:
+        sampler.SamplerConfig(**fields)
+    except ValueError as e:
+        raise ConfigError(f"{prefix}{e}") from None
 
 
 def check_workdir(workdir: str) -> Path:

@@ -185,10 +185,11 @@ def _finished(stage_dir: Path) -> bool:
     return (stage_dir / "hf" / "d1jax_export.json").exists()
 
 
-def _run_stage(name: str, fn, cfg, stage_dir: Path, log) -> float:
+def _run_stage(name: str, fn, cfg, stage_dir: Path, log) -> float | None:
+    """Runs one stage unless its export exists; returns its wall time, None when skipped."""
     if _finished(stage_dir):
         log(f"[demo] {name}: done before, kept ({stage_dir})")
-        return 0.0
+        return None
     t0 = time.perf_counter()
     log(f"[demo] {name} -> {stage_dir}")
     fn(cfg, str(stage_dir))
@@ -254,6 +255,17 @@ def evaluate_model(demo: mlc.ConfigDict, data: dict, model_dir: Path,
     return out
 
 
+def load_eval_cache(path: Path, settings: dict, log) -> dict:
+    """``{"settings": ..., "models": {stage: evaluation}}`` from ``path`` when it was made with
+    exactly ``settings``; otherwise (absent, older layout, other settings) an empty cache."""
+    cached = json.loads(path.read_text()) if path.exists() else {}
+    if cached.get("settings") == settings:
+        return cached
+    if cached:
+        log(f"[demo] {path.name} was made with other evaluation settings: re-evaluating")
+    return {"settings": settings, "models": {}}
+
+
 ROWS = (("base", "LLaDA-tiny (base)"), ("sft", "+SFT"), ("grpo_base", "+diffu-GRPO"),
         ("d1", "d1 (SFT + diffu-GRPO)"))
 
@@ -268,6 +280,11 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict:
     if set(demo.eval.sampled_sets) - {"heldout", "d1_test"}:
         raise config_lib.ConfigError(f"demo.eval.sampled_sets={tuple(demo.eval.sampled_sets)!r}: "
                                      "a subset of ('heldout', 'd1_test')")
+    g = demo.grpo  # the rollout sampler's fields, checked by the sampler itself
+    config_lib.check_sampler("demo.grpo.", gen_length=demo.gen_length,
+                             block_length=demo.block_length, steps=demo.gen_length // 2,
+                             temperature=g.temperature, kv_cache=g.kv_cache,
+                             threshold=g.threshold)
     wd = config_lib.check_workdir(workdir)
     # Every GRPO run (and evaluation) of the demo compiles the same programs: cache them.
     jax.config.update("jax_compilation_cache_dir", str(wd / ".jax_cache"))
@@ -292,13 +309,19 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict:
             runs[kind].append(stage_dir)
     sets = eval_sets(demo, data)
     evals = {}
+    # Evaluations are cached per model, valid only for the settings that produced them.
     cache = wd / "eval_cache.json"
-    done = json.loads(cache.read_text()) if cache.exists() else {}
+    settings = {"sets": sorted(sets), "sampled_sets": sorted(demo.eval.sampled_sets),
+                "samples": demo.eval.samples, "num_examples": demo.eval.num_examples,
+                "temperature": demo.grpo.temperature, "gen_length": demo.gen_length,
+                "block_length": demo.block_length}
+    cached = load_eval_cache(cache, settings, log)
+    done = cached["models"]
     for kind, dirs in runs.items():
         for stage_dir in dirs:
             if stage_dir.name not in done:
                 done[stage_dir.name] = evaluate_model(demo, data, stage_dir / "hf", sets)
-                cache.write_text(json.dumps(done, indent=1))
+                cache.write_text(json.dumps(cached, indent=1))
             evals[stage_dir.name] = done[stage_dir.name]
     results = summarize(runs, evals, list(sets))
     results["wall_time_s"] = time.perf_counter() - t_start  # this invocation
@@ -307,7 +330,8 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict:
     prev_path = wd / "results.json"
     prev = json.loads(prev_path.read_text()) if prev_path.exists() else {}
     prev_times = prev.get("stage_times_s", {})
-    results["stage_times_s"] = {k: v if v > 0 else prev_times.get(k, v) for k, v in times.items()}
+    results["stage_times_s"] = {k: v if v is not None else prev_times.get(k)
+                                for k, v in times.items()}
     results["invocation_wall_times_s"] = prev.get(
         "invocation_wall_times_s", [prev["wall_time_s"]] if "wall_time_s" in prev else []) + [
         results["wall_time_s"]]
