@@ -42,9 +42,10 @@ class OptimConfig:
 
     @classmethod
     def from_config(cls, optim: Any, total_steps: int) -> "OptimConfig":
-        """From a config block with learning_rate, b1, b2, weight_decay, max_grad_norm and
-        warmup_ratio (HF: warmup steps = ceil(ratio x total steps))."""
+        """From a config block with learning_rate, b1, b2, (eps,) weight_decay, max_grad_norm
+        and warmup_ratio (HF: warmup steps = ceil(ratio x total steps))."""
         return cls(learning_rate=optim.learning_rate, b1=optim.b1, b2=optim.b2,
+                   eps=optim.get("eps", cls.eps),
                    weight_decay=optim.weight_decay, max_grad_norm=optim.max_grad_norm,
                    warmup_steps=math.ceil(optim.warmup_ratio * total_steps))
 

@@ -121,8 +121,10 @@ def grpo_config(demo: mlc.ConfigDict, data: dict, start: Path,
     c.grpo.prompts_per_step = g.prompts_per_step
     c.grpo.num_iterations = g.num_iterations
     c.grpo.beta = g.beta
+    c.grpo.p_mask_prompt = g.p_mask_prompt
     c.grpo.ref_model_sync_steps = 64
     c.optim.learning_rate = g.learning_rate
+    c.optim.eps = g.adam_eps
     c.optim.warmup_ratio = g.warmup_ratio
     c.optim.weight_decay = 0.0
     c.train.num_steps = g.steps
