@@ -46,9 +46,10 @@ def test_diffu_grpo_raises_heldout_reward_over_its_starting_checkpoint(demo_run)
     per_run = json.loads((wd / "results.json").read_text())["per_run"]
     # Mean Sudoku reward of the sampled policy (2 completions at T=0.9 for each of 256
     # held-out puzzles that no stage trained on), before and after diffu-GRPO from the SFT
-    # model (d1's recipe). From the base model the gain is small (README), not asserted.
+    # model (d1's recipe). The margin, 0.01, is about one standard error of that mean: the
+    # measured gain (0.455 -> 0.482) is 2.5 of them. The ci run skips GRPO from the base (time).
     before = per_run["sft"]["heldout"]["sampled_reward"]
-    after = per_run["d1_s0"]["heldout"]["sampled_reward"]
+    after = per_run["d1_s1"]["heldout"]["sampled_reward"]
     assert after > before + 0.01, (before, after)
 
 
@@ -66,8 +67,8 @@ def test_results_table_plot_and_stage_exports(demo_run):
     assert "d1 (SFT + diffu-GRPO)" in table and table.strip() in stdout
     assert "| +diffu-GRPO |" not in table
     assert (wd / "reward_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert not (wd / "grpo_base_s0").exists()
-    for stage in ("base", "sft", "d1_s0"):
+    assert not (wd / "grpo_base_s1").exists()
+    for stage in ("base", "sft", "d1_s1"):
         hf = wd / stage / "hf"
         assert json.loads((hf / "config.json").read_text())["model_type"] == "llada"
         assert (hf / "model.safetensors").exists() and (hf / "tokenizer.json").exists()
@@ -79,7 +80,7 @@ def test_rerun_resumes_without_recomputing(demo_run):
     before = (wd / "results.json").read_text()
     r = run_main("--config=configs/demo_sudoku.py:ci", f"--workdir={wd}")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("done before, kept") == 3  # base, SFT, d1_s0
+    assert r.stdout.count("done before, kept") == 3  # base, SFT, d1_s1
     after = json.loads((wd / "results.json").read_text())
     assert json.loads(before)["rows"] == after["rows"]
     # The first run's measured stage times survive the rerun, which adds its own wall time.
@@ -92,14 +93,14 @@ def test_rerun_resumes_without_recomputing(demo_run):
 def test_eval_cli_scores_the_exported_d1_model(demo_run, tmp_path):
     wd, _ = demo_run
     r = run_main("--config=configs/eval.py:sudoku-tiny", "--config.task.prompt=compact",
-                 f"--config.model.path={wd / 'd1_s0' / 'hf'}", "--config.eval.num_examples=256",
+                 f"--config.model.path={wd / 'd1_s1' / 'hf'}", "--config.eval.num_examples=256",
                  "--config.eval.block_length=32", "--config.eval.batch_size=64",
                  f"--workdir={tmp_path}", module="d1jax.eval")
     assert r.returncode == 0, r.stderr[-3000:]
     acc = json.loads((tmp_path / "accuracy.json").read_text())["32"]["accuracy"]
     res = json.loads((wd / "results.json").read_text())
     # Same model, same 256 puzzles of d1's test set, same greedy protocol.
-    assert acc == pytest.approx(res["per_run"]["d1_s0"]["d1_test"]["accuracy"], abs=1e-6)
+    assert acc == pytest.approx(res["per_run"]["d1_s1"]["d1_test"]["accuracy"], abs=1e-6)
 
 
 @pytest.mark.parametrize("flag,field", [

@@ -341,7 +341,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict:
         (wd / "results.json").write_text(json.dumps(results, indent=2))
         table = format_table(results)
         (wd / "results.md").write_text(table + "\n")
-        plot_rewards(wd, demo.seeds, wd / "reward_curves.png")
+        plot_rewards(wd, demo.seeds, wd / "reward_curves.png", evals)
         log(table)
         log(f"[demo] wall time {results['wall_time_s']:.0f} s; workdir {wd}")
     return results
@@ -391,29 +391,51 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_rewards(wd: Path, seeds, out: Path) -> None:
-    """Mean rollout reward per optimizer step of every GRPO run (one line per seed)."""
+def plot_rewards(wd: Path, seeds, out: Path, evals: dict | None = None) -> None:
+    """Left: mean rollout reward per optimizer step of every GRPO run (one line per seed,
+    running mean over 40 steps, from step 11). Right (with ``evals``): held-out greedy cell accuracy of each
+    starting model and of every GRPO run started from it."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from d1jax.metrics import read_jsonl
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for kind, color, title in (("grpo_base", "tab:blue", "diffu-GRPO from base"),
-                               ("d1", "tab:red", "d1: diffu-GRPO from SFT")):
+    kinds = (("grpo_base", "base", "tab:blue", "diffu-GRPO from base"),
+             ("d1", "sft", "tab:red", "d1: diffu-GRPO from SFT"))
+    fig, axes = plt.subplots(1, 2 if evals else 1, figsize=(11 if evals else 7, 4),
+                             squeeze=False, gridspec_kw={"width_ratios": [2, 1]} if evals else None)
+    ax = axes[0, 0]
+    for kind, _, color, title in kinds:
         for i, seed in enumerate(seeds):
             path = wd / f"{kind}_s{seed}" / "metrics.jsonl"
             if not path.exists():  # a GRPO start the config left out
                 continue
             rows = [r for r in read_jsonl(path) if "reward" in r]
             steps = [r["step"] for r in rows]
-            ax.plot(steps, _smooth([r["reward"] for r in rows]), color=color, alpha=0.8,
-                    label=title if i == 0 else None)
+            smooth = _smooth([r["reward"] for r in rows], 40)
+            smooth[:10] = np.nan  # a mean of a few rollouts: not drawn
+            ax.plot(steps, smooth, color=color, alpha=0.8, label=title if i == 0 else None)
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("mean rollout reward (smoothed)")
-    ax.set_title("4x4 Sudoku, tiny LLaDA on CPU: reward during diffu-GRPO")
+    ax.set_ylabel("rollout reward (running mean, 40 steps)")
+    ax.set_title("reward on training prompts during diffu-GRPO")
     ax.grid(alpha=0.3)
     ax.legend()
+    if evals:
+        ax = axes[0, 1]
+        for x, (kind, start, color, _) in enumerate(kinds):
+            runs = [evals[f"{kind}_s{seed}"]["heldout"]["accuracy"] for seed in seeds
+                    if f"{kind}_s{seed}" in evals]
+            if start not in evals or not runs:
+                continue
+            before = evals[start]["heldout"]["accuracy"]
+            ax.plot([2 * x, 2 * x + 1], [before, np.mean(runs)], color=color, lw=2)
+            ax.scatter([2 * x] * 1, [before], color=color, marker="s", zorder=3)
+            ax.scatter([2 * x + 1] * len(runs), runs, color=color, zorder=3)
+        ax.set_xticks(range(4), ["base", "+GRPO", "SFT", "d1"])
+        ax.set_ylabel("held-out greedy cell accuracy %")
+        ax.set_title("before / after diffu-GRPO (dots: seeds)")
+        ax.grid(alpha=0.3)
+    fig.suptitle("4x4 Sudoku, tiny LLaDA on CPU")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
