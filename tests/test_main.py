@@ -24,3 +24,24 @@ def test_forward_demo_runs(tmp_path):
 def test_unknown_config_key_fails_clearly(tmp_path):
     r = run_main("--config=configs/forward_demo.py", f"--workdir={tmp_path}", "--config.nope=1")
     assert r.returncode != 0 and "nope" in r.stderr
+
+
+def test_workdir_check_is_safe_when_every_process_runs_it_at_once(tmp_path):
+    """Each process of a multi-host run checks the shared workdir at the same moment; one
+    process's probe must never be deleted by another's (that race aborted a 2-process run)."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        errors = pool.map(_check_workdir_many, [str(tmp_path)] * 4)
+    assert errors == [None] * 4
+    assert list(tmp_path.iterdir()) == []  # no probe left behind
+
+
+def _check_workdir_many(path: str) -> str | None:
+    from d1jax.train.config import ConfigError, check_workdir
+    try:
+        for _ in range(300):
+            check_workdir(path)
+    except ConfigError as e:
+        return str(e)
+    return None

@@ -9,6 +9,7 @@ on the task's text, so the same code runs on a laptop CPU in about a minute.
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import ml_collections as mlc
@@ -148,11 +149,15 @@ def check_sampler(prefix: str, **fields) -> None:
 
 
 def check_workdir(workdir: str) -> Path:
-    """Creates the workdir and checks it is writable (before any compute)."""
+    """Creates the workdir and checks it is writable (before any compute).
+
+    Every process of a multi-host run checks the same workdir at the same time: each writes
+    its own probe, so no process deletes another's.
+    """
     path = Path(workdir).expanduser()
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write_probe"
+        probe = path / f".write_probe.{socket.gethostname()}.{os.getpid()}"
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:
