@@ -393,8 +393,8 @@ def format_table(results: dict) -> str:
 
 def plot_rewards(wd: Path, seeds, out: Path, evals: dict | None = None) -> None:
     """Left: mean rollout reward per optimizer step of every GRPO run (one line per seed,
-    running mean over 40 steps, from step 11). Right (with ``evals``): held-out greedy cell accuracy of each
-    starting model and of every GRPO run started from it."""
+    running mean over 40 steps, drawn from step 11). Right (with ``evals``): held-out greedy
+    cell accuracy of each starting model and of every GRPO run started from it."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -429,7 +429,7 @@ def plot_rewards(wd: Path, seeds, out: Path, evals: dict | None = None) -> None:
                 continue
             before = evals[start]["heldout"]["accuracy"]
             ax.plot([2 * x, 2 * x + 1], [before, np.mean(runs)], color=color, lw=2)
-            ax.scatter([2 * x] * 1, [before], color=color, marker="s", zorder=3)
+            ax.scatter([2 * x], [before], color=color, marker="s", zorder=3)
             ax.scatter([2 * x + 1] * len(runs), runs, color=color, zorder=3)
         ax.set_xticks(range(4), ["base", "+GRPO", "SFT", "d1"])
         ax.set_ylabel("held-out greedy cell accuracy %")
