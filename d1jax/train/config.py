@@ -126,8 +126,6 @@ def validate(c: mlc.ConfigDict) -> None:
         if s.steps % nblocks:
             raise ConfigError(f"sampler.steps={s.steps} is not a multiple of the "
                               f"{nblocks} blocks (gen_length / block_length)")
-        if s.remasking not in ("low_confidence", "random"):
-            raise ConfigError(f"sampler.remasking={s.remasking!r}: low_confidence or random")
         check_sampler("sampler.", gen_length=s.gen_length, block_length=s.block_length,
                       steps=s.steps, temperature=s.temperature, cfg_scale=s.cfg_scale,
                       remasking=s.remasking, kv_cache=s.get("kv_cache", "none"),
@@ -252,7 +250,7 @@ def eval_config(arg: str | None) -> mlc.ConfigDict:
 def demo(arg: str | None) -> mlc.ConfigDict:
     """The CPU demo (d1jax/train/demo.py): base -> SFT -> diffu-GRPO on 4x4 Sudoku.
 
-    ``arg``: None (the README's run, about 15 minutes on 2 cores) or "ci" (a shortened
+    ``arg``: None (the README's run, about 13 minutes on 2 cores) or "ci" (a shortened
     run for the test suite: fewer pretraining steps, one 60-step diffu-GRPO run from the SFT
     model with exact rollouts).
     """
