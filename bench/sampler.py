@@ -47,6 +47,7 @@ MODES = {  # name -> SamplerConfig overrides
     "dual_cache": dict(kv_cache="dual"),
     "prefix_cache+parallel": dict(kv_cache="prefix", threshold=0.9),
     "dual_cache+parallel": dict(kv_cache="dual", threshold=0.9),
+    "dual_cache_masked+parallel": dict(kv_cache="dual", recompute="masked", threshold=0.9),
 }
 
 
@@ -66,8 +67,12 @@ def flops_per_token(c, cfg: smp.SamplerConfig, prompt_len: int, block_steps) -> 
         if cfg.kv_cache == "none":
             out += n * full
             continue
-        q = blk if cfg.kv_cache == "dual" else total - (prompt_len + b * blk)
-        out += full + (n - 1) * forward_flops(c, q, total, blk)
+        q = [blk if cfg.kv_cache == "dual" else total - (prompt_len + b * blk)] * n
+        if cfg.recompute == "masked":  # the static width of each step's recomputed set
+            rw, rsizes = smp.recompute_sizes(cfg)
+            q = [rsizes[w] for w in rw]
+        which, sizes = smp.head_sizes(cfg)  # cached steps: head on the masked positions
+        out += full + sum(forward_flops(c, q[i], total, sizes[which[i]]) for i in range(1, n))
     return out / cfg.gen_length
 
 

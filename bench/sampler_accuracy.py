@@ -58,18 +58,26 @@ def load(model_dir: str, dtype: str = "float32") -> Setup:
     return Setup(mesh, rules, tok, model, mcfg, params, special_ids(tok))
 
 
-def variants(taus) -> dict[str, tuple[str, float]]:
-    """Variant name -> (kv_cache, threshold)."""
-    out = {"exact": ("none", 1.0), "prefix": ("prefix", 1.0), "dual": ("dual", 1.0)}
+KV_MODES = {"none": ("none", "block"), "prefix": ("prefix", "block"), "dual": ("dual", "block"),
+            "dual_masked": ("dual", "masked")}  # name -> (kv_cache, recompute)
+
+
+def variants(taus, refreshes=()) -> dict[str, tuple[str, str, float, int]]:
+    """Variant name -> (kv_cache, recompute, threshold, cache_refresh)."""
+    out = {"exact": ("none", "block", 1.0, 0)}
+    out.update({kv: (*KV_MODES[kv], 1.0, 0) for kv in ("prefix", "dual", "dual_masked")})
     for tau in taus:
-        out.update({f"{kv}+tau{tau:g}": (kv, tau) for kv in ("none", "prefix", "dual")})
+        out.update({f"{kv}+tau{tau:g}": (*KV_MODES[kv], tau, 0) for kv in KV_MODES})
+    for r in refreshes:
+        out[f"dual+refresh{r}"] = ("dual", "block", 1.0, r)
+        out.update({f"dual+tau{tau:g}+refresh{r}": ("dual", "block", tau, r) for tau in taus})
     return out
 
 
 def run(model_dir: str, puzzles: str, num: int = 256, gen_length: int = 32,
         block_length: int = 32, steps: int | None = None, batch_size: int = 64,
         taus=(0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99), repeats: int = 3,
-        dtype: str = "float32", s: Setup | None = None) -> dict:
+        dtype: str = "float32", s: Setup | None = None, refreshes=()) -> dict:
     """The benchmark's result (see the module docstring); ``s``: an already loaded model."""
     s = s or load(model_dir, dtype)
     task = tasks.get_task("sudoku", prompt="compact")
@@ -84,8 +92,8 @@ def run(model_dir: str, puzzles: str, num: int = 256, gen_length: int = 32,
     cfgs = {name: smp.SamplerConfig(
         gen_length=gen_length, block_length=block_length, steps=steps or gen_length // 2,
         temperature=0.0, remasking="low_confidence", mask_id=s.model_config.mask_token_id,
-        eos_id=s.ids["eos"], kv_cache=kv, threshold=tau)
-        for name, (kv, tau) in variants(taus).items()}
+        eos_id=s.ids["eos"], kv_cache=kv, recompute=rc, threshold=tau, cache_refresh=r)
+        for name, (kv, rc, tau, r) in variants(taus, refreshes).items()}
     with sharding.activate(s.mesh, s.rules):
         compiled = {m: compile_mode(fns, s.params, batches[0], cfg) for m, cfg in cfgs.items()}
         times, outs = {m: [] for m in cfgs}, {}
@@ -100,7 +108,8 @@ def run(model_dir: str, puzzles: str, num: int = 256, gen_length: int = 32,
         steps_run = np.stack([np.asarray(o.block_steps) for o in outs[m]])  # [batches, blocks]
         completions = s.tokenizer.batch_decode(comp, skip_special_tokens=False)
         sc = score_records(task, [task.record(ex, t) for ex, t in zip(examples, completions)])
-        rows[m] = {"kv_cache": cfg.kv_cache, "threshold": cfg.threshold,
+        rows[m] = {"kv_cache": cfg.kv_cache, "recompute": cfg.recompute, "threshold": cfg.threshold,
+                   "cache_refresh": cfg.cache_refresh,
                    "accuracy": sc["accuracy"], "solved": sc["solved"],
                    "tokens_per_s": n * gen_length / min(times[m]),
                    "tokens_per_s_median": n * gen_length / statistics.median(times[m]),
@@ -130,11 +139,15 @@ def plot(result: dict, path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     rows = result["variants"]
-    for kv in ("none", "prefix", "dual"):
+    key = lambda r: (r["kv_cache"], r.get("recompute", "block"), r.get("cache_refresh", 0))
+    lines = sorted({key(r) for r in rows.values()},
+                   key=lambda k: (("none", "prefix", "dual").index(k[0]), k[1], k[2]))
+    for kv, recompute, refresh in lines:
         pts = sorted({(r["threshold"], r["tokens_per_s"], r["accuracy"])  # tau 1: no parallel
-                      for r in rows.values() if r["kv_cache"] == kv})
-        line, = ax.plot([p[1] for p in pts], [p[2] for p in pts], "o-", alpha=0.8,
-                        label=f"{kv} cache")
+                      for r in rows.values() if key(r) == (kv, recompute, refresh)})
+        label = (f"{kv} cache" + (", recompute masked" if recompute == "masked" else "")
+                 + (f", refresh every {refresh} tokens" if refresh else ""))
+        line, = ax.plot([p[1] for p in pts], [p[2] for p in pts], "o-", alpha=0.8, label=label)
         for tau, x, y in pts:
             ax.annotate(f"{tau:g}", (x, y), textcoords="offset points", xytext=(4, 4),
                         fontsize=7, color=line.get_color())
@@ -161,6 +174,9 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=None, help="default gen_length // 2")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--taus", default="0.5,0.6,0.7,0.8,0.9,0.95,0.99")
+    p.add_argument("--refresh", default="",
+                   help="comma-separated cache_refresh values: adds dual (+ each tau) variants "
+                        "that refresh the cache after that many decoded tokens")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument("--png", help="write the accuracy-vs-speed plot here")
@@ -168,7 +184,8 @@ def main(argv=None) -> dict:
     a = p.parse_args(argv)
     result = {"load_average_1m_at_start": round(os.getloadavg()[0], 2),
               **run(a.model_dir, a.puzzles, a.num, a.gen_length, a.block_length, a.steps,
-                    a.batch_size, [float(t) for t in a.taus.split(",")], a.repeats, a.dtype),
+                    a.batch_size, [float(t) for t in a.taus.split(",")], a.repeats, a.dtype,
+                    refreshes=[int(r) for r in a.refresh.split(",") if r]),
               "load_average_1m": round(os.getloadavg()[0], 2)}
     text = json.dumps(result, indent=1)
     print(text)

@@ -76,7 +76,8 @@ def evaluate(config, s, task, examples, workdir: Path) -> dict:
         scfg = smp.SamplerConfig(
             gen_length=gl, block_length=e.block_length, steps=steps, temperature=e.temperature,
             mask_id=s.model_config.mask_token_id, use_attention_mask=e.use_attention_mask,
-            eos_id=s.ids["eos"], kv_cache=e.kv_cache, threshold=e.threshold)
+            eos_id=s.ids["eos"], kv_cache=e.kv_cache, threshold=e.threshold,
+            recompute=e.get("recompute", "block"), cache_refresh=e.get("cache_refresh", 0))
         t0 = time.perf_counter()
         texts = generate_texts(s, task, examples, scfg, e.batch_size, plen, config.seed)
         wall = time.perf_counter() - t0

@@ -375,26 +375,50 @@ class LLaDA(nn.Module):
         ``cache`` (from ``prefill``) at every other position. attention_mask is [B, L] over
         the whole sequence. With a cache of the same sequence this equals ``__call__``.
         """
-        h, _ = self._cached_stack(self.wte(slice_ids), slice_start, attention_mask, cache,
-                                  use_lora)
+        h = self.decode_hidden(slice_ids, cache, slice_start, attention_mask, use_lora=use_lora)
         return self.logits(h if head_len is None else h[:, :head_len])
 
+    def decode_hidden(self, slice_ids: Array, cache: "KVCache", slice_start: Array | int,
+                      attention_mask: Array | None = None, *, use_lora: bool = True) -> Array:
+        """``decode_slice`` before the output head: final-norm hidden states [B, Q, D]
+        (``logits`` maps any subset of them, e.g. only the positions still masked)."""
+        h, _ = self._cached_stack(self.wte(slice_ids), slice_start, attention_mask, cache,
+                                  use_lora)
+        return h
+
+    def decode_at(self, ids: Array, idx: Array, cache: "KVCache", window: "KVCache",
+                  window_start: Array | int, attention_mask: Array | None = None, *,
+                  use_lora: bool = True) -> tuple[Array, "KVCache"]:
+        """Recomputes some positions of a window whose keys/values are kept apart.
+
+        The window covers positions window_start:+W; ``window`` holds its keys/values
+        ([n_layers, B, W, K, H], e.g. the block's slice of ``prefill``'s cache, updated
+        step by step). Positions ``window_start + idx`` (``idx`` [B, Q] distinct within a
+        row) hold tokens ``ids``; their fresh keys/values replace the window's at ``idx``,
+        and they attend to the updated window and to ``cache`` outside it. Rows with
+        ``idx >= W`` are padding: computed, never written (their outputs are meaningless).
+        Returns (final-norm hidden [B, Q, D], the updated window).
+        """
+        return self._cached_stack(self.wte(ids), window_start, attention_mask, cache, use_lora,
+                                  window=window, idx=idx)
+
     def _cached_stack(self, x_bqd: Array, q_start: Array | int, key_mask_bl: Array | None,
-                      cache: "KVCache | None", use_lora: bool) -> tuple[Array, "KVCache"]:
-        """Runs the layers (params of ``blocks``) on positions q_start:+Q; final-norm hidden."""
+                      cache: "KVCache | None", use_lora: bool, window: "KVCache | None" = None,
+                      idx: Array | None = None) -> tuple[Array, "KVCache"]:
+        """Runs the layers (params of ``blocks``) on positions q_start:+Q, or on
+        q_start + idx of a ``window``; final-norm hidden and the keys/values it returns."""
         c = self.config
         b, q = x_bqd.shape[:2]
-        rope = rope_tables(jnp.broadcast_to(q_start + jnp.arange(q), (b, q)), c.head_dim,
-                           c.rope_theta)
+        pos = q_start + (jnp.broadcast_to(jnp.arange(q), (b, q)) if idx is None else idx)
+        rope = rope_tables(pos, c.head_dim, c.rope_theta)
         block = CachedBlock(c, self.dtype, self.param_dtype, self.lora, parent=None)
 
         def layer(x, xs):
-            params, k_cache, v_cache = xs
-            return block.apply({"params": params}, x, rope, key_mask_bl, k_cache, v_cache,
-                               q_start, use_lora)
+            params, kv, win = xs
+            return block.apply({"params": params}, x, rope, key_mask_bl, kv, q_start, use_lora,
+                               win, idx)
 
-        kv = (None, None) if cache is None else (cache.k, cache.v)
-        x, (k, v) = jax.lax.scan(layer, x_bqd, (self.variables["params"]["blocks"], *kv))
+        x, (k, v) = jax.lax.scan(layer, x_bqd, (self.variables["params"]["blocks"], cache, window))
         return self.ln_f(x), KVCache(k, v)
 
 
@@ -441,18 +465,51 @@ class KVCache(NamedTuple):
     v: Array
 
 
+def attend_two_part(q_bqnh: Array, k1_blkh: Array, v1_blkh: Array, mask1_bl: Array,
+                    k2_bskh: Array, v2_bskh: Array, mask2_bs: Array | None,
+                    scale: float) -> Array:
+    """Softmax attention over two key sets at once, as if concatenated: [B, Q, N, H].
+
+    Lets cached steps attend to a big cache (its stale part masked out by ``mask1``) and to
+    fresh keys/values without writing them into a copy of the cache. Scores and the
+    softmax in float32; grouped-query heads (N a multiple of K).
+    """
+    b, q, n, h = q_bqnh.shape
+    k = k1_blkh.shape[2]
+    qg = q_bqnh.reshape(b, q, k, n // k, h)
+    f32 = jnp.float32
+    s1 = jnp.einsum("bqkgh,blkh->bkgql", qg, k1_blkh, preferred_element_type=f32) * scale
+    s2 = jnp.einsum("bqkgh,bskh->bkgqs", qg, k2_bskh, preferred_element_type=f32) * scale
+    s1 = jnp.where(mask1_bl[:, None, None, None, :], s1, -jnp.inf)
+    if mask2_bs is not None:
+        s2 = jnp.where(mask2_bs[:, None, None, None, :], s2, -jnp.inf)
+    top = jnp.maximum(jnp.max(s1, axis=-1), jnp.max(s2, axis=-1))[..., None]
+    p1, p2 = jnp.exp(s1 - top), jnp.exp(s2 - top)
+    den = jnp.sum(p1, axis=-1) + jnp.sum(p2, axis=-1)  # [b, k, g, q]
+    out = (jnp.einsum("bkgql,blkh->bkgqh", p1.astype(v1_blkh.dtype), v1_blkh,
+                      preferred_element_type=f32)
+           + jnp.einsum("bkgqs,bskh->bkgqh", p2.astype(v2_bskh.dtype), v2_bskh,
+                        preferred_element_type=f32)) / den[..., None]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, q, n, h).astype(q_bqnh.dtype)
+
+
 class CachedBlock(Block):
     """``Block`` (same parameters) on a slice of positions, with keys/values given elsewhere.
 
-    Returns (x [B, Q, D], (k, v) [B, Q, K, H] of the slice). Without a cache the slice is
-    the whole sequence (a plain forward that also returns its keys/values); with one, the
-    slice's fresh keys/values replace the cached ones at q_start:+Q before attention.
+    Without a cache the slice is the whole sequence: a plain forward that also returns its
+    keys/values (x [B, L, D], (k, v) [B, L, K, H]). With ``kv`` (the cache, [B, L, K, H]
+    each) the slice q_start:+Q attends to its fresh keys/values and to the cache outside
+    it; returns them too. With a ``window`` (keys/values [B, W, K, H] of positions
+    q_start:+W) the rows are the window positions ``idx`` [B, Q]: their fresh keys/values
+    replace the window's there, the rows attend to the window and to the cache outside
+    it, and the updated window is returned.
     """
 
     @nn.compact
     def __call__(self, x_bqd: Array, rope: tuple[Array, Array], key_mask_bl: Array | None,
-                 k_cache_blkh: Array | None, v_cache_blkh: Array | None,
-                 q_start: Array | int, use_lora: bool) -> tuple[Array, tuple[Array, Array]]:
+                 kv: tuple[Array, Array] | None, q_start: Array | int, use_lora: bool,
+                 window: tuple[Array, Array] | None = None,
+                 idx: Array | None = None) -> tuple[Array, tuple[Array, Array]]:
         c = self.config
         n, k, h = c.n_heads, c.n_kv_heads, c.head_dim
         kw = dict(use_lora=use_lora, deterministic=True)
@@ -466,14 +523,28 @@ class CachedBlock(Block):
         kk = apply_rope(self._proj("k_proj", k * h, (shd.EMBED, shd.KV_HEADS))(xn, **kw)
                         .reshape(b, q_len, k, h), *rope)
         v = self._proj("v_proj", k * h, (shd.EMBED, shd.KV_HEADS))(xn, **kw).reshape(b, q_len, k, h)
-        keys, values = kk, v
-        if k_cache_blkh is not None:
-            keys = jax.lax.dynamic_update_slice_in_dim(k_cache_blkh, kk.astype(k_cache_blkh.dtype),
-                                                       q_start, axis=1)
-            values = jax.lax.dynamic_update_slice_in_dim(v_cache_blkh, v.astype(v_cache_blkh.dtype),
-                                                         q_start, axis=1)
-        mask = None if key_mask_bl is None else key_mask_bl[:, None, None, :].astype(bool)
-        att = jax.nn.dot_product_attention(q, keys, values, mask=mask, scale=h ** -0.5)
+        if kv is None:
+            mask = None if key_mask_bl is None else key_mask_bl[:, None, None, :].astype(bool)
+            att = jax.nn.dot_product_attention(q, kk, v, mask=mask, scale=h ** -0.5)
+            own = (kk, v)
+        else:
+            k_cache, v_cache = kv
+            own = (kk, v)
+            if window is not None:
+                rows = jnp.arange(b)[:, None]
+                own = tuple(w.at[rows, idx].set(new.astype(w.dtype), mode="drop")
+                            for w, new in zip(window, own))
+            own_len, total = own[0].shape[1], k_cache.shape[1]
+            pos = jnp.arange(total)[None, :]
+            outside = (pos < q_start) | (pos >= q_start + own_len)
+            mask1, mask2 = jnp.broadcast_to(outside, (b, total)), None
+            if key_mask_bl is not None:
+                mask1 = mask1 & key_mask_bl.astype(bool)
+                mask2 = jax.lax.dynamic_slice_in_dim(key_mask_bl, q_start, own_len,
+                                                     axis=1).astype(bool)
+            att = attend_two_part(q, k_cache.astype(q.dtype), v_cache.astype(q.dtype), mask1,
+                                  own[0].astype(q.dtype), own[1].astype(q.dtype), mask2,
+                                  h ** -0.5)
         x_bqd = x_bqd + self._proj("attn_out", c.d_model, (shd.Q_HEADS, shd.EMBED))(
             att.reshape(b, q_len, n * h), **kw)
 
@@ -482,4 +553,4 @@ class CachedBlock(Block):
         up = self._proj("up_proj", c.mlp_hidden_size, (shd.EMBED, shd.MLP))(xn, **kw)
         hid = nn.with_logical_constraint(nn.silu(gate) * up, (shd.BATCH, shd.LENGTH, shd.ACT_MLP))
         x_bqd = x_bqd + self._proj("ff_out", c.d_model, (shd.MLP, shd.EMBED))(hid, **kw)
-        return x_bqd, (kk, v)
+        return x_bqd, own

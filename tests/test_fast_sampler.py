@@ -86,6 +86,54 @@ def test_cached_logits_equal_uncached(q_end, tiny_model, tiny_params, tiny_confi
     np.testing.assert_allclose(decode(16, x[:, 16:q_end]), full[:, 16:20], atol=2e-5)
 
 
+def test_decode_at_equals_uncached(tiny_model, tiny_params, tiny_config):
+    """Scattered rows of a window [16, 24) whose keys/values are fresh: their logits equal
+    the full forward's, and the returned window holds the prefill's keys/values."""
+    c = tiny_config
+    ids, mask = prompts(c, lp=12)
+    gen = np.random.RandomState(2).randint(0, c.vocab_size - 8, (3, 20)).astype(np.int32)
+    gen[:, 9:] = c.mask_token_id
+    x = np.concatenate([ids, gen], 1)
+    attn = np.concatenate([mask, np.ones((3, 20), np.int32)], 1)
+    apply = lambda *a, **kw: tiny_model.apply({"params": tiny_params}, *a, **kw)
+    full = apply(x, attn)
+    _, cache = apply(x, attn, method=tiny_model.prefill)
+    window = jax.tree.map(lambda a: a[:, :, 16:24], cache)
+    idx = np.array([[0, 3, 5], [7, 1, 2], [4, 6, 0]], np.int32)  # any order, per row
+    h, new = apply(np.take_along_axis(x[:, 16:24], idx, 1), idx, cache, window, 16, attn,
+                   method=tiny_model.decode_at)
+    logits = apply(h, method=tiny_model.logits)
+    want = np.take_along_axis(np.asarray(full)[:, 16:24], idx[..., None], 1)
+    np.testing.assert_allclose(logits, want, atol=2e-5)
+    np.testing.assert_allclose(new.k, window.k, atol=2e-5)
+    np.testing.assert_allclose(new.v, window.v, atol=2e-5)
+    # A stale window entry (keys/values of [MASK]) is replaced where recomputed, kept elsewhere.
+    stale = x.copy()
+    stale[:, 16:24] = c.mask_token_id
+    _, stale_cache = apply(stale, attn, method=tiny_model.prefill)
+    stale_win = jax.tree.map(lambda a: a[:, :, 16:24], stale_cache)
+    _, upd = apply(np.take_along_axis(x[:, 16:24], idx, 1), idx, cache, stale_win, 16, attn,
+                   method=tiny_model.decode_at)
+    hit = np.zeros((3, 8), bool)
+    np.put_along_axis(hit, idx, True, 1)
+    for got, fresh, old in ((upd.k, window.k, stale_win.k), (upd.v, window.v, stale_win.v)):
+        got, fresh, old = (np.asarray(a)[-1] for a in (got, fresh, old))  # last layer
+        np.testing.assert_allclose(got[~hit], old[~hit], atol=0)
+        assert not np.allclose(got[hit], old[hit], atol=1e-3)
+
+
+def test_argmax_last_equals_argmax_with_ties():
+    rs = np.random.RandomState(0)
+    for v in (8192, 320, 126464 // 8, 4099):  # chunked, small, chunked, prime (plain)
+        x = rs.randint(0, 5, (3, 7, v)).astype(np.float32)  # many ties
+        x[0, 0, :] = 0.0
+        x[1, 2, -1] = 9.0
+        want = np.argmax(x, -1)
+        np.testing.assert_array_equal(np.asarray(smp.argmax_last(jnp.asarray(x))), want)
+        y = rs.randn(2, 5, v).astype(np.float32)
+        np.testing.assert_array_equal(np.asarray(smp.argmax_last(jnp.asarray(y))), y.argmax(-1))
+
+
 def ref_step(x, logits, budget_i, s, cfg, conf_draw=None):
     """One temperature-0 step of the current block [s, s+blk) in numpy (float64)."""
     e = s + cfg.block_length
@@ -115,6 +163,8 @@ def reference_fast(model, params, ids, mask, cfg, rng):
     decode = jax.jit(lambda q, cache, s: apply(q, cache, s, jnp.asarray(attn),
                                                head_len=cfg.block_length,
                                                method=model.decode_slice))
+    decode_at = jax.jit(lambda ids_q, idx, cache, win, s, att: apply(
+        ids_q, idx, cache, win, s, att, method=model.decode_at))
     b, lp = ids.shape
     x = np.concatenate([ids, np.full((b, cfg.gen_length), cfg.mask_id, np.int32)], 1)
     attn = np.concatenate([mask, np.ones((b, cfg.gen_length), np.int32)], 1)
@@ -124,13 +174,29 @@ def reference_fast(model, params, ids, mask, cfg, rng):
     for nb in range(cfg.num_blocks):
         s = lp + nb * blk
         logits, cache = full(x, s)
+        window = jax.tree.map(lambda a: a[:, :, s:s + blk], cache)
+        masked_at_forward = prev = (x[:, s:s + blk] == cfg.mask_id)
         i = 0
         while i < spb and (x[:, s:s + blk] == cfg.mask_id).any():
-            if i > 0 and cfg.kv_cache == "none":
-                logits, _ = full(x, s)
+            now = x[:, s:s + blk] == cfg.mask_id
+            decoded_since = (masked_at_forward.sum(1) - now.sum(1)).max()
+            if i > 0 and (cfg.kv_cache == "none" or (
+                    cfg.cache_refresh and decoded_since >= cfg.cache_refresh)):
+                logits, cache = full(x, s)
+                window = jax.tree.map(lambda a: a[:, :, s:s + blk], cache)
+                masked_at_forward = now
+            elif i > 0 and cfg.recompute == "masked":  # rows masked before the last step
+                logits = np.zeros((b, blk, model.config.embedding_size), np.float32)
+                for j in range(b):
+                    idx = np.nonzero(prev[j])[0][None].astype(np.int32)
+                    one = jax.tree.map(lambda a: a[:, j:j + 1], (cache, window))
+                    h, win_j = decode_at(x[j:j + 1, s + idx[0]], idx, *one, s, attn[j:j + 1])
+                    window = jax.tree.map(lambda w, n: w.at[:, j].set(n[:, 0]), window, win_j)
+                    logits[j, idx[0]] = np.asarray(apply(h, method=model.logits))[0]
             elif i > 0:
                 q_end = s + blk if cfg.kv_cache == "dual" else x.shape[1]
                 logits = decode(x[:, s:q_end], cache, s)
+            prev = now
             draw = None
             if cfg.remasking == "random":
                 draw = np.asarray(jax.random.uniform(smp.step_keys(rng, nb * spb + i)[1], (b, blk)))
@@ -150,6 +216,17 @@ FAST_CASES = {  # 4 blocks of 4 unless said; parallel cases get 4 steps per bloc
     "dual_parallel_random": dict(kv_cache="dual", threshold=0.5, remasking="random", steps=16),
     "dual_parallel_no_mask": dict(kv_cache="dual", threshold=0.3, steps=16,
                                   use_attention_mask=False),
+    "dual_masked": dict(kv_cache="dual", recompute="masked", block_length=8),
+    "dual_masked_parallel": dict(kv_cache="dual", recompute="masked", threshold=0.3, steps=16),
+    "dual_masked_parallel_random": dict(kv_cache="dual", recompute="masked", threshold=0.5,
+                                        remasking="random", steps=16, block_length=8),
+    "dual_masked_padded_widths": dict(kv_cache="dual", recompute="masked", gen_length=24,
+                                      block_length=12, steps=16),  # widths 11, 5 > needed
+    "dual_masked_padded_parallel": dict(kv_cache="dual", recompute="masked", gen_length=24,
+                                        block_length=12, steps=16, threshold=0.3),
+    "dual_refresh": dict(kv_cache="dual", cache_refresh=3, block_length=8),
+    "dual_masked_refresh_parallel": dict(kv_cache="dual", recompute="masked", cache_refresh=2,
+                                         threshold=0.3, steps=16),
 }
 
 
@@ -178,6 +255,22 @@ def test_no_cache_tau1_is_the_exact_sampler(tiny_model, peaked_params, tiny_conf
     exact = run(smp.llada_apply_fn(tiny_model))
     np.testing.assert_array_equal(run(smp.llada_fns(tiny_model), threshold=1.0), exact)
     np.testing.assert_array_equal(run(smp.llada_fns(tiny_model), threshold=2.0), exact)
+
+
+@pytest.mark.parametrize("recompute", ["block", "masked"])
+def test_refresh_every_token_is_the_exact_sampler(recompute, tiny_model, peaked_params,
+                                                  tiny_config):
+    """cache_refresh=1: every step after a decoded token runs a full forward, so the cached
+    sampler is the exact one (temperature and padding on)."""
+    c = tiny_config
+    ids, mask = prompts(c)
+    run = lambda fns, **kw: np.asarray(smp.generate(
+        fns, peaked_params, ids, mask, jax.random.key(4),
+        sampler_cfg(c, temperature=0.7, block_length=8, **kw)).ids)
+    exact = run(smp.llada_apply_fn(tiny_model))
+    np.testing.assert_array_equal(
+        run(smp.llada_fns(tiny_model), kv_cache="dual", recompute=recompute, cache_refresh=1),
+        exact)
 
 
 def test_parallel_composes_and_keeps_the_budget(tiny_model, peaked_params, tiny_config):
@@ -221,6 +314,14 @@ def test_fast_settings_refused(tiny_model):
         smp.SamplerConfig(kv_cache="dual", cfg_scale=1.0)
     with pytest.raises(ValueError, match="kv_cache='paged'"):
         smp.SamplerConfig(kv_cache="paged")
+    with pytest.raises(ValueError, match="recompute='masked' needs kv_cache='dual'"):
+        smp.SamplerConfig(kv_cache="prefix", recompute="masked")
+    with pytest.raises(ValueError, match="recompute='all'"):
+        smp.SamplerConfig(kv_cache="dual", recompute="all")
+    with pytest.raises(ValueError, match="cache_refresh=2 needs a KV cache"):
+        smp.SamplerConfig(cache_refresh=2)
+    with pytest.raises(ValueError, match="cache_refresh=-1 must be >= 0"):
+        smp.SamplerConfig(kv_cache="dual", cache_refresh=-1)
     with pytest.raises(ValueError, match="needs ModelFns with prefill and decode"):
         smp.generate(smp.llada_apply_fn(tiny_model), None, jnp.zeros((1, 4), jnp.int32), None,
                      jax.random.key(0), smp.SamplerConfig(gen_length=8, block_length=8,

@@ -63,12 +63,17 @@ def test_sampler_accuracy_run(tmp_path):
                                 [(ex["puzzle"], ex["solution"]) for ex in examples])
     s = sampler_accuracy.load(str(model_dir))
     res = sampler_accuracy.run(str(model_dir), str(puzzles), num=16, gen_length=GEN,
-                               block_length=BLOCK, batch_size=8, taus=(0.7, 1.0), repeats=1, s=s)
+                               block_length=BLOCK, batch_size=8, taus=(0.7, 1.0), repeats=1, s=s,
+                               refreshes=(1,))
     rows = res["variants"]
     assert res["prompt_length"] == PROMPT and res["num"] == 16
-    kvs = ("none", "prefix", "dual")
-    assert set(rows) == {"exact", "prefix", "dual"} | {f"{kv}+tau{t}" for kv in kvs
-                                                        for t in ("0.7", "1")}
+    kvs = ("none", "prefix", "dual", "dual_masked")
+    assert set(rows) == ({"exact", "prefix", "dual", "dual_masked", "dual+refresh1"}
+                         | {f"{kv}+tau{t}" for kv in kvs for t in ("0.7", "1")}
+                         | {f"dual+tau{t}+refresh1" for t in ("0.7", "1")})
+    assert rows["dual_masked"]["recompute"] == "masked"
+    # A refresh after every decoded token is a full forward per step: the exact sampler.
+    assert rows["dual+refresh1"]["accuracy"] == rows["exact"]["accuracy"]
 
     # Exact: the accuracy d1's protocol (eval.generate_texts, task.verdict) gives.
     task = tasks.get_task("sudoku", prompt="compact")

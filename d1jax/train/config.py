@@ -66,6 +66,8 @@ def _sampler(tiny: bool) -> mlc.ConfigDict:
     s.use_attention_mask = True  # Honour prompt padding; False attends to padding like d1.
     s.kv_cache = "none"  # Rollout sampler: "none" (exact), "prefix" or "dual" block KV cache (Fast-dLLM).
     s.threshold = 1.0  # Parallel decoding: also unmask every token with confidence > tau (>= 1: off).
+    s.recompute = "block"  # Dual cache steps recompute the whole block (Fast-dLLM) or only "masked" positions.
+    s.cache_refresh = 0  # With kv_cache: refresh it once this many block tokens were decoded (0: at block starts only).
     return s
 
 
@@ -129,7 +131,9 @@ def validate(c: mlc.ConfigDict) -> None:
         check_sampler("sampler.", gen_length=s.gen_length, block_length=s.block_length,
                       steps=s.steps, temperature=s.temperature, cfg_scale=s.cfg_scale,
                       remasking=s.remasking, kv_cache=s.get("kv_cache", "none"),
-                      threshold=s.get("threshold", 1.0))
+                      threshold=s.get("threshold", 1.0),
+                      recompute=s.get("recompute", "block"),
+                      cache_refresh=s.get("cache_refresh", 0))
     if "sft" in c and c.sft.get("tokenize", "joint") not in ("joint", "split"):
         raise ConfigError(f"sft.tokenize={c.sft.tokenize!r}: joint or split")
     if c.optim.learning_rate <= 0:
@@ -243,6 +247,8 @@ def eval_config(arg: str | None) -> mlc.ConfigDict:
     c.eval.model_name = "d1jax"  # Model name in the output file names.
     c.eval.kv_cache = "none"  # "none" (d1's exact protocol), "prefix" or "dual" KV cache.
     c.eval.threshold = 1.0  # Parallel decoding tau (>= 1: off, d1's protocol).
+    c.eval.recompute = "block"  # Dual cache steps recompute the whole block (Fast-dLLM) or only "masked" positions.
+    c.eval.cache_refresh = 0  # With kv_cache: refresh it once this many block tokens were decoded (0: at block starts only).
     c.lock()
     return c
 

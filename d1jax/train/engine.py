@@ -37,7 +37,8 @@ def sampler_config(config, s) -> smp.SamplerConfig:
         temperature=sc.temperature, cfg_scale=sc.cfg_scale, remasking=sc.remasking,
         mask_id=s.model_config.mask_token_id, use_attention_mask=sc.use_attention_mask,
         eos_id=s.ids["eos"], eot_id=s.ids["eot"] if s.ids["eot"] is not None else s.ids["eos"],
-        kv_cache=sc.kv_cache, threshold=sc.threshold)
+        kv_cache=sc.kv_cache, threshold=sc.threshold,
+        recompute=sc.get("recompute", "block"), cache_refresh=sc.get("cache_refresh", 0))
 
 
 class GRPOEngine:
