@@ -48,7 +48,7 @@ Array = jax.Array
 ApplyFn = Callable[[Any, Array, Array | None, Array, int], Array]
 
 REMASKING = ("low_confidence", "random")
-FAST_DEFAULTS = dict(kv_cache="dual", recompute="masked", threshold=0.99)
+FAST_DEFAULTS = dict(kv_cache="dual", threshold=0.99)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,9 +107,9 @@ class SamplerConfig:
 
     @classmethod
     def fast(cls, **overrides) -> "SamplerConfig":
-        """The fast sampler's defaults under ``overrides``: dual KV cache recomputing only
-        masked positions, parallel decoding at tau 0.99 (the README's accuracy sweeps:
-        within 1 point of exact on every trained model measured; tau 0.9 was not)."""
+        """The fast sampler's defaults under ``overrides``: Fast-dLLM's dual KV cache and
+        parallel decoding at tau 0.99 (the README's accuracy sweeps: within 1 point of exact
+        on every trained model measured; tau 0.9 and ``recompute="masked"`` were not)."""
         return cls(**{**FAST_DEFAULTS, **overrides})
 
     @property
@@ -411,23 +411,63 @@ def recompute_sizes(cfg: SamplerConfig) -> tuple[np.ndarray, tuple[int, ...]]:
     return _bucket(np.concatenate([bound[:1], bound[:-1]]), sizes), sizes
 
 
+def _first(masked_bs: Array) -> Array:
+    """Per row, the masked positions first (in order), then the others: [B, S] int32."""
+    return jnp.argsort(~masked_bs, axis=-1, stable=True).astype(jnp.int32)
+
+
+def _recompute_masked(fns: ModelFns, ctx: _Ctx, cfg: SamplerConfig, block_ids: Array,
+                      cache, prev_masked: Array, i: Array, start):
+    """``recompute="masked"``: the positions masked before the previous step, recomputed at
+    the static width of ``recompute_sizes``; their keys/values go into the block's window.
+    Returns (hidden [B, blk, D] (other rows zero, never read), (cache, window))."""
+    blk = cfg.block_length
+    rows = jnp.arange(block_ids.shape[0])[:, None]
+    order, (which, sizes) = _first(prev_masked), recompute_sizes(cfg)
+
+    def on(m):
+        def fn():  # rows past the masked count point outside the block: dropped
+            idx = jnp.where(jnp.arange(m) < jnp.sum(prev_masked, -1, keepdims=True),
+                            order[:, :m], blk)
+            ids = jnp.take_along_axis(block_ids, jnp.minimum(idx, blk - 1), axis=1)
+            h, window = fns.decode_at(ctx.params, ids, idx, *cache, start, ctx.attn)
+            h_blk = jnp.zeros((h.shape[0], blk, h.shape[-1]), h.dtype)
+            return h_blk.at[rows, idx].set(h, mode="drop"), (cache[0], window)
+        return fn
+    return jax.lax.switch(jnp.asarray(which)[i], [on(m) for m in sizes])
+
+
+def _propose_masked(fns: ModelFns, ctx: _Ctx, cfg: SamplerConfig, h_bsd: Array,
+                    masked_bs: Array, i: Array, keys) -> tuple[Array, Array]:
+    """Proposals [B, blk] with the output head run on the masked positions only, at the
+    static width of ``head_sizes`` (the first m of ``_first``: all of them)."""
+    order, (which, sizes) = _first(masked_bs), head_sizes(cfg)
+
+    def head_on(m):
+        def fn():
+            idx = order[:, :m]
+            hm = jnp.take_along_axis(h_bsd, idx[..., None], axis=1)
+            logits = _mask_eos(fns.head(ctx.params, hm).astype(jnp.float32), cfg)
+            return _propose(logits, *keys, cfg, idx_bs=idx)
+        return fn
+    return jax.lax.switch(jnp.asarray(which)[i], [head_on(m) for m in sizes])
+
+
 def _cached_block(block, carry, fns: ModelFns, ctx: _Ctx, cfg: SamplerConfig):
     """One block with a Fast-dLLM KV cache: a full forward (also step 0), then cached steps.
 
     "prefix" recomputes the block and everything after it; "dual" only the block, reusing
     the suffix's keys/values from the block's first forward; with ``recompute="masked"``
     only the block positions masked before the previous step, whose fresh keys/values are
-    written into the cache. With ``cache_refresh`` a step runs a full forward instead (new
-    cache) once that many block tokens were decoded since the last one. Cached steps run
-    the output head only on positions still masked (at most the static bound of
-    ``head_sizes``) when ``fns`` has ``decode_hidden`` and ``head``.
+    kept in a window of the block's keys/values. With ``cache_refresh`` a step runs a full
+    forward instead (new cache) once that many block tokens were decoded since the last
+    one. Cached steps run the output head only on positions still masked when ``fns`` has
+    ``decode_hidden`` and ``head``.
     """
     blk, total = cfg.block_length, carry[0].shape[1]
     start = ctx.prompt_len + block * blk
     q_len = blk if cfg.kv_cache == "dual" else total - start  # static: block is an int
     block_ids = lambda x: jax.lax.dynamic_slice_in_dim(x, start, blk, axis=1)
-    rows = jnp.arange(carry[0].shape[0])[:, None]
-    first = lambda masked_bs: jnp.argsort(~masked_bs, axis=-1, stable=True).astype(jnp.int32)
 
     def full(x, i):
         """A full forward: proposals and (cache, the block's window of it or None)."""
@@ -440,42 +480,18 @@ def _cached_block(block, carry, fns: ModelFns, ctx: _Ctx, cfg: SamplerConfig):
                                   cache)
         return x0, conf, (cache, window)
 
-    def hidden(x, cache, prev_masked, i):
-        """Block hidden states [B, blk, D] (rows not recomputed are never read), cache."""
-        if cfg.recompute == "block":
-            ids = jax.lax.dynamic_slice_in_dim(x, start, q_len, axis=1)
-            return fns.decode_hidden(ctx.params, ids, cache[0], start, ctx.attn)[:, :blk], cache
-        order, (which, sizes) = first(prev_masked), recompute_sizes(cfg)
-
-        def on(m):
-            def fn():  # rows past the masked count point outside the block: dropped
-                idx = jnp.where(jnp.arange(m) < jnp.sum(prev_masked, -1, keepdims=True),
-                                order[:, :m], blk)
-                ids = jnp.take_along_axis(block_ids(x), jnp.minimum(idx, blk - 1), axis=1)
-                h, window = fns.decode_at(ctx.params, ids, idx, *cache, start, ctx.attn)
-                h_blk = jnp.zeros((h.shape[0], blk, h.shape[-1]), h.dtype)
-                return h_blk.at[rows, idx].set(h, mode="drop"), (cache[0], window)
-            return fn
-        return jax.lax.switch(jnp.asarray(which)[i], [on(m) for m in sizes])
-
     def cached(x, cache, prev_masked, i):
         keys = _keys(ctx, block, i, cfg)
+        ids = jax.lax.dynamic_slice_in_dim(x, start, q_len, axis=1)
         if fns.decode_hidden is None or fns.head is None:
-            ids = jax.lax.dynamic_slice_in_dim(x, start, q_len, axis=1)
             out = fns.decode(ctx.params, ids, cache[0], start, ctx.attn, blk)
             return (*_propose(_mask_eos(out.astype(jnp.float32), cfg), *keys, cfg), cache)
-        h, cache = hidden(x, cache, prev_masked, i)
-        # Masked positions first, in order; the head sees the first m (all of them).
-        order, (which, sizes) = first(block_ids(x) == cfg.mask_id), head_sizes(cfg)
-
-        def head_on(m):
-            def fn():
-                idx = order[:, :m]
-                hm = jnp.take_along_axis(h, idx[..., None], axis=1)
-                logits = _mask_eos(fns.head(ctx.params, hm).astype(jnp.float32), cfg)
-                return _propose(logits, *keys, cfg, idx_bs=idx)
-            return fn
-        return (*jax.lax.switch(jnp.asarray(which)[i], [head_on(m) for m in sizes]), cache)
+        if cfg.recompute == "masked":
+            h, cache = _recompute_masked(fns, ctx, cfg, block_ids(x), cache, prev_masked, i,
+                                         start)
+        else:
+            h = fns.decode_hidden(ctx.params, ids, cache[0], start, ctx.attn)[:, :blk]
+        return (*_propose_masked(fns, ctx, cfg, h, block_ids(x) == cfg.mask_id, i, keys), cache)
 
     masked0 = block_ids(carry[0]) == cfg.mask_id
     x0, conf, cache = full(carry[0], 0)

@@ -309,6 +309,15 @@ def test_dual_parallel_sharded_equals_unsharded(tiny_model, tiny_config):
     np.testing.assert_array_equal(np.asarray(got.ids), want)
 
 
+def test_fast_preset():
+    cfg = smp.SamplerConfig.fast(gen_length=64, temperature=0.5)
+    assert (cfg.kv_cache, cfg.recompute, cfg.threshold) == ("dual", "block", 0.99)
+    assert (cfg.gen_length, cfg.temperature) == (64, 0.5)
+    assert smp.SamplerConfig.fast(threshold=0.9).threshold == 0.9
+    with pytest.raises(ValueError, match="cfg_scale=1.0 with kv_cache='dual'"):
+        smp.SamplerConfig.fast(cfg_scale=1.0)
+
+
 def test_fast_settings_refused(tiny_model):
     with pytest.raises(ValueError, match="cfg_scale=1.0 with kv_cache='dual'"):
         smp.SamplerConfig(kv_cache="dual", cfg_scale=1.0)
