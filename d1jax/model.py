@@ -260,13 +260,16 @@ class Block(nn.Module):
         att = jax.nn.dot_product_attention(q, kk, v, mask=mask, scale=h ** -0.5)
         att = att.reshape(b, l, n * h)
         x_bld = x_bld + self._proj("attn_out", c.d_model, (shd.Q_HEADS, shd.EMBED))(att, **kw)
+        return self._mlp(x_bld, norm, kw), None
 
+    def _mlp(self, x_bld: Array, norm, kw) -> Array:
+        """x + SwiGLU-MLP(RMSNorm(x)): the second half of the block."""
+        c = self.config
         xn = norm(name="ff_norm")(x_bld)
         gate = self._proj("ff_proj", c.mlp_hidden_size, (shd.EMBED, shd.MLP))(xn, **kw)
         up = self._proj("up_proj", c.mlp_hidden_size, (shd.EMBED, shd.MLP))(xn, **kw)
         hid = nn.with_logical_constraint(nn.silu(gate) * up, (shd.BATCH, shd.LENGTH, shd.ACT_MLP))
-        x_bld = x_bld + self._proj("ff_out", c.d_model, (shd.MLP, shd.EMBED))(hid, **kw)
-        return x_bld, None
+        return x_bld + self._proj("ff_out", c.d_model, (shd.MLP, shd.EMBED))(hid, **kw)
 
 
 class LLaDA(nn.Module):
@@ -547,10 +550,4 @@ class CachedBlock(Block):
                                   h ** -0.5)
         x_bqd = x_bqd + self._proj("attn_out", c.d_model, (shd.Q_HEADS, shd.EMBED))(
             att.reshape(b, q_len, n * h), **kw)
-
-        xn = norm(name="ff_norm")(x_bqd)
-        gate = self._proj("ff_proj", c.mlp_hidden_size, (shd.EMBED, shd.MLP))(xn, **kw)
-        up = self._proj("up_proj", c.mlp_hidden_size, (shd.EMBED, shd.MLP))(xn, **kw)
-        hid = nn.with_logical_constraint(nn.silu(gate) * up, (shd.BATCH, shd.LENGTH, shd.ACT_MLP))
-        x_bqd = x_bqd + self._proj("ff_out", c.d_model, (shd.MLP, shd.EMBED))(hid, **kw)
-        return x_bqd, own
+        return self._mlp(x_bqd, norm, kw), own

@@ -294,9 +294,11 @@ def test_parallel_composes_and_keeps_the_budget(tiny_model, peaked_params, tiny_
             assert (counts[:steps[blk]] >= np.minimum(budget[:steps[blk]], left[:steps[blk]])).all()
 
 
-def test_dual_parallel_sharded_equals_unsharded(tiny_model, tiny_config):
+@pytest.mark.parametrize("recompute", ["block", "masked"])
+def test_dual_parallel_sharded_equals_unsharded(recompute, tiny_model, tiny_config):
     c = tiny_config
-    cfg = sampler_cfg(c, kv_cache="dual", threshold=0.5, temperature=0.5)
+    cfg = sampler_cfg(c, kv_cache="dual", threshold=0.5, temperature=0.5, recompute=recompute,
+                      block_length=8)
     ids, mask = prompts(c, b=8, pad=(0, 2, 4, 6, 0, 1, 3, 5))
     gen = smp.make_generate_fn(smp.llada_fns(tiny_model), cfg)
     params = d1jax.init_params(tiny_model, jax.random.key(0))
