@@ -32,6 +32,14 @@ Approximate fast decoding (Fast-dLLM, arXiv:2505.22618), options of the same loo
   tau >= 1 is the exact sampler and no block needs more than its steps; a block ends as
   soon as no row has a mask left in it (bounded while loop). With random remasking the
   "confidence" is the random draw, as in Fast-dLLM's code.
+- ``recompute="masked"`` (dual cache): a step recomputes only the block positions masked
+  before the previous step; older decoded positions keep the keys/values of the step after
+  their decoding (dKV-Cache's delayed caching). ``cache_refresh=n``: a full forward again
+  once n block tokens were decoded since the last one (n = 1 is the exact sampler).
+- Cached steps run the output head on the still-masked positions only. Every step unmasks
+  at least its budget, so their count has a static bound per step; static widths keep the
+  program's shapes fixed (``head_sizes``, ``recompute_sizes``).
+``SamplerConfig.fast()`` is the recommended setting (dual cache, tau 0.99; README).
 """
 
 from __future__ import annotations
