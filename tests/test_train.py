@@ -82,6 +82,7 @@ def test_killed_and_resumed_grpo_matches_uninterrupted(grpo_run, tmp_path):
     ("--config.nope=1", "nope"),
     ("--config.sampler.block_length=12", "does not divide"),
     ("--config.sampler.kv_cache=dual2", "sampler.kv_cache='dual2'"),
+    ("--config.sampler.recompute=masked", "sampler.recompute='masked' needs kv_cache='dual'"),
     ("--config.grpo.prompts_per_step=3", "not divisible by the data-parallel size"),
     ("--config.model.random_init=", "config.model.path is not set"),
 ])
