@@ -487,8 +487,9 @@ def attend_two_part(q_bqnh: Array, k1_blkh: Array, v1_blkh: Array, mask1_bl: Arr
     if mask2_bs is not None:
         s2 = jnp.where(mask2_bs[:, None, None, None, :], s2, -jnp.inf)
     top = jnp.maximum(jnp.max(s1, axis=-1), jnp.max(s2, axis=-1))[..., None]
+    top = jnp.where(jnp.isfinite(top), top, 0.0)  # a row with every key masked: output 0
     p1, p2 = jnp.exp(s1 - top), jnp.exp(s2 - top)
-    den = jnp.sum(p1, axis=-1) + jnp.sum(p2, axis=-1)  # [b, k, g, q]
+    den = jnp.maximum(jnp.sum(p1, axis=-1) + jnp.sum(p2, axis=-1), 1e-30)  # [b, k, g, q]
     out = (jnp.einsum("bkgql,blkh->bkgqh", p1.astype(v1_blkh.dtype), v1_blkh,
                       preferred_element_type=f32)
            + jnp.einsum("bkgqs,bskh->bkgqh", p2.astype(v2_bskh.dtype), v2_bskh,

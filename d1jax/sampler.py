@@ -26,7 +26,8 @@ Approximate fast decoding (Fast-dLLM, arXiv:2505.22618), options of the same loo
 - ``kv_cache`` "prefix" / "dual": at each block start one full forward computes every
   layer's keys/values (its logits serve the block's first step); later steps recompute only
   the block ("dual") or the block and everything after it ("prefix"), attending to the
-  cached keys/values elsewhere. The cache is refreshed at the next block.
+  cached keys/values elsewhere. The cache is refreshed at the next block (and within it
+  with ``cache_refresh``).
 - ``threshold`` tau < 1: a step unmasks every masked position of the block whose confidence
   exceeds tau, and at least the exact schedule's budget (Fast-dLLM floors at one token), so
   tau >= 1 is the exact sampler and no block needs more than its steps; a block ends as
@@ -410,13 +411,21 @@ def recompute_sizes(cfg: SamplerConfig) -> tuple[np.ndarray, tuple[int, ...]]:
     """``recompute="masked"``: static widths of the recomputed set, (index per step, sizes).
 
     Step i >= 1 recomputes the positions masked before step i - 1 (those still masked and
-    those unmasked by step i - 1); the smallest of ``ceil(block_length * j / 4)`` holding
-    them (each width compiles the layer stack once more).
+    those unmasked by step i - 1); the smallest of ``ceil(block_length * j / 8)`` (j =
+    1..8) holding them. Each width is a branch holding the layer stack (8 compiled copies).
     """
     blk = cfg.block_length
     sizes = tuple(sorted({-(-blk * j // 8) for j in range(1, 9)}))
     bound = _bounds(cfg)
     return _bucket(np.concatenate([bound[:1], bound[:-1]]), sizes), sizes
+
+
+def _width(which: np.ndarray, sizes: tuple[int, ...], i: Array, masked_bs: Array) -> Array:
+    """Index of the width step i runs at: the static one, or a wider one when some row has
+    more masked positions than the bound (a proposal equal to mask_id keeps its position
+    masked, as in the reference)."""
+    need = jnp.searchsorted(jnp.asarray(sizes), jnp.max(jnp.sum(masked_bs, axis=-1)))
+    return jnp.maximum(jnp.asarray(which)[i], need.astype(jnp.int32))
 
 
 def _first(masked_bs: Array) -> Array:
@@ -442,7 +451,7 @@ def _recompute_masked(fns: ModelFns, ctx: _Ctx, cfg: SamplerConfig, block_ids: A
             h_blk = jnp.zeros((h.shape[0], blk, h.shape[-1]), h.dtype)
             return h_blk.at[rows, idx].set(h, mode="drop"), (cache[0], window)
         return fn
-    return jax.lax.switch(jnp.asarray(which)[i], [on(m) for m in sizes])
+    return jax.lax.switch(_width(which, sizes, i, prev_masked), [on(m) for m in sizes])
 
 
 def _propose_masked(fns: ModelFns, ctx: _Ctx, cfg: SamplerConfig, h_bsd: Array,
@@ -458,7 +467,7 @@ def _propose_masked(fns: ModelFns, ctx: _Ctx, cfg: SamplerConfig, h_bsd: Array,
             logits = _mask_eos(fns.head(ctx.params, hm).astype(jnp.float32), cfg)
             return _propose(logits, *keys, cfg, idx_bs=idx)
         return fn
-    return jax.lax.switch(jnp.asarray(which)[i], [head_on(m) for m in sizes])
+    return jax.lax.switch(_width(which, sizes, i, masked_bs), [head_on(m) for m in sizes])
 
 
 def _cached_block(block, carry, fns: ModelFns, ctx: _Ctx, cfg: SamplerConfig):

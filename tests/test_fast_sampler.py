@@ -258,6 +258,25 @@ def test_no_cache_tau1_is_the_exact_sampler(tiny_model, peaked_params, tiny_conf
 
 
 @pytest.mark.parametrize("recompute", ["block", "masked"])
+def test_proposals_of_the_mask_token_match_the_reference(recompute, tiny_model, tiny_params,
+                                                         tiny_config):
+    """A committed proposal equal to mask_id leaves its position masked (as the reference
+    does), so more positions are masked than the schedule's bound: the head and recompute
+    widths must widen rather than drop them."""
+    c = tiny_config
+    k = np.asarray(tiny_params["ff_out"]["kernel"]) * 40.0
+    k[:, c.mask_token_id] = k[:, 51] * 1.01  # wins wherever token 51 would
+    params = {**tiny_params, "ff_out": {"kernel": jnp.asarray(k)}}
+    cfg = sampler_cfg(c, kv_cache="dual", recompute=recompute, block_length=8)
+    ids, mask = prompts(c)
+    rng = jax.random.key(0)
+    out = smp.generate(smp.llada_fns(tiny_model), params, ids, mask, rng, cfg)
+    want, _ = reference_fast(tiny_model, params, ids, mask, cfg, rng)
+    assert (want[:, 10:] == c.mask_token_id).sum() > 3  # the case happens
+    np.testing.assert_array_equal(np.asarray(out.ids), want)
+
+
+@pytest.mark.parametrize("recompute", ["block", "masked"])
 def test_refresh_every_token_is_the_exact_sampler(recompute, tiny_model, peaked_params,
                                                   tiny_config):
     """cache_refresh=1: every step after a decoded token runs a full forward, so the cached
