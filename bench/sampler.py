@@ -48,6 +48,7 @@ MODES = {  # name -> SamplerConfig overrides
     "prefix_cache+parallel": dict(kv_cache="prefix", threshold=0.9),
     "dual_cache+parallel": dict(kv_cache="dual", threshold=0.9),
     "dual_cache_masked+parallel": dict(kv_cache="dual", recompute="masked", threshold=0.9),
+    "fast_default": smp.FAST_DEFAULTS,  # SamplerConfig.fast(): dual, refresh 8, tau 0.99
 }
 
 
@@ -72,7 +73,14 @@ def flops_per_token(c, cfg: smp.SamplerConfig, prompt_len: int, block_steps) -> 
             rw, rsizes = smp.recompute_sizes(cfg)
             q = [rsizes[w] for w in rw]
         which, sizes = smp.head_sizes(cfg)  # cached steps: head on the masked positions
-        out += full + sum(forward_flops(c, q[i], total, sizes[which[i]]) for i in range(1, n))
+        budget = smp.num_transfer_tokens(blk, cfg.steps_per_block)
+        out, since = out + full, budget[0]
+        for i in range(1, n):  # refreshes counted as if each step unmasked its budget
+            if cfg.cache_refresh and since >= cfg.cache_refresh:
+                out, since = out + full, 0
+            else:
+                out += forward_flops(c, q[i], total, sizes[which[i]])
+            since += budget[i]
     return out / cfg.gen_length
 
 

@@ -332,7 +332,8 @@ def test_dual_parallel_sharded_equals_unsharded(recompute, tiny_model, tiny_conf
 
 def test_fast_preset():
     cfg = smp.SamplerConfig.fast(gen_length=64, temperature=0.5)
-    assert (cfg.kv_cache, cfg.recompute, cfg.threshold) == ("dual", "block", 0.99)
+    assert (cfg.kv_cache, cfg.recompute, cfg.threshold, cfg.cache_refresh) == (
+        "dual", "block", 0.99, 8)
     assert (cfg.gen_length, cfg.temperature) == (64, 0.5)
     assert smp.SamplerConfig.fast(threshold=0.9).threshold == 0.9
     with pytest.raises(ValueError, match="cfg_scale=1.0 with kv_cache='dual'"):
