@@ -305,8 +305,13 @@ class _Ctx(NamedTuple):
     budget: Array  # [loop_steps] int32.
 
 
+def _gstep(block, i, cfg: SamplerConfig):
+    """Global step number of step i of a block (keys, ``decoded_at``)."""
+    return block * cfg.steps_per_block + i
+
+
 def _keys(ctx: _Ctx, block, i, cfg: SamplerConfig) -> tuple[Array, Array]:
-    return step_keys(ctx.rng, block * cfg.steps_per_block + i)
+    return step_keys(ctx.rng, _gstep(block, i, cfg))
 
 
 def _transfer(carry, x0: Array, conf: Array, i: Array, block, ctx: _Ctx, cfg: SamplerConfig):
@@ -314,7 +319,7 @@ def _transfer(carry, x0: Array, conf: Array, i: Array, block, ctx: _Ctx, cfg: Sa
     x, decoded_at = carry
     blk = cfg.block_length
     start = ctx.prompt_len + block * blk
-    gstep = block * cfg.steps_per_block + i
+    gstep = _gstep(block, i, cfg)
     xb = jax.lax.dynamic_slice_in_dim(x, start, blk, axis=1)
     masked = xb == cfg.mask_id
     k = jnp.broadcast_to(ctx.budget[i], masked.shape[:1])
@@ -398,14 +403,18 @@ def _bucket(bound: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
                     np.int32)
 
 
+def _widths(block_length: int) -> tuple[int, ...]:
+    """The static widths of cached steps: ceil(block_length * j / 8), j = 1..8."""
+    return tuple(sorted({-(-block_length * j // 8) for j in range(1, 9)}))
+
+
 def head_sizes(cfg: SamplerConfig) -> tuple[np.ndarray, tuple[int, ...]]:
     """Static output-head widths of cached steps: (size index per step, sizes).
 
     Step i runs the head on the smallest of ``ceil(block_length * j / 8)`` (j = 1..8) that
     holds the positions that can still be masked (``_bounds``).
     """
-    blk = cfg.block_length
-    sizes = tuple(sorted({-(-blk * j // 8) for j in range(1, 9)}))
+    sizes = _widths(cfg.block_length)
     return _bucket(_bounds(cfg), sizes), sizes
 
 
@@ -416,9 +425,7 @@ def recompute_sizes(cfg: SamplerConfig) -> tuple[np.ndarray, tuple[int, ...]]:
     those unmasked by step i - 1); the smallest of ``ceil(block_length * j / 8)`` (j =
     1..8) holding them. Each width is a branch holding the layer stack (8 compiled copies).
     """
-    blk = cfg.block_length
-    sizes = tuple(sorted({-(-blk * j // 8) for j in range(1, 9)}))
-    bound = _bounds(cfg)
+    sizes, bound = _widths(cfg.block_length), _bounds(cfg)
     return _bucket(np.concatenate([bound[:1], bound[:-1]]), sizes), sizes
 
 
@@ -499,7 +506,7 @@ def _cached_block(block, carry, fns: ModelFns, ctx: _Ctx, cfg: SamplerConfig):
                                   cache)
         return x0, conf, (cache, window)
 
-    def cached(x, cache, prev_masked, i):
+    def cached(x, cache, prev_masked, now, i):
         keys = _keys(ctx, block, i, cfg)
         ids = jax.lax.dynamic_slice_in_dim(x, start, q_len, axis=1)
         if fns.decode_hidden is None or fns.head is None:
@@ -510,7 +517,7 @@ def _cached_block(block, carry, fns: ModelFns, ctx: _Ctx, cfg: SamplerConfig):
                                          start)
         else:
             h = fns.decode_hidden(ctx.params, ids, cache[0], start, ctx.attn)[:, :blk]
-        return (*_propose_masked(fns, ctx, cfg, h, block_ids(x) == cfg.mask_id, i, keys), cache)
+        return (*_propose_masked(fns, ctx, cfg, h, now, i, keys), cache)
 
     masked0 = block_ids(carry[0]) == cfg.mask_id
     x0, conf, cache = full(carry[0], 0)
@@ -523,7 +530,7 @@ def _cached_block(block, carry, fns: ModelFns, ctx: _Ctx, cfg: SamplerConfig):
         now = block_ids(x) == cfg.mask_id
 
         def step():
-            x0, conf, new = cached(x, cache, prev_masked, i)
+            x0, conf, new = cached(x, cache, prev_masked, now, i)
             return x0, conf, (new, now, then)
         if cfg.cache_refresh == 0:
             return step()
