@@ -117,14 +117,15 @@ def reference_proxy(model, cfg: smp.SamplerConfig):
     return run, propose
 
 
-def compile_mode(fns, params, ids, cfg):
-    """(compiled generate, compile seconds, warm-up output) of one sampler configuration."""
+def compile_mode(fns, params, ids, mask, cfg):
+    """(compiled generate, compile seconds, warm-up output) of one sampler configuration;
+    ``mask``: the prompts' attention mask, or None (no padding)."""
     gen = smp.make_generate_fn(fns, cfg)
     rng = jax.random.key(0)
     t0 = time.perf_counter()
-    compiled = gen.lower(params, ids, None, rng).compile()
+    compiled = gen.lower(params, ids, mask, rng).compile()
     compile_s = time.perf_counter() - t0
-    return compiled, compile_s, jax.block_until_ready(compiled(params, ids, None, rng))
+    return compiled, compile_s, jax.block_until_ready(compiled(params, ids, mask, rng))
 
 
 def compile_proxy(model, params, ids, cfg):
@@ -140,7 +141,7 @@ def bench_gen_length(model, params, ids, cfgs: dict, repeats: int) -> dict:
     """Modes timed side by side: rounds interleave them, so load changes hit all alike."""
     fns = smp.llada_fns(model)
     compiled = {m: compile_proxy(model, params, ids, cfg) if m == "reference_proxy"
-                else compile_mode(fns, params, ids, cfg) for m, cfg in cfgs.items()}
+                else compile_mode(fns, params, ids, None, cfg) for m, cfg in cfgs.items()}
     times = {m: [] for m in cfgs}
     rng = jax.random.key(0)
     for _ in range(repeats):

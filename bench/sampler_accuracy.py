@@ -71,36 +71,51 @@ def variants(taus, refreshes=()) -> dict[str, tuple[str, str, float, int]]:
     for r in refreshes:
         out[f"dual+refresh{r}"] = ("dual", "block", 1.0, r)
         out.update({f"dual+tau{tau:g}+refresh{r}": ("dual", "block", tau, r) for tau in taus})
+        out.update({f"dual_masked+tau{tau:g}+refresh{r}": ("dual", "masked", tau, r)
+                    for tau in taus})
     return out
 
 
 def run(model_dir: str, puzzles: str, num: int = 256, gen_length: int = 32,
         block_length: int = 32, steps: int | None = None, batch_size: int = 64,
         taus=(0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99), repeats: int = 3,
-        dtype: str = "float32", s: Setup | None = None, refreshes=()) -> dict:
-    """The benchmark's result (see the module docstring); ``s``: an already loaded model."""
+        dtype: str = "float32", s: Setup | None = None, refreshes=(),
+        prompt_length: int | None = None, only=()) -> dict:
+    """The benchmark's result (see the module docstring); ``s``: an already loaded model;
+    ``prompt_length``: left-pad every prompt to this many tokens (masked out of attention);
+    ``only``: keep these variant names (``exact`` always runs)."""
     s = s or load(model_dir, dtype)
     task = tasks.get_task("sudoku", prompt="compact")
     examples = sudoku.load_test(puzzles, subsample=None)[:num]
     n, bs = len(examples), min(batch_size, len(examples))
     texts = [task.eval_prompt(s.tokenizer, ex) for ex in examples]
-    ids, _ = encode_prompts(s.tokenizer, texts + texts[-1:] * (-n % bs),
-                            uniform_prompt_length(s.tokenizer, texts))
+    own = uniform_prompt_length(s.tokenizer, texts)
+    if prompt_length is not None and prompt_length < own:
+        raise ValueError(f"--prompt-length {prompt_length} is shorter than the prompts' {own} "
+                         "tokens")
+    ids, mask = encode_prompts(s.tokenizer, texts + texts[-1:] * (-n % bs), prompt_length or own)
     put = lambda a: jax.device_put(a, sharding.batch_sharding(s.mesh, 2, s.rules))
-    batches = [put(ids[i:i + bs]) for i in range(0, len(ids), bs)]
+    batches = [(put(ids[i:i + bs]), put(mask[i:i + bs]) if mask.min() == 0 else None)
+               for i in range(0, len(ids), bs)]
     fns, rng = smp.llada_fns(s.model), jax.random.key(0)
+    names = variants(taus, refreshes)
+    unknown = set(only) - set(names)
+    if unknown:
+        raise ValueError(f"unknown variants {sorted(unknown)}; these exist: {sorted(names)}")
+    if only:
+        names = {m: v for m, v in names.items() if m == "exact" or m in only}
     cfgs = {name: smp.SamplerConfig(
         gen_length=gen_length, block_length=block_length, steps=steps or gen_length // 2,
         temperature=0.0, remasking="low_confidence", mask_id=s.model_config.mask_token_id,
         eos_id=s.ids["eos"], kv_cache=kv, recompute=rc, threshold=tau, cache_refresh=r)
-        for name, (kv, rc, tau, r) in variants(taus, refreshes).items()}
+        for name, (kv, rc, tau, r) in names.items()}
     with sharding.activate(s.mesh, s.rules):
-        compiled = {m: compile_mode(fns, s.params, batches[0], cfg) for m, cfg in cfgs.items()}
+        compiled = {m: compile_mode(fns, s.params, *batches[0], cfg) for m, cfg in cfgs.items()}
         times, outs = {m: [] for m in cfgs}, {}
         for _ in range(repeats):  # rounds interleave the variants: load changes hit all alike
             for m, (fn, _, _) in compiled.items():
                 t0 = time.perf_counter()
-                outs[m] = jax.block_until_ready([fn(s.params, b, None, rng) for b in batches])
+                outs[m] = jax.block_until_ready([fn(s.params, b, bm, rng) for b, bm in batches])
                 times[m].append(time.perf_counter() - t0)
     rows = {}
     for m, cfg in cfgs.items():
@@ -177,6 +192,10 @@ def main(argv=None) -> dict:
     p.add_argument("--refresh", default="",
                    help="comma-separated cache_refresh values: adds dual (+ each tau) variants "
                         "that refresh the cache after that many decoded tokens")
+    p.add_argument("--prompt-length", type=int, default=None,
+                   help="left-pad the prompts to this many tokens (BENCH.md's workload: 64)")
+    p.add_argument("--only", default="",
+                   help="comma-separated variant names to run (exact always runs)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument("--png", help="write the accuracy-vs-speed plot here")
@@ -185,7 +204,8 @@ def main(argv=None) -> dict:
     result = {"load_average_1m_at_start": round(os.getloadavg()[0], 2),
               **run(a.model_dir, a.puzzles, a.num, a.gen_length, a.block_length, a.steps,
                     a.batch_size, [float(t) for t in a.taus.split(",")], a.repeats, a.dtype,
-                    refreshes=[int(r) for r in a.refresh.split(",") if r]),
+                    refreshes=[int(r) for r in a.refresh.split(",") if r],
+                    prompt_length=a.prompt_length, only=[m for m in a.only.split(",") if m]),
               "load_average_1m": round(os.getloadavg()[0], 2)}
     text = json.dumps(result, indent=1)
     print(text)

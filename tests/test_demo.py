@@ -168,3 +168,27 @@ def test_eval_cache_is_reused_only_with_the_same_settings(tmp_path):
     path.write_text(json.dumps({"sft": {"heldout": {}}}))  # the layout before settings
     assert demo.load_eval_cache(path, settings, logs.append)["models"] == {}
     assert len(logs) == 2 and "other evaluation settings" in logs[0]
+
+
+def test_demo_model_switches_give_bench_tiny_shape(tmp_path):
+    """demo.model.preset / width 0 / n_layers 0 / vocab_size: the base model has BENCH.md's
+    bench-tiny shape (embedding rows beyond the tokenizer's unused); a vocabulary smaller
+    than the tokenizer's is refused."""
+    from d1jax.model import PRESETS
+    from d1jax.tokenizer import train_tiny_tokenizer
+    from d1jax.train import config as config_lib
+    from d1jax.train import setup
+    texts = [sudoku.question(ex) for ex in sudoku.generate_puzzles(50, seed=2)]
+    tok = train_tiny_tokenizer(texts, tmp_path / "tok", vocab_size=320)
+    d = config_lib.demo(None).demo
+    d.unlock()
+    d.model.preset, d.model.width, d.model.n_layers, d.model.vocab_size = "bench-tiny", 0, 0, 8192
+    c = demo.pretrain_config(d, {"prompt_length": 43, "train": "", "tokenizer": ""})
+    m = setup._random_model_config(c, tok)
+    bench = PRESETS["bench-tiny"]
+    for k in ("d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden_size", "vocab_size"):
+        assert getattr(m, k) == bench[k], k
+    assert m.mask_token_id < len(tok) <= 320
+    c.model.vocab_size = 100
+    with pytest.raises(ValueError, match="smaller than the tokenizer"):
+        setup._random_model_config(c, tok)

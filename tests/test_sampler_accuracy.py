@@ -7,6 +7,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import d1jax
 from d1jax import eval as eval_lib
@@ -70,10 +71,12 @@ def test_sampler_accuracy_run(tmp_path):
     kvs = ("none", "prefix", "dual", "dual_masked")
     assert set(rows) == ({"exact", "prefix", "dual", "dual_masked", "dual+refresh1"}
                          | {f"{kv}+tau{t}" for kv in kvs for t in ("0.7", "1")}
-                         | {f"dual+tau{t}+refresh1" for t in ("0.7", "1")})
+                         | {f"{kv}+tau{t}+refresh1" for kv in ("dual", "dual_masked")
+                            for t in ("0.7", "1")})
     assert rows["dual_masked"]["recompute"] == "masked"
     # A refresh after every decoded token is a full forward per step: the exact sampler.
     assert rows["dual+refresh1"]["accuracy"] == rows["exact"]["accuracy"]
+    assert rows["dual_masked+tau1+refresh1"]["accuracy"] == rows["exact"]["accuracy"]
 
     # Exact: the accuracy d1's protocol (eval.generate_texts, task.verdict) gives.
     task = tasks.get_task("sudoku", prompt="compact")
@@ -95,3 +98,36 @@ def test_sampler_accuracy_run(tmp_path):
 
     sampler_accuracy.plot(res, str(tmp_path / "plot.png"))
     assert (tmp_path / "plot.png").stat().st_size > 10_000
+
+
+def test_sampler_accuracy_padded_prompts_and_variant_subset(tmp_path):
+    """--prompt-length left-pads (BENCH.md's 64-token prompts) with the padding masked out:
+    RoPE scores depend only on relative positions, so the answers equal the unpadded ones,
+    and d1's protocol with the same padding agrees. --only keeps exact and the named ones."""
+    model_dir, puzzles = tmp_path / "model", tmp_path / "puzzles.csv"
+    make_model(model_dir, tmp_path)
+    examples = sudoku.generate_puzzles(16, seed=5)
+    with open(puzzles, "w", newline="") as f:
+        csv.writer(f).writerows([("Puzzle", "Solution")] +
+                                [(ex["puzzle"], ex["solution"]) for ex in examples])
+    s = sampler_accuracy.load(str(model_dir))
+    kw = dict(num=16, gen_length=GEN, block_length=BLOCK, batch_size=8, taus=(0.7,), repeats=1,
+              s=s, only=("dual+tau0.7",))
+    plain = sampler_accuracy.run(str(model_dir), str(puzzles), **kw)
+    padded = sampler_accuracy.run(str(model_dir), str(puzzles), prompt_length=PROMPT + 20, **kw)
+    assert set(padded["variants"]) == {"exact", "dual+tau0.7"}
+    assert padded["prompt_length"] == PROMPT + 20
+    for m in ("exact", "dual+tau0.7"):
+        assert padded["variants"][m]["accuracy"] == plain["variants"][m]["accuracy"]
+    task = tasks.get_task("sudoku", prompt="compact")
+    scfg = smp.SamplerConfig(gen_length=GEN, block_length=BLOCK, steps=GEN // 2,
+                             mask_id=s.model_config.mask_token_id, eos_id=s.ids["eos"])
+    texts = eval_lib.generate_texts(s, task, examples, scfg, batch_size=8,
+                                    prompt_length=PROMPT + 20)
+    verdicts = [task.verdict(task.record(ex, t)) for ex, t in zip(examples, texts)]
+    accuracy = 100.0 * sum(v.hits for v in verdicts) / sum(v.total for v in verdicts)
+    assert padded["variants"]["exact"]["accuracy"] == round(accuracy, 4)
+    with pytest.raises(ValueError, match="shorter than the prompts"):
+        sampler_accuracy.run(str(model_dir), str(puzzles), prompt_length=PROMPT - 1, **kw)
+    with pytest.raises(ValueError, match="unknown variants"):
+        sampler_accuracy.run(str(model_dir), str(puzzles), **{**kw, "only": ("dual+tau9",)})

@@ -27,6 +27,7 @@ def _model(tiny: bool) -> mlc.ConfigDict:
     m.width = 64 if tiny else 0  # For random_init: d_model override (0 keeps the preset's).
     m.n_layers = 2 if tiny else 0  # For random_init: layer count override (0 keeps the preset's).
     m.tokenizer_vocab = 1024  # For random_init: vocabulary size of the trained tiny tokenizer.
+    m.vocab_size = 0  # For random_init: model vocabulary (embedding rows); 0: the tokenizer's, rounded up to 64.
     m.dtype = "float32" if tiny else "bfloat16"  # Compute dtype of matmuls.
     m.param_dtype = "float32" if tiny else "bfloat16"  # Storage dtype of the params.
     m.remat = not tiny  # Rematerialise each block in the backward pass.
@@ -275,8 +276,10 @@ def demo(arg: str | None) -> mlc.ConfigDict:
     d.gen_length = 32  # Completion tokens: <answer> grid </answer> is 24, then EOS.
     d.block_length = 32  # Semi-autoregressive block length (d1: 32); steps = gen_length / 2 (d1).
     d.model = mlc.ConfigDict()
-    d.model.width = 128  # d_model (mlp 3x, 4 heads, 2 KV heads).
-    d.model.n_layers = 4  # Transformer blocks.
+    d.model.preset = "test-tiny"  # Architecture preset the widths below override ("bench-tiny": BENCH.md's shape).
+    d.model.width = 128  # d_model (mlp 3x; test-tiny: 4 heads, 2 KV heads); 0 keeps the preset's.
+    d.model.n_layers = 4  # Transformer blocks; 0 keeps the preset's.
+    d.model.vocab_size = 0  # Model vocabulary (bench-tiny: 8192); 0: the tokenizer's, rounded up to 64.
     d.model.tokenizer_vocab = 320  # Byte-level BPE vocabulary trained on the puzzles' text.
     d.data = mlc.ConfigDict()
     d.data.seed = 1234  # Seed of the generated puzzles.

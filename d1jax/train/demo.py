@@ -83,9 +83,10 @@ def _sft_stage(demo: mlc.ConfigDict, data: dict, p: mlc.ConfigDict, warmup: floa
 def pretrain_config(demo: mlc.ConfigDict, data: dict) -> mlc.ConfigDict:
     p = demo.pretrain
     c = _sft_stage(demo, data, p, warmup=0.05, weight_decay=0.01)
-    c.model.random_init = "test-tiny"
+    c.model.random_init = demo.model.preset
     c.model.width = demo.model.width
     c.model.n_layers = demo.model.n_layers
+    c.model.vocab_size = demo.model.vocab_size
     c.sft.objective = p.objective
     c.sft.answer_noise = p.answer_noise
     c.sft.format_noise = p.format_noise

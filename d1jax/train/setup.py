@@ -56,6 +56,11 @@ def _tokenizer(config, workdir: Path, texts):
 def _random_model_config(config, tok) -> LLaDAConfig:
     ids = special_ids(tok)
     vocab = -(-len(tok) // 64) * 64  # room for the mesh's tensor axis to divide it
+    if config.model.vocab_size:
+        if config.model.vocab_size < len(tok):
+            raise ValueError(f"model.vocab_size={config.model.vocab_size} is smaller than the "
+                             f"tokenizer's {len(tok)} tokens")
+        vocab = config.model.vocab_size
     over = dict(vocab_size=vocab, embedding_size=vocab, mask_token_id=ids["mask"],
                 eos_token_id=ids["eos"], pad_token_id=ids["pad"], max_sequence_length=1024)
     if config.model.width:
