@@ -16,7 +16,8 @@ wall time: each variant compiled and run once, then the best of --repeats passes
 N puzzles, the variants interleaved within each round so that they share the machine's
 load) and ``speedup_vs_exact``; model evaluations per generated token (the sampler's
 ``block_steps``: a cached variant's full forward at each block start and its cheaper
-block forwards count alike). Prints one JSON object; --png plots accuracy against tokens/s.
+block forwards count alike), and per block the mean of them (``block_steps_mean``). Prints one
+JSON object; --png plots accuracy against tokens/s.
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ def run(model_dir: str, puzzles: str, num: int = 256, gen_length: int = 32,
                    "tokens_per_s": n * gen_length / min(times[m]),
                    "tokens_per_s_median": n * gen_length / statistics.median(times[m]),
                    "wall_s": min(times[m]), "compile_s": compiled[m][1],
-                   "forwards_per_token": float(steps_run.sum(1).mean()) / gen_length}
+                   "forwards_per_token": float(steps_run.sum(1).mean()) / gen_length,
+                   "block_steps_mean": [round(float(v), 2) for v in steps_run.mean(0)]}
     ex = rows["exact"]
     for r in rows.values():
         r.update(speedup_vs_exact=r["tokens_per_s"] / ex["tokens_per_s"],

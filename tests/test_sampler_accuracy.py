@@ -88,6 +88,9 @@ def test_sampler_accuracy_run(tmp_path):
     assert 0 < accuracy < 100  # the model's answers are parsed, and vary
     assert rows["exact"]["accuracy"] == round(accuracy, 4)
     assert rows["exact"]["forwards_per_token"] == 0.5  # steps / gen_length
+    assert rows["exact"]["block_steps_mean"] == [4.0, 4.0]  # 8 steps over 2 blocks
+    for r in rows.values():  # the per-block means add up to the forwards per token
+        assert sum(r["block_steps_mean"]) / GEN == pytest.approx(r["forwards_per_token"], 1e-2)
     assert rows["none+tau1"]["accuracy"] == rows["exact"]["accuracy"]
     assert rows["none+tau1"]["accuracy_vs_exact"] == 0.0
     for r in rows.values():
