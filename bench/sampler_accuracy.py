@@ -96,7 +96,8 @@ def run(model_dir: str, puzzles: str, num: int = 256, gen_length: int = 32,
                          "tokens")
     ids, mask = encode_prompts(s.tokenizer, texts + texts[-1:] * (-n % bs), prompt_length or own)
     put = lambda a: jax.device_put(a, sharding.batch_sharding(s.mesh, 2, s.rules))
-    batches = [(put(ids[i:i + bs]), put(mask[i:i + bs]) if mask.min() == 0 else None)
+    padded = bool(mask.min() == 0)
+    batches = [(put(ids[i:i + bs]), put(mask[i:i + bs]) if padded else None)
                for i in range(0, len(ids), bs)]
     fns, rng = smp.llada_fns(s.model), jax.random.key(0)
     names = variants(taus, refreshes)

@@ -55,14 +55,21 @@ def make_model(out_dir: Path, tmp: Path) -> None:
     tok.save_pretrained(out_dir)
 
 
-def test_sampler_accuracy_run(tmp_path):
-    model_dir, puzzles = tmp_path / "model", tmp_path / "puzzles.csv"
-    make_model(model_dir, tmp_path)
+@pytest.fixture(scope="module")
+def bench_inputs(tmp_path_factory):
+    """(model dir, puzzles CSV, its 16 puzzles, the loaded model), shared by the tests."""
+    tmp = tmp_path_factory.mktemp("sampler_accuracy")
+    model_dir, puzzles = tmp / "model", tmp / "puzzles.csv"
+    make_model(model_dir, tmp)
     examples = sudoku.generate_puzzles(16, seed=5)
     with open(puzzles, "w", newline="") as f:
         csv.writer(f).writerows([("Puzzle", "Solution")] +
                                 [(ex["puzzle"], ex["solution"]) for ex in examples])
-    s = sampler_accuracy.load(str(model_dir))
+    return model_dir, puzzles, examples, sampler_accuracy.load(str(model_dir))
+
+
+def test_sampler_accuracy_run(bench_inputs, tmp_path):
+    model_dir, puzzles, examples, s = bench_inputs
     res = sampler_accuracy.run(str(model_dir), str(puzzles), num=16, gen_length=GEN,
                                block_length=BLOCK, batch_size=8, taus=(0.7, 1.0), repeats=1, s=s,
                                refreshes=(1,))
@@ -103,17 +110,11 @@ def test_sampler_accuracy_run(tmp_path):
     assert (tmp_path / "plot.png").stat().st_size > 10_000
 
 
-def test_sampler_accuracy_padded_prompts_and_variant_subset(tmp_path):
+def test_sampler_accuracy_padded_prompts_and_variant_subset(bench_inputs):
     """--prompt-length left-pads (BENCH.md's 64-token prompts) with the padding masked out:
     RoPE scores depend only on relative positions, so the answers equal the unpadded ones,
     and d1's protocol with the same padding agrees. --only keeps exact and the named ones."""
-    model_dir, puzzles = tmp_path / "model", tmp_path / "puzzles.csv"
-    make_model(model_dir, tmp_path)
-    examples = sudoku.generate_puzzles(16, seed=5)
-    with open(puzzles, "w", newline="") as f:
-        csv.writer(f).writerows([("Puzzle", "Solution")] +
-                                [(ex["puzzle"], ex["solution"]) for ex in examples])
-    s = sampler_accuracy.load(str(model_dir))
+    model_dir, puzzles, examples, s = bench_inputs
     kw = dict(num=16, gen_length=GEN, block_length=BLOCK, batch_size=8, taus=(0.7,), repeats=1,
               s=s, only=("dual+tau0.7",))
     plain = sampler_accuracy.run(str(model_dir), str(puzzles), **kw)
