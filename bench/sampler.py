@@ -37,7 +37,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import d1jax  # noqa: E402
-from d1jax import sampler as smp  # noqa: E402
+from d1jax import sampling as smp  # noqa: E402
 
 REFERENCE_TOKENS_PER_S = 88.0  # BENCH.md: LLaDA generate.py + HF model, torch CPU, this machine.
 MODES = {  # name -> SamplerConfig overrides

@@ -38,11 +38,13 @@ import numpy as np  # noqa: E402
 
 from common import device_name  # noqa: E402  (bench/common.py)
 from sampler import compile_mode  # noqa: E402  (bench/sampler.py)
-from d1jax import sampler as smp, sharding, tasks, weights  # noqa: E402
+from d1jax import sharding, tasks
+from d1jax import sampling as smp
+from d1jax.model import weights  # noqa: E402
 from d1jax.model import LLaDA  # noqa: E402
 from d1jax.tasks import sudoku  # noqa: E402
-from d1jax.tokenizer import load_tokenizer, special_ids  # noqa: E402
-from d1jax.eval import score_records  # noqa: E402
+from d1jax.model.tokenizer import load_tokenizer, special_ids  # noqa: E402
+from d1jax.eval.evaluate import score_records  # noqa: E402
 from d1jax.train.rollout import encode_prompts, uniform_prompt_length  # noqa: E402
 from d1jax.train.setup import Setup  # noqa: E402
 

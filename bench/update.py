@@ -29,7 +29,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import d1jax  # noqa: E402
-from d1jax import logprob, optim, update  # noqa: E402
+from d1jax.objectives import logprob
+from d1jax.train import optim
+from d1jax.train import update  # noqa: E402
 from d1jax.model import LoraConfig  # noqa: E402
 
 REFERENCE_S = {"estimator_mu1": 0.17, "estimator_mu4": 0.83, "update_mu1": 0.58}

@@ -5,10 +5,10 @@
   python -m d1jax.eval --config=configs/eval.py:sudoku-tiny --workdir=/tmp/eval_tiny  # CPU smoke run
 
 The argument is the task (gsm8k, math500, sudoku, countdown), optionally with "-tiny".
-Fields and their meaning: d1jax/train/config.py (eval_config).
+Fields and their meaning: d1jax/config/defaults.py (eval_config).
 """
 
-from d1jax.train import config
+from d1jax import config
 
 
 def get_config(arg=None):

@@ -4,10 +4,10 @@
       --config.model.path=/path/to/LLaDA-8B-Instruct
   python -m d1jax.main --config=configs/grpo_countdown.py:tiny --workdir=/tmp/grpo_countdown_tiny  # CPU, ~1 min
 
-Fields and their meaning: d1jax/train/config.py (grpo).
+Fields and their meaning: d1jax/config/defaults.py (grpo).
 """
 
-from d1jax.train import config
+from d1jax import config
 
 
 def get_config(arg=None):

@@ -17,9 +17,9 @@ from ml_collections import config_flags
 STAGES = {
     "sft": "d1jax.train.sft",
     "grpo": "d1jax.train.grpo",
-    "eval": "d1jax.eval",
-    "demo": "d1jax.train.demo",
-    "forward": "d1jax.train.forward_demo",
+    "eval": "d1jax.eval.evaluate",
+    "demo": "d1jax.demo.run",
+    "forward": "d1jax.demo.forward",
 }
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (.py), ':variant' allowed.")
@@ -64,8 +64,8 @@ def main(argv):
 def _user_errors() -> tuple[type[BaseException], ...]:
     from d1jax.model import UnsupportedConfigError
     from d1jax.tasks.sources import DataUnavailableError
-    from d1jax.train.config import ConfigError
-    from d1jax.weights import CheckpointError
+    from d1jax.config import ConfigError
+    from d1jax.model.weights import CheckpointError
     return (ConfigError, CheckpointError, UnsupportedConfigError, DataUnavailableError)
 
 

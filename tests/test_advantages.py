@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from d1jax import advantages
+from d1jax.objectives import advantages
 
 
 def test_group_mean_is_d1s_baseline():

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from d1jax.train import demo, demo_data
+from d1jax.demo import run as demo
+from d1jax.demo import data as demo_data
 from d1jax.tasks import get_task, sudoku
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +138,7 @@ def test_pretraining_documents_are_noisy_as_configured():
 
 
 def test_sft_noise_switches_choose_the_corpus(tmp_path):
-    from d1jax.train import config as config_lib
+    from d1jax import config as config_lib
     from d1jax.train import sft
     rows = sudoku.generate_puzzles(64, seed=5)
     path = tmp_path / "train.csv"
@@ -175,8 +176,8 @@ def test_demo_model_switches_give_bench_tiny_shape(tmp_path):
     bench-tiny shape (embedding rows beyond the tokenizer's unused); a vocabulary smaller
     than the tokenizer's is refused."""
     from d1jax.model import PRESETS
-    from d1jax.tokenizer import train_tiny_tokenizer
-    from d1jax.train import config as config_lib
+    from d1jax.model.tokenizer import train_tiny_tokenizer
+    from d1jax import config as config_lib
     from d1jax.train import setup
     texts = [sudoku.question(ex) for ex in sudoku.generate_puzzles(50, seed=2)]
     tok = train_tiny_tokenizer(texts, tmp_path / "tok", vocab_size=320)

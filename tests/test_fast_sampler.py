@@ -13,7 +13,7 @@ import pytest
 
 import d1jax
 from d1jax import model as model_lib
-from d1jax import sampler as smp
+from d1jax import sampling as smp
 from d1jax import sharding
 
 

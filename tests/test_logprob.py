@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from d1jax import logprob
+from d1jax.objectives import logprob
 
 
 def _inputs(c, b=3, lp=6, lc=5, seed=0):

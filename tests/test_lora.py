@@ -9,8 +9,9 @@ import pytest
 from flax import traverse_util
 
 import d1jax
-from d1jax import lora as lora_lib
-from d1jax import optim, update
+from d1jax.model import lora as lora_lib
+from d1jax.train import optim
+from d1jax.train import update
 from d1jax.model import LoraConfig
 
 LORA = LoraConfig(rank=4, alpha=8.0, dropout=0.0)

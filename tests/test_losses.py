@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 import d1jax
-from d1jax import losses, optim, update
+from d1jax.objectives import losses
+from d1jax.train import optim
+from d1jax.train import update
 
 
 def np_grpo(logps, old, ref, adv, mask, eps, beta):

@@ -38,7 +38,7 @@ def test_workdir_check_is_safe_when_every_process_runs_it_at_once(tmp_path):
 
 
 def _check_workdir_many(path: str) -> str | None:
-    from d1jax.train.config import ConfigError, check_workdir
+    from d1jax.config import ConfigError, check_workdir
     try:
         for _ in range(300):
             check_workdir(path)

@@ -17,7 +17,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import d1jax
-from d1jax import weights
+from d1jax.model import weights
 
 HF = "model.transformer."
 

@@ -1,4 +1,4 @@
-"""d1jax.rewards: answer-tag and box extraction against d1's regexes, and the safe
+"""d1jax.tasks.rewards: answer-tag and box extraction against d1's regexes, and the safe
 arithmetic evaluator against Python's own arithmetic (never against ``eval`` of model text)."""
 
 import re
@@ -7,7 +7,7 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from d1jax import rewards
+from d1jax.tasks import rewards
 
 PIECES = ["<answer>", "</answer>", "\n", " ", "x", "1", "{", "}", "\\boxed{", "\\boxed ", "$",
           "\\fbox", "<reasoning>"]

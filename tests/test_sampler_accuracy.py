@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 import d1jax
-from d1jax import eval as eval_lib
-from d1jax import sampler as smp
-from d1jax import tasks, weights
+from d1jax.eval import evaluate as eval_lib
+from d1jax import sampling as smp
+from d1jax import tasks
+from d1jax.model import weights
 from d1jax.tasks import sudoku
-from d1jax.tokenizer import special_ids, train_tiny_tokenizer
+from d1jax.model.tokenizer import special_ids, train_tiny_tokenizer
 from d1jax.train.rollout import encode_prompts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from d1jax import score
+from d1jax.eval import score
 
 
 GSM8K_WRONG = [4, 7, 21, 24, 27, 30, 31, 34, 40, 43, 44, 50, 52, 64, 73, 80, 82, 83, 91, 101,

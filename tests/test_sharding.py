@@ -9,7 +9,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import d1jax
-from d1jax import sharding, weights
+from d1jax import sharding
+from d1jax.model import weights
 
 MESH_SHAPES = [(8, 1, 1), (2, 2, 2), (1, 2, 4)]  # (data, fsdp, tensor)
 MESH_IDS = ["x".join(map(str, s)) for s in MESH_SHAPES]

@@ -95,7 +95,7 @@ def test_bad_config_fails_with_one_clear_line(tmp_path, override, message):
 
 
 def test_group_size_must_divide_batch(tmp_path):
-    from d1jax.train.config import ConfigError, check_batch
+    from d1jax.config import ConfigError, check_batch
     with pytest.raises(ConfigError, match="not divisible by num_generations G=4"):
         check_batch(10, 4, 1, "prompts_per_step x G")
 
@@ -125,7 +125,7 @@ def test_eval_of_the_exported_model_writes_d1_layout_and_scores(grpo_run, tmp_pa
     assert len(data["generations"]) == 8
     assert {"question", "generations", "ground_truth"} <= set(data["generations"][0])
     acc = json.loads((tmp_path / "accuracy.json").read_text())["32"]
-    from d1jax.score import score_file
+    from d1jax.eval.score import score_file
     scored = score_file(files[0])
     np.testing.assert_allclose(scored["accuracy"], acc["accuracy"], atol=1e-6)
 

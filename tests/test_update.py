@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 import d1jax
-from d1jax import logprob, optim, update
+from d1jax.objectives import logprob
+from d1jax.train import optim
+from d1jax.train import update
 from d1jax import sharding as shd
 from d1jax.model import LoraConfig
 

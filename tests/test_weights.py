@@ -11,9 +11,9 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import d1jax
-from d1jax import weights
+from d1jax.model import weights
 from d1jax.model import UnsupportedConfigError
-from d1jax.weights import CheckpointError
+from d1jax.model.weights import CheckpointError
 
 HF = "model.transformer."
 

@@ -6,7 +6,7 @@
     rewards = task.reward_funcs[0](completions, rows[:len(completions)])
 
 Each module holds one task's prompts (exactly d1's text), its GRPO rewards, d1's
-evaluation parser and its data loaders; ``d1jax.score`` scores generation files with them.
+evaluation parser and its data loaders; ``d1jax.eval.score`` scores generation files with them.
 """
 
 from __future__ import annotations

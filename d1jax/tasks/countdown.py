@@ -25,7 +25,7 @@ import re
 from fractions import Fraction
 from typing import Any, Iterable
 
-from d1jax import rewards
+from d1jax.tasks import rewards
 from d1jax.tasks import sources
 from d1jax.tasks.base import XML_SYSTEM_PROMPT, Example, Task, Verdict, batched, user_turn
 

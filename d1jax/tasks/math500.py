@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from d1jax import rewards
+from d1jax.tasks import rewards
 from d1jax.tasks import math_equiv, sources
 from d1jax.tasks.base import XML_SYSTEM_PROMPT, Example, Task, Verdict, batched, user_turn
 

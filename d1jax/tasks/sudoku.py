@@ -25,7 +25,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from d1jax import rewards
+from d1jax.tasks import rewards
 from d1jax.tasks import sources
 from d1jax.tasks.base import Example, Task, Verdict, batched, user_turn
 

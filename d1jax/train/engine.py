@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from d1jax import advantages as adv_lib
-from d1jax import lora as lora_lib
-from d1jax import sampler as smp
+from d1jax.objectives import advantages as adv_lib
+from d1jax.model import lora as lora_lib
+from d1jax import sampling as smp
 from d1jax import sharding
 from d1jax.train import rollout as rl
 from d1jax.train import steps as steps_lib

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from d1jax import tasks as tasks_lib
 from d1jax.metrics import Progress
-from d1jax.train import config as config_lib
+from d1jax import config as config_lib
 from d1jax.train import engine, loop, rollout
 from d1jax.train.data import ExampleIterator
 from d1jax.train.setup import build, data_parallel_size, make_mesh

@@ -13,8 +13,8 @@ import numpy as np
 
 from d1jax import checkpoint as ckpt_lib
 from d1jax import metrics as metrics_lib
-from d1jax import weights
-from d1jax.train import config as config_lib
+from d1jax.model import weights
+from d1jax import config as config_lib
 
 
 @dataclasses.dataclass

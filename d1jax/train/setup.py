@@ -10,9 +10,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from d1jax import sharding, weights
+from d1jax import sharding
+from d1jax.model import weights
 from d1jax.model import LLaDA, LLaDAConfig, LoraConfig, preset
-from d1jax.tokenizer import load_tokenizer, special_ids, train_tiny_tokenizer
+from d1jax.model.tokenizer import load_tokenizer, special_ids, train_tiny_tokenizer
 
 
 @dataclasses.dataclass

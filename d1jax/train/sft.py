@@ -14,7 +14,7 @@ import numpy as np
 from d1jax import sharding
 from d1jax import tasks as tasks_lib
 from d1jax.metrics import Progress
-from d1jax.train import config as config_lib
+from d1jax import config as config_lib
 from d1jax.train import loop
 from d1jax.train import steps as steps_lib
 from d1jax.train.data import ExampleIterator
@@ -37,7 +37,7 @@ def sft_examples(config) -> list[dict]:
     if config.task.num_train:
         rows = rows[:config.task.num_train]
     if noisy:
-        from d1jax.train import demo_data
+        from d1jax.demo import data as demo_data
         rows = demo_data.pretraining_documents(task, rows, config.sft.answer_noise, config.seed,
                                               config.sft.format_noise)
     return rows
@@ -106,7 +106,7 @@ def run(config, workdir: str) -> dict:
         ctx.checkpointer.save(step, state, {"data": data.get_state(), "metrics": last}, force=True)
         ctx.checkpointer.wait()
         if config.train.export_hf and step >= total:
-            from d1jax import lora as lora_lib
+            from d1jax.model import lora as lora_lib
             loop.export_hf(wd, s.model_config, lora_lib.merge(state.policy_params(), s.model.lora),
                            s.tokenizer)
     finally:

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from d1jax.tokenizer import EOT
+from d1jax.model.tokenizer import EOT
 
 
 def encode_sft(tokenizer, examples: Sequence[dict], max_length: int,

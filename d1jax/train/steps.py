@@ -1,4 +1,4 @@
-"""The update functions of d1jax.update, configured and jitted for a run.
+"""The update functions of d1jax.train.update, configured and jitted for a run.
 
 Each jitted step takes the state with its shardings in and out and donates it.
 """
@@ -12,8 +12,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from d1jax import optim
-from d1jax import update as upd
+from d1jax.train import optim
+from d1jax.train import update as upd
 
 
 @dataclasses.dataclass

@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from d1jax.logprob import model_head, head_logps
+from d1jax.objectives.logprob import model_head, head_logps
 from d1jax.model import LLaDA
 
 Array = jax.Array

@@ -35,13 +35,14 @@ import ml_collections as mlc
 import numpy as np
 
 from d1jax import tasks as tasks_lib
-from d1jax import eval as eval_lib
-from d1jax import sampler as smp
+from d1jax.eval import evaluate as eval_lib
+from d1jax import sampling as smp
 from d1jax.tasks import sudoku
 from d1jax.tasks.sources import DataUnavailableError
-from d1jax.tokenizer import load_tokenizer, train_tiny_tokenizer
-from d1jax.train import config as config_lib
-from d1jax.train import demo_data, grpo, sft
+from d1jax.model.tokenizer import load_tokenizer, train_tiny_tokenizer
+from d1jax import config as config_lib
+from d1jax.train import grpo, sft
+from d1jax.demo import data as demo_data
 from d1jax.train.rollout import uniform_prompt_length
 from d1jax.train.setup import build
 

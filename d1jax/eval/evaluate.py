@@ -6,7 +6,7 @@
 Protocol (d1 eval/eval.py): gen lengths 128/256/512, block 32, steps = gen_length / 2,
 temperature 0, low-confidence remasking, prompt = eval chat template + "<reasoning>",
 generations decoded with special tokens kept. Files are named like d1's
-(``{task}_{model}_{gen_length}_{steps}_0_generations.json``) so ``python -m d1jax.score``
+(``{task}_{model}_{gen_length}_{steps}_0_generations.json``) so ``python -m d1jax.eval.score``
 and d1's own parser read them.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from d1jax import sampler as smp
+from d1jax import sampling as smp
 from d1jax import sharding
 from d1jax import tasks as tasks_lib
 from d1jax.train import loop, rollout

@@ -1,7 +1,7 @@
 """Score generation files in d1's layout with d1's parse rules (eval/parse_and_get_acc.py).
 
-    python -m d1jax.score eval_baselines/                       # every *_generations.json
-    python -m d1jax.score gsm8k_instruct_256_128_0_generations.json --json
+    python -m d1jax.eval.score eval_baselines/                       # every *_generations.json
+    python -m d1jax.eval.score gsm8k_instruct_256_128_0_generations.json --json
 
 A file is ``{"generations": [{"question", "generations", "ground_truth"}, ...], ...}``.
 Its task and generation length come from the name, as d1 names them:
@@ -161,7 +161,7 @@ def format_table(results: Sequence[dict]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m d1jax.score",
+    parser = argparse.ArgumentParser(prog="python -m d1jax.eval.score",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="+", help="generation JSON files or directories")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -33,8 +33,10 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding
 
-from d1jax import logprob, losses, optim
-from d1jax import lora as lora_lib
+from d1jax.objectives import logprob
+from d1jax.objectives import losses
+from d1jax.train import optim
+from d1jax.model import lora as lora_lib
 from d1jax import sharding as shd
 from d1jax.model import LLaDA
 

@@ -144,7 +144,7 @@ def validate(c: mlc.ConfigDict) -> None:
 def check_sampler(prefix: str, **fields) -> None:
     """Runs the sampler's own checks (``SamplerConfig``) before any model is loaded; a bad
     field becomes one ConfigError naming it as ``prefix + field``."""
-    from d1jax import sampler  # heavy (jax): only when a config is validated
+    from d1jax import sampling as sampler  # heavy (jax): only when a config is validated
     try:
         sampler.SamplerConfig(**fields)
     except ValueError as e:
@@ -255,7 +255,7 @@ def eval_config(arg: str | None) -> mlc.ConfigDict:
 
 
 def demo(arg: str | None) -> mlc.ConfigDict:
-    """The CPU demo (d1jax/train/demo.py): base -> SFT -> diffu-GRPO on 4x4 Sudoku.
+    """The CPU demo (d1jax/demo/run.py): base -> SFT -> diffu-GRPO on 4x4 Sudoku.
 
     ``arg``: None (the README's run, about 13 minutes on 2 cores) or "ci" (a shortened
     run for the test suite: fewer pretraining steps, one 60-step diffu-GRPO run from the SFT
@@ -265,7 +265,7 @@ def demo(arg: str | None) -> mlc.ConfigDict:
         raise ConfigError(f"unknown demo variant {arg!r}: use nothing or ':ci'")
     ci = arg == "ci"
     c = mlc.ConfigDict()
-    c.stage = "demo"  # d1jax.main runs d1jax.train.demo.
+    c.stage = "demo"  # d1jax.main runs d1jax.demo.run.
     c.workdir = ""  # Run directory (--workdir overrides); one sub-directory per stage.
     d = c.demo = mlc.ConfigDict()
     d.seed = 0  # Seed of the data, the base model's init and the SFT stage.

@@ -1,0 +1,1 @@
+"""What is optimised: log-prob estimators, losses and advantages."""
