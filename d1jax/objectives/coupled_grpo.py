@@ -1,0 +1,120 @@
+"""Coupled-GRPO (DiffuCoder, arXiv 2506.20639; apple/ml-diffucoder ``src/open_r1/coupled_grpo.py``).
+
+The per-token log-prob estimate scores each completion token in three forward passes that
+share one mask draw (``masking.coupled_masks``: ratio t, set M):
+
+  x_full: the whole completion masked;   x_M: the tokens of M masked;   x_~M: the rest masked.
+
+  log pi(o_c) ~= ( log p(o_c | x_full) + [c in M] log p(o_c | x_M) / t
+                                       + [c not in M] log p(o_c | x_~M) / (1 - t) ) / 2
+
+so every token is scored exactly once by the complementary pair, with the pair's mask-ratio
+weights 1/t and 1/(1 - t), and averaged with the fully masked pass (the authors' weights
+[1, 1/t, 1/(1-t)] and ``(p0 + weighted) / 2`` in ``selective_log_softmax``). The loss on top
+is d1's clipped-ratio GRPO loss (``losses.grpo_loss``): old log-probs from the rollout policy
+with the same mask key when mu > 1 (detached current ones when mu == 1), reference log-probs
+only when beta != 0, token mean over the completion mask.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from d1jax.model import LLaDA
+from d1jax.objectives import losses, masking
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class CoupledGRPOConfig:
+    """Coupled-GRPO knobs; defaults from DiffuCoder's ``recipes/config_coupled_code.yaml``."""
+
+    epsilon: float = 0.5  # epsilon: ratio clip (the authors set epsilon_low = epsilon_high).
+    beta: float = 0.01  # beta: weight of the k3 KL to the reference (0: no reference pass).
+    t_min: float = 0.2  # t ~ U(t_min, t_max): mask ratio of the set M.
+    t_max: float = 0.8
+    use_attention_mask: bool = True  # False attends to prompt padding, as the authors do.
+    seq_chunk: int | None = None  # Completion positions per head chunk (None: automatic).
+
+    def __post_init__(self):
+        if not 0.0 < self.t_min <= self.t_max < 1.0:
+            raise ValueError(f"mask ratio range [t_min={self.t_min}, t_max={self.t_max}] must "
+                             "satisfy 0 < t_min <= t_max < 1 (both 1/t and 1/(1-t) weight tokens)")
+        if self.epsilon <= 0 or self.beta < 0:
+            raise ValueError(f"epsilon={self.epsilon} must be > 0 and beta={self.beta} >= 0")
+
+
+def coupled_inputs(key: Array, prompt_ids_bp: Array, completion_ids_bc: Array, mask_id: int, *,
+                   t_min: float, t_max: float) -> tuple[Array, Array, Array]:
+    """The three noisy sequences of one draw: (ids [3, B, L]: x_full, x_M, x_~M; is_mask
+    [B, C]: the set M; t []). The prompt is never masked (the authors' ``prompt_index``)."""
+    b, c = completion_ids_bc.shape
+    is_mask_bc, t = masking.coupled_masks(key, b, c, t_min=t_min, t_max=t_max)
+    full_bc = jnp.full_like(completion_ids_bc, mask_id)
+    comp_3bc = jnp.stack([full_bc, jnp.where(is_mask_bc, mask_id, completion_ids_bc),
+                          jnp.where(is_mask_bc, completion_ids_bc, mask_id)])
+    prompt_3bp = jnp.broadcast_to(prompt_ids_bp, (3,) + prompt_ids_bp.shape)
+    return jnp.concatenate([prompt_3bp, comp_3bc], axis=-1), is_mask_bc, t
+
+
+def coupled_token_logps(full_bc: Array, pair_m_bc: Array, pair_c_bc: Array, is_mask_bc: Array,
+                        t: Array) -> Array:
+    """[B, C] the coupled estimate from the three passes' log p(o_c) (see module doc):
+    (full + where(M, pair_m / t, pair_c / (1 - t))) / 2."""
+    pair_bc = jnp.where(is_mask_bc, pair_m_bc / t, pair_c_bc / (1.0 - t))
+    return (full_bc + pair_bc) / 2.0
+
+
+def coupled_logps(model: LLaDA, params: Any, prompt_ids_bp: Array, prompt_mask_bp: Array,
+                  completion_ids_bc: Array, key: Array, cfg: CoupledGRPOConfig, *,
+                  use_lora: bool = True, dropout_rng: Array | None = None
+                  ) -> tuple[Array, Array]:
+    """(coupled per-token log-probs [B, C] float32, t []) of the completion under ``params``.
+
+    ``key`` fixes the mask draw: the rollout's old and reference passes and the update's
+    current pass of one inner iteration must share it. The three passes run as one forward
+    of [3B, L]. ``use_lora=False`` evaluates the base model (the LoRA reference policy).
+    """
+    b, c = completion_ids_bc.shape
+    ids_3bl, is_mask_bc, t = coupled_inputs(key, prompt_ids_bp, completion_ids_bc,
+                                            model.config.mask_token_id,
+                                            t_min=cfg.t_min, t_max=cfg.t_max)
+    attn_bl = masking.attention_mask(prompt_mask_bp, c, cfg.use_attention_mask)
+    attn_nl = None if attn_bl is None else jnp.tile(attn_bl, (3, 1))
+    lp_nc = masking.masked_logps(model, params, ids_3bl.reshape(3 * b, -1),
+                                 jnp.tile(completion_ids_bc, (3, 1)), attn_nl,
+                                 use_lora=use_lora, dropout_rng=dropout_rng,
+                                 seq_chunk=cfg.seq_chunk)
+    lp_3bc = lp_nc.reshape(3, b, c)
+    return coupled_token_logps(lp_3bc[0], lp_3bc[1], lp_3bc[2], is_mask_bc, t), t
+
+
+def coupled_grpo_loss(model: LLaDA, params: Any, prompt_ids_bp: Array, prompt_mask_bp: Array,
+                      completion_ids_bc: Array, completion_mask_bc: Array, advantages_b: Array,
+                      rng: Array, cfg: CoupledGRPOConfig, *, old_logps_bc: Array | None = None,
+                      ref_logps_bc: Array | None = None, dropout_rng: Array | None = None
+                      ) -> tuple[Array, dict[str, Array]]:
+    """DiffuCoder's ``compute_loss``: the clipped GRPO loss on coupled log-probs.
+
+    Args:
+      prompt_ids_bp: [B, P] int. prompt_mask_bp: [B, P] (1 = real token).
+      completion_ids_bc: [B, C] int. completion_mask_bc: [B, C], 1 up to the first EOS.
+      advantages_b: [B] A_i.
+      rng: the mask key of this inner iteration (the key ``old_logps_bc``/``ref_logps_bc``
+        were computed with through ``coupled_logps``).
+      old_logps_bc: [B, C] rollout policy; None is mu == 1 (ratio 1, gradient A grad logp).
+      ref_logps_bc: [B, C] reference policy, required when beta != 0.
+      dropout_rng: LoRA dropout (None: deterministic).
+    Returns:
+      (loss, metrics): ``grpo_loss``'s (kl, clip_ratio, ratio_mean/min/max) and mask_ratio t.
+    """
+    logps_bc, t = coupled_logps(model, params, prompt_ids_bp, prompt_mask_bp, completion_ids_bc,
+                                rng, cfg, dropout_rng=dropout_rng)
+    loss, metrics = losses.grpo_loss(logps_bc, old_logps_bc, ref_logps_bc, advantages_b,
+                                     completion_mask_bc, epsilon=cfg.epsilon, beta=cfg.beta)
+    return loss, {**metrics, "mask_ratio": t}
