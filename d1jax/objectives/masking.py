@@ -70,9 +70,10 @@ def block_masks(key: Array, completion_mask_bc: Array, *, block_length: int, num
     For each row (real length n = sum of ``completion_mask_bc``, a prefix) and sample j: a
     block k among the row's ceil(n / block_length) real blocks; every position from block
     k + 1 on is masked, and every position past n; in block k, m of its n_k = min(block_length,
-    n - k block_length) real positions, chosen uniformly, with m ~ U{max(floor(n_k min_t), 1),
-    ..., min(floor(n_k max_t), n_k)}; each position before block k is masked with probability
-    ``p_clean`` (the authors' prompt noise, which also reaches the clean blocks).
+    n - k block_length) real positions, chosen uniformly, with m ~ U{lo, ..., max(hi, lo)},
+    lo = max(floor(n_k min_t), 1), hi = min(floor(n_k max_t), n_k); each position before
+    block k is masked with probability ``p_clean`` (the authors' prompt noise, which also
+    reaches the clean blocks).
 
     Returns (is_mask [B, J, C] bool: the noisy input's masked completion positions,
     k [B, J] int32: the block of each sample).
@@ -90,6 +91,7 @@ def block_masks(key: Array, completion_mask_bc: Array, *, block_length: int, num
     size_f = size_bj.astype(jnp.float32)
     lo_bj = jnp.maximum(jnp.floor(size_f * min_t + _FLOOR_EPS).astype(jnp.int32), 1)
     hi_bj = jnp.minimum(jnp.floor(size_f * max_t + _FLOOR_EPS).astype(jnp.int32), size_bj)
+    hi_bj = jnp.maximum(hi_bj, lo_bj)  # a short block with floor(n_k max_t) = 0: mask one
     num_bj = jax.random.randint(k_num, (b, num_t), lo_bj, hi_bj + 1)
 
     pos_c = jnp.arange(c)
