@@ -37,14 +37,13 @@ def assert_step_raises_likelihood(model, params, loss_of_params, prompt, comp, r
                                   lr=3e-3):
     """The gradient of ``loss_of_params`` is finite and one Adam step raises the ELBO
     (LLaDA's Monte Carlo bound, a fixed key) of completion ``row``."""
-    grads = jax.grad(loss_of_params)(params)
+    grads = jax.jit(jax.grad(loss_of_params))(params)
     assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
     opt = optax.adam(lr)
     updates, _ = opt.update(grads, opt.init(params), params)
     new = optax.apply_updates(params, updates)
 
-    def elbo(p):
-        return float(logprob.elbo_logps(model, p, prompt[row:row + 1], comp[row:row + 1],
-                                        jax.random.key(7), mc_num=32, mc_batch=16)[0])
-    before, after = elbo(params), elbo(new)
+    elbo = jax.jit(lambda p: logprob.elbo_logps(model, p, prompt[row:row + 1], comp[row:row + 1],
+                                                jax.random.key(7), mc_num=32, mc_batch=16)[0])
+    before, after = float(elbo(params)), float(elbo(new))
     assert after > before + 0.05, (before, after)

@@ -39,25 +39,22 @@ def check_block_structure(is_mask, k, lengths, bl, min_t, max_t, p_clean):
 @pytest.mark.parametrize("min_t,max_t,p_clean", [(0.0, 1.0, 0.0), (0.3, 0.7, 1.0),
                                                  (0.5, 0.5, 0.0)])
 def test_block_masks_structure(min_t, max_t, p_clean):
-    mask = _comp_mask()
-    for seed in range(20):
-        is_mask, k = (np.asarray(a) for a in masking.block_masks(
-            jax.random.key(seed), mask, block_length=4, num_t=2, min_t=min_t, max_t=max_t,
-            p_clean=p_clean))
-        assert is_mask.shape == (5, 2, 12) and k.shape == (5, 2)
+    draw = jax.jit(jax.vmap(lambda key: masking.block_masks(
+        key, _comp_mask(), block_length=4, num_t=2, min_t=min_t, max_t=max_t, p_clean=p_clean)))
+    masks, ks = (np.asarray(a) for a in draw(jax.random.split(jax.random.key(0), 20)))
+    assert masks.shape == (20, 5, 2, 12) and ks.shape == (20, 5, 2)
+    for is_mask, k in zip(masks, ks):
         check_block_structure(is_mask, k, LENGTHS, 4, min_t, max_t, p_clean)
 
 
 def test_block_choice_follows_the_authors_permutation_modulo():
     """A permutation of all 3 blocks taken modulo the row's 2 real blocks: block 0 twice as
     likely as block 1 (2/3 vs 1/3); the in-block count is uniform on {1, ..., 4}."""
-    mask = _comp_mask(np.array([8]))
-    ks, counts = collections.Counter(), collections.Counter()
-    for seed in range(600):
-        is_mask, k = (np.asarray(a) for a in masking.block_masks(
-            jax.random.key(seed), mask, block_length=4, num_t=1))
-        ks[int(k[0, 0])] += 1
-        counts[int(is_mask[0, 0, 4 * k[0, 0]:4 * k[0, 0] + 4].sum())] += 1
+    draw = jax.jit(jax.vmap(lambda key: masking.block_masks(
+        key, _comp_mask(np.array([8])), block_length=4, num_t=1)))
+    masks, ks_ = (np.asarray(a)[:, 0, 0] for a in draw(jax.random.split(jax.random.key(1), 600)))
+    ks = collections.Counter(ks_.tolist())
+    counts = collections.Counter(int(m[4 * k:4 * k + 4].sum()) for m, k in zip(masks, ks_))
     assert set(ks) == {0, 1} and abs(ks[0] / 600 - 2 / 3) < 0.06
     assert set(counts) == {1, 2, 3, 4} and all(abs(v / 600 - 0.25) < 0.06 for v in counts.values())
 
