@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from d1jax.objectives import coupled_grpo as cg
-from objective_checks import assert_step_raises_likelihood, brute_logps, group_batch
+from d1jax.objectives import masking
+from objective_checks import assert_step_moves_likelihoods, brute_logps, group_batch
 
 
 def test_pair_masks_every_completion_token_exactly_once(tiny_config):
@@ -16,9 +17,9 @@ def test_pair_masks_every_completion_token_exactly_once(tiny_config):
     comp = rs.randint(0, 100, (3, 2000)).astype(np.int32)
     ts = set()
     for seed in range(5):
-        ids, is_mask, t = (np.asarray(a) for a in cg.coupled_inputs(
-            jax.random.key(seed), prompt, comp, mask_id, t_min=0.2, t_max=0.8))
-        assert ids.shape == (3, 3, 2004)
+        is_mask, t = (np.asarray(a) for a in masking.coupled_masks(jax.random.key(seed), 3, 2000))
+        ids = np.asarray(cg.coupled_inputs(prompt, comp, is_mask, mask_id))
+        assert ids.shape == (3, 3, 2004) and t.shape == (3,) and (t == t[0]).all()
         np.testing.assert_array_equal(ids[:, :, :4], np.stack([prompt] * 3))  # prompt kept
         in_m, in_c = ids[1, :, 4:] == mask_id, ids[2, :, 4:] == mask_id
         assert (in_m ^ in_c).all()  # each token masked in exactly one sequence of the pair
@@ -26,8 +27,8 @@ def test_pair_masks_every_completion_token_exactly_once(tiny_config):
         assert (ids[0, :, 4:] == mask_id).all()
         np.testing.assert_array_equal(ids[1, :, 4:][~in_m], comp[~in_m])
         np.testing.assert_array_equal(ids[2, :, 4:][~in_c], comp[~in_c])
-        assert 0.2 <= t <= 0.8 and abs(is_mask.mean() - t) < 0.02
-        ts.add(float(t))
+        assert 0.2 <= t[0] <= 0.8 and abs(is_mask.mean() - t[0]) < 0.02
+        ts.add(float(t[0]))
     assert len(ts) == 5
 
 
@@ -35,12 +36,11 @@ def test_token_logps_formula():
     rs = np.random.RandomState(1)
     full, pm, pc = (rs.uniform(-4, 0, (3, 5)) for _ in range(3))
     is_mask = rs.uniform(size=(3, 5)) < 0.5
-    t = 0.35
-    got = np.asarray(cg.coupled_token_logps(*(jnp.asarray(a) for a in (full, pm, pc, is_mask)),
-                                            jnp.float32(t)))
+    t = np.array([0.35, 0.5, 0.7])
+    got = np.asarray(cg.coupled_token_logps(*(jnp.asarray(a) for a in (full, pm, pc, is_mask, t))))
     want = np.empty((3, 5))
     for i, j in np.ndindex(3, 5):
-        pair = pm[i, j] * (1 / t) if is_mask[i, j] else pc[i, j] * (1 / (1 - t))
+        pair = pm[i, j] * (1 / t[i]) if is_mask[i, j] else pc[i, j] * (1 / (1 - t[i]))
         want[i, j] = 0.5 * (full[i, j] + pair)
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
@@ -52,12 +52,11 @@ def np_grpo(logps, old, ref, adv, mask, eps, beta):
     return (per * mask).sum() / mask.sum()
 
 
-def _brute_coupled(model, params, prompt, prompt_mask, comp, key, cfg):
-    ids, is_mask, t = (np.asarray(a) for a in cg.coupled_inputs(
-        key, prompt, comp, model.config.mask_token_id, t_min=cfg.t_min, t_max=cfg.t_max))
+def _brute_coupled(model, params, prompt, prompt_mask, comp, is_mask, t):
+    ids = np.asarray(cg.coupled_inputs(prompt, comp, is_mask, model.config.mask_token_id))
     attn = np.concatenate([prompt_mask, np.ones_like(comp)], 1)
     lp = [brute_logps(model, params, ids[k], comp, attn) for k in range(3)]
-    return 0.5 * (lp[0] + np.where(is_mask, lp[1] / t, lp[2] / (1 - t)))
+    return 0.5 * (lp[0] + np.where(is_mask, lp[1] / t[:, None], lp[2] / (1 - t[:, None])))
 
 
 def test_loss_matches_numpy(tiny_model, tiny_params, tiny_config):
@@ -69,29 +68,30 @@ def test_loss_matches_numpy(tiny_model, tiny_params, tiny_config):
     comp_mask = (rs.uniform(size=(3, 8)) < 0.8).astype(np.int32)
     adv = np.array([1.0, -0.5, 0.25], np.float32)
     cfg = cg.CoupledGRPOConfig(beta=0.01, epsilon=0.2)
-    key = jax.random.key(3)
-    logps = _brute_coupled(tiny_model, tiny_params, prompt, prompt_mask, comp, key, cfg)
-    got, _ = cg.coupled_logps(tiny_model, tiny_params, prompt, prompt_mask, comp, key, cfg)
+    is_mask, t = (np.asarray(a) for a in masking.coupled_masks(jax.random.key(3), 3, 8))
+    logps = _brute_coupled(tiny_model, tiny_params, prompt, prompt_mask, comp, is_mask, t)
+    got = cg.coupled_logps(tiny_model, tiny_params, prompt, prompt_mask, comp, is_mask, t, cfg)
     np.testing.assert_allclose(np.asarray(got), logps, atol=2e-5)
     old = logps + rs.normal(0, 0.3, logps.shape)
     ref = logps + rs.normal(0, 0.3, logps.shape)
     loss, m = cg.coupled_grpo_loss(tiny_model, tiny_params, prompt, prompt_mask, comp, comp_mask,
-                                   adv, key, cfg, old_logps_bc=jnp.asarray(old, jnp.float32),
+                                   adv, is_mask, t, cfg, old_logps_bc=jnp.asarray(old, jnp.float32),
                                    ref_logps_bc=jnp.asarray(ref, jnp.float32))
     np.testing.assert_allclose(float(loss), np_grpo(logps, old, ref, adv, comp_mask, 0.2, 0.01),
                                rtol=1e-4)
-    assert 0.2 <= float(m["mask_ratio"]) <= 0.8
+    np.testing.assert_allclose(float(m["mask_ratio"]), t[0], rtol=1e-6)
 
 
-def test_one_step_raises_positive_completion_likelihood(tiny_model, tiny_params, tiny_config):
+def test_one_step_moves_likelihoods_by_advantage_sign(tiny_model, tiny_params, tiny_config):
     prompt, prompt_mask, comp, comp_mask = group_batch(tiny_config)
     adv = jnp.array([1.0, -1.0])
     cfg = cg.CoupledGRPOConfig(beta=0.0)
+    is_mask, t = masking.coupled_masks(jax.random.key(0), 2, comp.shape[1])
 
     def loss(params):
         return cg.coupled_grpo_loss(tiny_model, params, prompt, prompt_mask, comp, comp_mask,
-                                    adv, jax.random.key(0), cfg)[0]
-    assert_step_raises_likelihood(tiny_model, tiny_params, loss, prompt, comp)
+                                    adv, is_mask, t, cfg)[0]
+    assert_step_moves_likelihoods(tiny_model, tiny_params, loss, prompt, comp)
 
 
 @pytest.mark.parametrize("kw", [dict(t_min=0.0), dict(t_min=0.6, t_max=0.5), dict(t_max=1.0),

@@ -9,7 +9,7 @@ import pytest
 
 from d1jax.objectives import masking
 from d1jax.objectives import spg
-from objective_checks import assert_step_raises_likelihood, brute_logps, group_batch
+from objective_checks import assert_step_moves_likelihoods, brute_logps, group_batch
 
 LENGTHS = np.array([12, 5, 1, 9, 8])  # real lengths (C = 12, blocks of 4): full, partial, 1
 
@@ -128,7 +128,7 @@ def test_loss_matches_numpy_on_brute_force_logps(tiny_model, tiny_params, tiny_c
     np.testing.assert_allclose(float(loss), want, rtol=1e-4)
 
 
-def test_one_step_raises_positive_completion_likelihood(tiny_model, tiny_params, tiny_config):
+def test_one_step_moves_likelihoods_by_advantage_sign(tiny_model, tiny_params, tiny_config):
     prompt, prompt_mask, comp, comp_mask = group_batch(tiny_config)
     adv = jnp.array([1.0, -1.0])
     cfg = spg.SPGConfig(block_length=4)
@@ -136,7 +136,7 @@ def test_one_step_raises_positive_completion_likelihood(tiny_model, tiny_params,
     def loss(params):
         return spg.spg_loss(tiny_model, params, prompt, prompt_mask, comp, comp_mask, adv,
                             jax.random.key(0), cfg)[0]
-    assert_step_raises_likelihood(tiny_model, tiny_params, loss, prompt, comp)
+    assert_step_moves_likelihoods(tiny_model, tiny_params, loss, prompt, comp)
 
 
 @pytest.mark.parametrize("kw", [dict(min_t=0.6, max_t=0.5), dict(eubo_beta=0.0),

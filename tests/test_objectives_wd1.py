@@ -9,7 +9,7 @@ import pytest
 
 from d1jax.objectives import logprob
 from d1jax.objectives import wd1
-from objective_checks import assert_step_raises_likelihood, brute_logps, group_batch
+from objective_checks import assert_step_moves_likelihoods, brute_logps, group_batch
 
 
 def np_softmax(x):
@@ -82,7 +82,7 @@ def test_loss_matches_numpy_on_the_one_step_estimator(tiny_model, tiny_params, t
     np.testing.assert_allclose(float(loss), np_wd1(logps, comp_mask, adv, 2), rtol=1e-4)
 
 
-def test_one_step_raises_positive_completion_likelihood(tiny_model, tiny_params, tiny_config):
+def test_one_step_moves_likelihoods_by_advantage_sign(tiny_model, tiny_params, tiny_config):
     prompt, prompt_mask, comp, comp_mask = group_batch(tiny_config)
     adv = jnp.array([1.0, -1.0])
     cfg = wd1.WD1Config(group_size=2)
@@ -90,7 +90,7 @@ def test_one_step_raises_positive_completion_likelihood(tiny_model, tiny_params,
     def loss(params):
         return wd1.wd1_loss(tiny_model, params, prompt, prompt_mask, comp, comp_mask, adv,
                             jax.random.key(0), cfg)[0]
-    assert_step_raises_likelihood(tiny_model, tiny_params, loss, prompt, comp)
+    assert_step_moves_likelihoods(tiny_model, tiny_params, loss, prompt, comp)
 
 
 @pytest.mark.parametrize("kw", [dict(group_size=0), dict(p_mask_prompt=1.5)])

@@ -49,41 +49,40 @@ class CoupledGRPOConfig:
             raise ValueError(f"epsilon={self.epsilon} must be > 0 and beta={self.beta} >= 0")
 
 
-def coupled_inputs(key: Array, prompt_ids_bp: Array, completion_ids_bc: Array, mask_id: int, *,
-                   t_min: float, t_max: float) -> tuple[Array, Array, Array]:
-    """The three noisy sequences of one draw: (ids [3, B, L]: x_full, x_M, x_~M; is_mask
-    [B, C]: the set M; t []). The prompt is never masked (the authors' ``prompt_index``)."""
-    b, c = completion_ids_bc.shape
-    is_mask_bc, t = masking.coupled_masks(key, b, c, t_min=t_min, t_max=t_max)
+def coupled_inputs(prompt_ids_bp: Array, completion_ids_bc: Array, is_mask_bc: Array,
+                   mask_id: int) -> Array:
+    """[3, B, L] the three noisy sequences of one draw: x_full, x_M, x_~M (M = ``is_mask_bc``).
+    The prompt is never masked (the authors' ``prompt_index``)."""
     full_bc = jnp.full_like(completion_ids_bc, mask_id)
     comp_3bc = jnp.stack([full_bc, jnp.where(is_mask_bc, mask_id, completion_ids_bc),
                           jnp.where(is_mask_bc, completion_ids_bc, mask_id)])
     prompt_3bp = jnp.broadcast_to(prompt_ids_bp, (3,) + prompt_ids_bp.shape)
-    return jnp.concatenate([prompt_3bp, comp_3bc], axis=-1), is_mask_bc, t
+    return jnp.concatenate([prompt_3bp, comp_3bc], axis=-1)
 
 
 def coupled_token_logps(full_bc: Array, pair_m_bc: Array, pair_c_bc: Array, is_mask_bc: Array,
-                        t: Array) -> Array:
+                        t_b: Array) -> Array:
     """[B, C] the coupled estimate from the three passes' log p(o_c) (see module doc):
-    (full + where(M, pair_m / t, pair_c / (1 - t))) / 2."""
-    pair_bc = jnp.where(is_mask_bc, pair_m_bc / t, pair_c_bc / (1.0 - t))
+    (full + where(M, pair_m / t, pair_c / (1 - t))) / 2, t [B] per row."""
+    t_b1 = t_b[:, None]
+    pair_bc = jnp.where(is_mask_bc, pair_m_bc / t_b1, pair_c_bc / (1.0 - t_b1))
     return (full_bc + pair_bc) / 2.0
 
 
 def coupled_logps(model: LLaDA, params: Any, prompt_ids_bp: Array, prompt_mask_bp: Array,
-                  completion_ids_bc: Array, key: Array, cfg: CoupledGRPOConfig, *,
-                  use_lora: bool = True, dropout_rng: Array | None = None
-                  ) -> tuple[Array, Array]:
-    """(coupled per-token log-probs [B, C] float32, t []) of the completion under ``params``.
+                  completion_ids_bc: Array, is_mask_bc: Array, t_b: Array,
+                  cfg: CoupledGRPOConfig, *, use_lora: bool = True,
+                  dropout_rng: Array | None = None) -> Array:
+    """[B, C] float32 coupled per-token log-probs of the completion under ``params``.
 
-    ``key`` fixes the mask draw: the rollout's old and reference passes and the update's
-    current pass of one inner iteration must share it. The three passes run as one forward
-    of [3B, L]. ``use_lora=False`` evaluates the base model (the LoRA reference policy).
+    ``(is_mask_bc, t_b)`` is one ``masking.coupled_masks`` draw, made once per inner iteration
+    on the whole rollout batch: the rollout's old and reference passes and the update's
+    current pass must score the same masks, so micro-batches take slices of it. The three
+    passes run as one forward of [3B, L]. ``use_lora=False`` evaluates the base model.
     """
     b, c = completion_ids_bc.shape
-    ids_3bl, is_mask_bc, t = coupled_inputs(key, prompt_ids_bp, completion_ids_bc,
-                                            model.config.mask_token_id,
-                                            t_min=cfg.t_min, t_max=cfg.t_max)
+    ids_3bl = coupled_inputs(prompt_ids_bp, completion_ids_bc, is_mask_bc,
+                             model.config.mask_token_id)
     attn_bl = masking.attention_mask(prompt_mask_bp, c, cfg.use_attention_mask)
     attn_nl = None if attn_bl is None else jnp.tile(attn_bl, (3, 1))
     lp_nc = masking.masked_logps(model, params, ids_3bl.reshape(3 * b, -1),
@@ -91,30 +90,33 @@ def coupled_logps(model: LLaDA, params: Any, prompt_ids_bp: Array, prompt_mask_b
                                  use_lora=use_lora, dropout_rng=dropout_rng,
                                  seq_chunk=cfg.seq_chunk)
     lp_3bc = lp_nc.reshape(3, b, c)
-    return coupled_token_logps(lp_3bc[0], lp_3bc[1], lp_3bc[2], is_mask_bc, t), t
+    return coupled_token_logps(lp_3bc[0], lp_3bc[1], lp_3bc[2], is_mask_bc, t_b)
 
 
 def coupled_grpo_loss(model: LLaDA, params: Any, prompt_ids_bp: Array, prompt_mask_bp: Array,
                       completion_ids_bc: Array, completion_mask_bc: Array, advantages_b: Array,
-                      rng: Array, cfg: CoupledGRPOConfig, *, old_logps_bc: Array | None = None,
-                      ref_logps_bc: Array | None = None, dropout_rng: Array | None = None
-                      ) -> tuple[Array, dict[str, Array]]:
+                      is_mask_bc: Array, t_b: Array, cfg: CoupledGRPOConfig, *,
+                      old_logps_bc: Array | None = None, ref_logps_bc: Array | None = None,
+                      dropout_rng: Array | None = None) -> tuple[Array, dict[str, Array]]:
     """DiffuCoder's ``compute_loss``: the clipped GRPO loss on coupled log-probs.
+
+    Unlike wd1 and SPG (which take a key), the mask draw is an argument: it must be the one
+    ``old_logps_bc`` and ``ref_logps_bc`` were computed with (see ``coupled_logps``).
 
     Args:
       prompt_ids_bp: [B, P] int. prompt_mask_bp: [B, P] (1 = real token).
       completion_ids_bc: [B, C] int. completion_mask_bc: [B, C], 1 up to the first EOS.
       advantages_b: [B] A_i.
-      rng: the mask key of this inner iteration (the key ``old_logps_bc``/``ref_logps_bc``
-        were computed with through ``coupled_logps``).
+      is_mask_bc: [B, C] bool, the set M. t_b: [B] its ratio (``masking.coupled_masks``).
       old_logps_bc: [B, C] rollout policy; None is mu == 1 (ratio 1, gradient A grad logp).
       ref_logps_bc: [B, C] reference policy, required when beta != 0.
       dropout_rng: LoRA dropout (None: deterministic).
     Returns:
-      (loss, metrics): ``grpo_loss``'s (kl, clip_ratio, ratio_mean/min/max) and mask_ratio t.
+      (loss, metrics): ``grpo_loss``'s (kl, clip_ratio, ratio_mean/min/max) and mask_ratio
+      (the mean t).
     """
-    logps_bc, t = coupled_logps(model, params, prompt_ids_bp, prompt_mask_bp, completion_ids_bc,
-                                rng, cfg, dropout_rng=dropout_rng)
+    logps_bc = coupled_logps(model, params, prompt_ids_bp, prompt_mask_bp, completion_ids_bc,
+                             is_mask_bc, t_b, cfg, dropout_rng=dropout_rng)
     loss, metrics = losses.grpo_loss(logps_bc, old_logps_bc, ref_logps_bc, advantages_b,
                                      completion_mask_bc, epsilon=cfg.epsilon, beta=cfg.beta)
-    return loss, {**metrics, "mask_ratio": t}
+    return loss, {**metrics, "mask_ratio": jnp.mean(t_b)}

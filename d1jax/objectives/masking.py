@@ -43,13 +43,14 @@ def coupled_masks(key: Array, batch: int, completion_len: int, *, t_min: float =
     """DiffuCoder's complementary mask pair over the completion.
 
     Returns (is_mask [B, C] bool: the set M, masked in the first sequence of the pair; its
-    complement ~M is masked in the second; t [] float32: the ratio, one for the whole batch as
-    in the authors' ``random.uniform(0.2, 0.8)``). Each token is in M with probability t.
+    complement ~M is masked in the second; t [B] float32: the ratio, one value for the whole
+    batch as the authors' ``random.uniform(0.2, 0.8)``, repeated per row so that both arrays
+    split by rows into micro-batches). Each token is in M with probability t.
     """
     k_t, k_u = jax.random.split(key)
     t = jax.random.uniform(k_t, (), minval=t_min, maxval=t_max)
     u_bc = jax.random.uniform(k_u, (batch, completion_len))
-    return u_bc < t, t
+    return u_bc < t, jnp.full((batch,), t)
 
 
 def _block_sizes(key: Array, len_b: Array, num_blocks: int, block_length: int, num_t: int
