@@ -425,3 +425,12 @@ def test_export_merges_lora_when_given_its_config(tmp_path, tiny_config):
     want = kernel + (4.0 / 2) * a @ b  # W + (alpha / r) A B, layer 1, [in, out]
     got = load_file(str(tmp_path / weights.SINGLE_FILE))[HF + "blocks.1.q_proj.weight"].T
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_auto_map_modules_reads_every_value_form():
+    from d1jax.model import hf_files
+    auto_map = {"AutoConfig": "configuration_llada.LLaDAConfig",
+                "AutoTokenizer": ["tokenization_llada.Slow", None],  # [slow, fast] pair
+                "AutoModel": "org/other-repo--modeling_other.Model"}  # code in another Hub repo
+    assert hf_files.auto_map_modules(auto_map) == {"configuration_llada.py",
+                                                   "tokenization_llada.py"}
