@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+import tensorstore as ts
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class Checkpointer:
         """
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
+                self._check_array_store(step)
                 out = self.manager.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
                 return step, out["state"], dict(out["meta"])
@@ -87,8 +89,16 @@ class Checkpointer:
                       f"({type(e).__name__}); falling back to an earlier one", flush=True)
         return None
 
-    def latest_step(self) -> int | None:
-        return self.manager.latest_step()
+    def _check_array_store(self, step: int) -> None:
+        """Lists the keys of the step's array store (OCDBT) in one synchronous read.
+
+        A missing or corrupt store is found here, before Orbax reads every array
+        concurrently: a failure there leaves the other reads in flight, and they later call
+        into Orbax's closed event loop ("Event loop is closed" tracebacks).
+        """
+        store = self.directory / str(step) / "state"
+        if (store / "manifest.ocdbt").exists():
+            ts.KvStore.open({"driver": "ocdbt", "base": f"file://{store}"}).result().list().result()
 
     def wait(self) -> None:
         self.manager.wait_until_finished()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU node (all its GPUs in one process): install jax[cuda] and run d1jax.main.
+# One GPU node (all its GPUs in one process): install d1jax with jax[cuda12] and run d1jax.main.
 #
 #   launch/gpu_node.sh [--dry-run] [--workdir DIR] -- --config=configs/grpo_gsm8k.py --config.model.path=/models/LLaDA-8B-Instruct
 set -euo pipefail
@@ -14,6 +14,5 @@ while [[ $# -gt 0 ]]; do
 done
 [[ $# -gt 0 ]] || { echo "error: give the d1jax.main flags after --" >&2; exit 2; }
 run() { if [[ $DRY == 1 ]]; then printf '%q ' "$@"; echo; else "$@"; fi; }
-run pip install -r requirements.txt
-run pip install "jax[cuda12]==0.10.2"
+run pip install -e ".[cuda12]"
 run env XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m d1jax.main --workdir="$WORKDIR" "$@"

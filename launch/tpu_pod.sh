@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create a TPU VM pod slice, install d1jax on every worker, run one command on all workers.
+# Create a TPU VM pod slice, install d1jax (pip install -e '.[tpu]') on every worker, run one command on all workers.
 #
 #   launch/tpu_pod.sh [--dry-run] --name NAME --zone ZONE --type v5p-64 [--version RUNTIME] \
 #       [--bucket gs://BUCKET/runs] [--repo URL] -- --config=configs/grpo_gsm8k.py
@@ -28,5 +28,5 @@ run() { if [[ $DRY == 1 ]]; then printf '%q ' "$@"; echo; else "$@"; fi; }
 ALL=(gcloud compute tpus tpu-vm ssh "$NAME" --zone "$ZONE" --worker=all --command)
 
 run gcloud compute tpus tpu-vm create "$NAME" --zone "$ZONE" --accelerator-type "$TYPE" --version "$VERSION"
-run "${ALL[@]}" "git clone $REPO d1jax || (cd d1jax && git pull); cd d1jax && pip install -r requirements.txt && pip install 'jax[tpu]==0.10.2'"
+run "${ALL[@]}" "git clone $REPO d1jax || (cd d1jax && git pull); cd d1jax && pip install -e '.[tpu]'"
 run "${ALL[@]}" "cd d1jax && python -m d1jax.main --workdir=$WORKDIR $*"

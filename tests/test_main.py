@@ -21,9 +21,26 @@ def test_forward_demo_runs(tmp_path):
     assert out["finite"] and out["logits_shape"] == [8, 16, 128]
 
 
-def test_unknown_config_key_fails_clearly(tmp_path):
-    r = run_main("--config=configs/forward_demo.py", f"--workdir={tmp_path}", "--config.nope=1")
-    assert r.returncode != 0 and "nope" in r.stderr
+def test_unknown_config_key_fails_in_one_line_naming_the_closest_keys(tmp_path):
+    r = run_main("--config=configs/forward_demo.py", f"--workdir={tmp_path}",
+                 "--config.model.presett=test-tiny")
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines() == [
+        "error: unknown config key 'model.presett' in --config.model.presett=...; "
+        "closest valid keys: model.preset"], r.stderr[-2000:]
+
+
+def test_unknown_key_message_walks_the_config_tree():
+    import ml_collections
+
+    from d1jax.main import unknown_key_message
+    c = ml_collections.ConfigDict({"optim": {"learning_rate": 1.0, "warmup_ratio": 0.0},
+                                   "seed": 0})
+    assert unknown_key_message(c, "optim.learning_rate") is None
+    assert "closest valid keys: optim.learning_rate," in unknown_key_message(
+        c, "optim.learning_rat")  # the closest first
+    assert unknown_key_message(c, "seed.x").startswith("unknown config key 'seed.x'")
+    assert unknown_key_message(c, "nope").endswith("see the config file for its fields")
 
 
 def test_workdir_check_is_safe_when_every_process_runs_it_at_once(tmp_path):

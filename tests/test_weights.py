@@ -190,7 +190,7 @@ def test_save_over_a_sharded_checkpoint_removes_its_stale_files(tmp_path, tiny_c
     (tmp_path / "tokenizer.json").write_text("{}")
     weights.save_hf_checkpoint(tmp_path, tiny_config, tiny_params)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "config.json", weights.SINGLE_FILE, "tokenizer.json"]
+        "README.md", "config.json", weights.SINGLE_FILE, "tokenizer.json"]
 
 
 def test_failed_save_leaves_the_existing_checkpoint_intact(tmp_path, tiny_config, tiny_params,
@@ -319,3 +319,118 @@ def test_unsupported_config_is_refused(hf_dir, field, value, message):
     (hf_dir / "config.json").write_text(json.dumps({**TINY_CONFIG, field: value}))
     with pytest.raises(UnsupportedConfigError, match=message):
         weights.load_hf_checkpoint(hf_dir)
+
+
+# --------------------------------------------------------------------------- self-contained export
+
+# Minimal remote code, as a Hub LLaDA directory ships it: AutoConfig imports this class.
+CONFIGURATION_PY = '''from transformers import PretrainedConfig
+
+
+class LLaDAConfig(PretrainedConfig):
+    model_type = "llada"
+
+    def __init__(self, d_model=8, n_layers=1, **kwargs):
+        self.d_model = d_model
+        self.n_layers = n_layers
+        super().__init__(**kwargs)
+'''
+MODELING_PY = "from .configuration_llada import LLaDAConfig  # the real file defines the model\n"
+
+
+@pytest.fixture
+def hub_dir(tmp_path, hf_state):
+    """An HF-layout model directory with remote code, generation config and tokenizer files."""
+    path = write_checkpoint(tmp_path / "hub", hf_state)
+    (path / "configuration_llada.py").write_text(CONFIGURATION_PY)
+    (path / "modeling_llada.py").write_text(MODELING_PY)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": 126}))
+    (path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 256}))
+    (path / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    return path
+
+
+def exported_auto_map_files(export):
+    auto_map = json.loads((export / "config.json").read_text()).get("auto_map", {})
+    return {ref.split(".")[0] + ".py" for ref in auto_map.values()}
+
+
+def test_export_from_a_hub_directory_carries_its_remote_code_and_companions(
+        tmp_path, hub_dir, tiny_config, tiny_params):
+    export = tmp_path / "export"
+    weights.save_hf_checkpoint(export, tiny_config, tiny_params, source_dir=hub_dir)
+    assert {f.name for f in export.iterdir()} == {
+        "config.json", "model.safetensors", "README.md", "configuration_llada.py",
+        "modeling_llada.py", "generation_config.json", "tokenizer_config.json",
+        "special_tokens_map.json"}
+    assert exported_auto_map_files(export) == {"configuration_llada.py", "modeling_llada.py"}
+    assert (export / "modeling_llada.py").read_text() == MODELING_PY
+    assert "Remote code included" in (export / "README.md").read_text()
+
+
+def test_export_opens_with_transformers_autoconfig_from_the_export_alone(
+        tmp_path, hub_dir, tiny_config, tiny_params):
+    import shutil
+
+    import transformers
+    export = tmp_path / "export"
+    weights.save_hf_checkpoint(export, tiny_config, tiny_params, source_dir=hub_dir)
+    shutil.rmtree(hub_dir)  # nothing may be read from the source any more
+    cfg = transformers.AutoConfig.from_pretrained(str(export), trust_remote_code=True)
+    assert type(cfg).__name__ == "LLaDAConfig" and cfg.model_type == "llada"
+    assert (cfg.d_model, cfg.n_layers) == (tiny_config.d_model, tiny_config.n_layers)
+
+
+def test_export_keeps_only_auto_map_entries_whose_module_it_holds(
+        tmp_path, hub_dir, tiny_config, tiny_params):
+    cfg = {**TINY_CONFIG, "auto_map": {**TINY_CONFIG["auto_map"],
+                                       "AutoModelForMaskedLM": "masked_llada.Model"}}
+    (hub_dir / "config.json").write_text(json.dumps(cfg))
+    (hub_dir / "modeling_llada.py").unlink()
+    export = tmp_path / "export"
+    weights.save_hf_checkpoint(export, tiny_config, tiny_params, source_dir=hub_dir)
+    auto_map = json.loads((export / "config.json").read_text())["auto_map"]
+    assert auto_map == {"AutoConfig": "configuration_llada.LLaDAConfig"}
+    assert all((export / f).is_file() for f in exported_auto_map_files(export))
+
+
+def test_export_without_a_source_names_no_missing_module_and_says_so(
+        tmp_path, tiny_config, tiny_params):
+    weights.save_hf_checkpoint(tmp_path, tiny_config, tiny_params)
+    assert "auto_map" not in json.loads((tmp_path / "config.json").read_text())
+    assert not list(tmp_path.glob("*.py"))
+    assert "No remote code included" in (tmp_path / "README.md").read_text()
+
+
+def lora_params(tiny_config, lora):
+    """LoRA params with nonzero lora_b, as after training."""
+    params = d1jax.init_params(d1jax.LLaDA(tiny_config, lora=lora), jax.random.key(1))
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: (jnp.full_like(x, 0.01) if path[-1].key == "lora_b" else x), params)
+
+
+def test_export_refuses_unmerged_lora_params(tmp_path, tiny_config):
+    params = lora_params(tiny_config, d1jax.LoraConfig(rank=2, alpha=4.0, dropout=0.0))
+    with pytest.raises(ValueError, match=r"unmerged LoRA.*lora\.merge\(params, lora_config\)"):
+        weights.save_hf_checkpoint(tmp_path / "export", tiny_config, params)
+    assert not (tmp_path / "export").exists()
+
+
+def test_export_merges_lora_when_given_its_config(tmp_path, tiny_config):
+    lora = d1jax.LoraConfig(rank=2, alpha=4.0, dropout=0.0)
+    params = lora_params(tiny_config, lora)
+    weights.save_hf_checkpoint(tmp_path, tiny_config, params, lora=lora)
+    q = params["blocks"]["q_proj"]
+    a, b, kernel = (np.asarray(q[k][1], np.float64) for k in ("lora_a", "lora_b", "kernel"))
+    want = kernel + (4.0 / 2) * a @ b  # W + (alpha / r) A B, layer 1, [in, out]
+    got = load_file(str(tmp_path / weights.SINGLE_FILE))[HF + "blocks.1.q_proj.weight"].T
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_auto_map_modules_reads_every_value_form():
+    from d1jax.model import hf_files
+    auto_map = {"AutoConfig": "configuration_llada.LLaDAConfig",
+                "AutoTokenizer": ["tokenization_llada.Slow", None],  # [slow, fast] pair
+                "AutoModel": "org/other-repo--modeling_other.Model"}  # code in another Hub repo
+    assert hf_files.auto_map_modules(auto_map) == {"configuration_llada.py",
+                                                   "tokenization_llada.py"}

@@ -34,7 +34,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
 from d1jax import sharding as shd
-from d1jax.model import LLaDA, LLaDAConfig
+from d1jax.model import LLaDA, LLaDAConfig, LoraConfig, hf_files
+from d1jax.model import lora as lora_lib
 
 PREFIX = "model.transformer."
 TRANSPOSED_PROJS = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")
@@ -290,14 +291,25 @@ def _write_safetensors(file: Path, tensors: list[tuple[str, np.ndarray]]) -> Non
 
 
 def save_hf_checkpoint(path: str | os.PathLike, config: LLaDAConfig, params: Mapping[str, Any],
-                       max_shard_size: int | str = "5GB", dtype: Any = None) -> None:
+                       max_shard_size: int | str = "5GB", dtype: Any = None, *,
+                       source_dir: str | os.PathLike | None = None,
+                       lora: LoraConfig | None = None) -> None:
     """Writes params in the Hugging Face LLaDA layout (loadable by the PyTorch code).
 
     Tensors are gathered to the host one at a time; files are written into a temporary
     directory next to ``path`` and moved into place only when complete, so an existing
     checkpoint at ``path`` survives a failed save. Only process 0 writes.
+
+    Args:
+      source_dir: the Hugging Face directory the model was loaded from. Its remote code
+        (``auto_map`` modules), ``generation_config.json`` and tokenizer files are copied,
+        so ``transformers`` opens the export alone with ``trust_remote_code=True``. Without
+        it config.json carries no ``auto_map`` and the export's README.md says so.
+      lora: the model's LoRA config; adapters in ``params`` are merged into the kernels.
+        Params holding adapters without it are refused (the export would be the base model).
     """
     path = Path(path)
+    params = _merged(params, lora)
     limit = _parse_size(max_shard_size)
     entries = list(iter_hf_tensors(config, params))
 
@@ -341,11 +353,30 @@ def save_hf_checkpoint(path: str | os.PathLike, config: LLaDAConfig, params: Map
         if len(shards) > 1:
             (tmp / INDEX_FILE).write_text(json.dumps(
                 {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-        (tmp / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2))
+        hf_config = config.to_hf_dict()
+        hf_config.pop("auto_map", None)
+        auto_map = hf_files.copy_companions(source_dir, tmp)
+        if auto_map:
+            hf_config["auto_map"] = auto_map
+        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
         _replace_dir(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _merged(params: Mapping[str, Any], lora: LoraConfig | None) -> Mapping[str, Any]:
+    """Params with LoRA adapters folded into their kernels; adapters without a config refused."""
+    if lora is not None:
+        return lora_lib.merge(dict(params), lora)
+    adapters = jax.tree_util.tree_flatten_with_path(lora_lib.split(dict(params))[1])[0]
+    if adapters:
+        first = "/".join(k.key for k in adapters[0][0])
+        raise ValueError(
+            f"save_hf_checkpoint: params hold {len(adapters)} unmerged LoRA leaves (e.g. {first}); "
+            f"the export would silently be the base model. Merge them first with "
+            f"d1jax.model.lora.merge(params, lora_config), or pass lora=lora_config")
+    return params
 
 
 def _replace_dir(tmp: Path, path: Path) -> None:

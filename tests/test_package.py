@@ -1,0 +1,56 @@
+"""The installed package: importable from any directory, every subpackage shipped, and a
+cheap top-level import that exposes the public API."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_python(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+
+
+def test_estimator_and_sampler_import_from_another_directory(tmp_path):
+    r = run_python("import d1jax.objectives.logprob, d1jax.sampling, d1jax;"
+                   "print(d1jax.__file__)", cwd=tmp_path)
+    assert r.returncode == 0, f"is d1jax installed (pip install -e .)? {r.stderr[-1500:]}"
+    assert Path(r.stdout.strip()).resolve().parent == ROOT / "d1jax"
+
+
+def test_every_subpackage_is_shipped():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    setuptools = pytest.importorskip("setuptools")  # the build backend; not in every venv
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    find = config["tool"]["setuptools"]["packages"]["find"]
+    shipped = set(setuptools.find_packages(str(ROOT), include=find["include"]))
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts)
+               for p in (ROOT / "d1jax").rglob("__init__.py")}
+    assert shipped == on_disk and "d1jax.objectives" in shipped
+
+
+def test_top_level_import_is_cheap_and_subpackages_load_on_use():
+    r = run_python(
+        "import sys, d1jax\n"
+        "heavy = [m for m in ('d1jax.train', 'd1jax.sampling', 'd1jax.eval', 'd1jax.tasks')"
+        " if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "assert d1jax.sampling.generate and d1jax.objectives and d1jax.tasks.get_task\n"
+        "assert all(hasattr(d1jax, name) for name in d1jax.__all__)\n"
+        "print(sorted(d1jax.__all__))", cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert "'LLaDA'" in r.stdout and "'objectives'" in r.stdout
+
+
+def test_unknown_attribute_is_an_attribute_error():
+    import d1jax
+    try:
+        d1jax.samplng  # noqa: B018
+    except AttributeError as e:
+        assert "samplng" in str(e)
+    else:
+        raise AssertionError("d1jax.samplng should not exist")
