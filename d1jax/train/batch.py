@@ -82,10 +82,6 @@ class GRPOBatch(_Typed):
     ref_logps: Array | None = _field(SEED_ROWS, optional=True)
     iteration: Array | None = _field((), optional=True)
 
-    @property
-    def num_rows(self) -> int:
-        return int(np.shape(self.prompt_ids)[0])
-
 
 @flax.struct.dataclass
 class SFTBatch(_Typed):
@@ -94,10 +90,3 @@ class SFTBatch(_Typed):
 
     input_ids: Array = _field(ROWS)
     prompt_len: Array = _field((shd.BATCH,))
-
-
-def put(batch, mesh: Mesh | None, rules=shd.DEFAULT_RULES):
-    """``batch`` on the devices with its type's shardings (unplaced without a mesh)."""
-    if mesh is None:
-        return batch
-    return jax.device_put(batch, batch.shardings(mesh, rules))
