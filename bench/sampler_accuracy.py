@@ -44,7 +44,7 @@ from d1jax.model import weights  # noqa: E402
 from d1jax.model import LLaDA  # noqa: E402
 from d1jax.tasks import sudoku  # noqa: E402
 from d1jax.model.tokenizer import load_tokenizer, special_ids  # noqa: E402
-from d1jax.eval.evaluate import score_records  # noqa: E402
+from d1jax.eval.score import percentages, score_records  # noqa: E402
 from d1jax.train.rollout import encode_prompts, uniform_prompt_length  # noqa: E402
 from d1jax.train.setup import Setup  # noqa: E402
 
@@ -126,7 +126,8 @@ def run(model_dir: str, puzzles: str, num: int = 256, gen_length: int = 32,
         comp = np.concatenate([np.asarray(o.ids) for o in outs[m]])[:n, ids.shape[1]:]
         steps_run = np.stack([np.asarray(o.block_steps) for o in outs[m]])  # [batches, blocks]
         completions = s.tokenizer.batch_decode(comp, skip_special_tokens=False)
-        sc = score_records(task, [task.record(ex, t) for ex, t in zip(examples, completions)])
+        sc = percentages(score_records(
+            [task.record(ex, t) for ex, t in zip(examples, completions)], task))
         rows[m] = {"kv_cache": cfg.kv_cache, "recompute": cfg.recompute, "threshold": cfg.threshold,
                    "cache_refresh": cfg.cache_refresh,
                    "accuracy": sc["accuracy"], "solved": sc["solved"],

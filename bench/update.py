@@ -28,9 +28,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import d1jax  # noqa: E402
-from d1jax.objectives import logprob
-from d1jax.train import optim
-from d1jax.train import update  # noqa: E402
+from d1jax.objectives import logprob  # noqa: E402
+from d1jax.train import optim, update  # noqa: E402
+from d1jax.train import steps as steps_lib  # noqa: E402
+from d1jax.train.batch import GRPOBatch  # noqa: E402
 from d1jax.model import LoraConfig  # noqa: E402
 
 REFERENCE_S = {"estimator_mu1": 0.17, "estimator_mu4": 0.83, "update_mu1": 0.58}
@@ -47,9 +48,9 @@ def estimator_flops(c, batch: int, prompt: int, completion: int) -> float:
                     + 2 * completion * d * c.embedding_size)
 
 
-def workload(c, batch: int, prompt: int, completion: int, mu: int, seed: int = 0) -> dict:
+def workload(c, batch: int, prompt: int, completion: int, mu: int, seed: int = 0) -> GRPOBatch:
     rs = np.random.RandomState(seed)
-    return dict(prompt_ids=rs.randint(0, c.vocab_size - 2, (batch, prompt)).astype(np.int32),
+    return GRPOBatch(prompt_ids=rs.randint(0, c.vocab_size - 2, (batch, prompt)).astype(np.int32),
                 prompt_mask=np.ones((batch, prompt), np.int32),
                 completion_ids=rs.randint(0, c.vocab_size - 2,
                                           (batch, completion)).astype(np.int32),
@@ -79,7 +80,8 @@ def build_measurements(args) -> tuple[dict, dict]:
         est = jax.jit(lambda prm, x: logprob.per_token_logps(
             model, prm, x["prompt_ids"], x["completion_ids"], x["mask_seeds"],
             p_mask_prompt=0.15, attention_mask_bl=None))
-        x = {k: jnp.asarray(batch[k]) for k in ("prompt_ids", "completion_ids", "mask_seeds")}
+        x = {k: jnp.asarray(getattr(batch, k)) for k in ("prompt_ids", "completion_ids",
+                                                          "mask_seeds")}
         t0 = time.perf_counter()
         compiled = est.lower(params, x).compile()
         facts["compile_s"][f"estimator_mu{mu}"] = time.perf_counter() - t0
@@ -90,8 +92,9 @@ def build_measurements(args) -> tuple[dict, dict]:
         opt = optim.make_optimizer(optim.OptimConfig(learning_rate=3e-6))
         cfg = update.GRPOConfig(num_iterations=mu, beta=0.04, epsilon=0.5,
                                 use_attention_mask=False)
-        steps = update.make_jitted_steps(model, None, opt, lora=lora is not None,
-                                         keep_reference=lora is None, grpo=cfg)
+        # The same jitted programs the training loop runs (d1jax.train.steps).
+        steps = steps_lib.make_jitted_steps(model, None, opt, lora=lora is not None,
+                                            keep_reference=lora is None, grpo=cfg)
         state = steps.init(params)
         t0 = time.perf_counter()
         jax.block_until_ready(steps.rollout_logps(state, batch))
@@ -99,7 +102,7 @@ def build_measurements(args) -> tuple[dict, dict]:
         runs[f"rollout_old_ref_mu{mu}"] = (lambda s, st, bt: lambda: s.rollout_logps(st, bt))(
             steps, state, batch)
         if mu == 1:
-            batch.update(jax.device_get(steps.rollout_logps(state, batch)))
+            batch = batch.replace(**jax.device_get(steps.rollout_logps(state, batch)))
             holder = {"state": state}
 
             def one_update(steps=steps, batch=batch, holder=holder):

@@ -3,11 +3,11 @@
   python -m d1jax.main --config=configs/demo_sudoku.py --workdir=/tmp/d1jax_demo      # ~13 min, 2 cores
   python -m d1jax.main --config=configs/demo_sudoku.py:ci --workdir=/tmp/d1jax_demo_ci  # shortened
 
-Fields and their meaning: d1jax/config/defaults.py (demo); stages: d1jax/demo/run.py.
+Fields and their meaning: d1jax/demo/config.py; stages: d1jax/demo/run.py.
 """
 
-from d1jax import config
+from d1jax.demo import config
 
 
 def get_config(arg=None):
-    return config.demo(arg)
+    return config.get_config(arg)

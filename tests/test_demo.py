@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from d1jax.demo import run as demo
+from d1jax.demo import config as demo_config
 from d1jax.demo import data as demo_data
+from d1jax.demo import evaluation as demo_eval
 from d1jax.tasks import get_task, sudoku
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,7 +96,7 @@ def test_eval_cli_scores_the_exported_d1_model(demo_run, tmp_path):
     wd, _ = demo_run
     r = run_main("--config=configs/eval.py:sudoku-tiny", "--config.task.prompt=compact",
                  f"--config.model.path={wd / 'd1_s1' / 'hf'}", "--config.eval.num_examples=256",
-                 "--config.eval.block_length=32", "--config.eval.batch_size=64",
+                 "--config.sampler.block_length=32", "--config.eval.batch_size=64",
                  f"--workdir={tmp_path}", module="d1jax.eval")
     assert r.returncode == 0, r.stderr[-3000:]
     acc = json.loads((tmp_path / "accuracy.json").read_text())["32"]["accuracy"]
@@ -106,7 +107,7 @@ def test_eval_cli_scores_the_exported_d1_model(demo_run, tmp_path):
 
 @pytest.mark.parametrize("flag,field", [
     ("--config.demo.grpo.starts=('sft', 'rl')", "demo.grpo.starts"),
-    ("--config.demo.grpo.kv_cache=dual2", "demo.grpo.kv_cache='dual2'"),
+    ("--config.demo.sampler.kv_cache=dual2", "demo.sampler.kv_cache='dual2'"),
     ("--config.demo.eval.sampled_sets=('heldout', 'test')", "demo.eval.sampled_sets")])
 def test_bad_demo_switches_fail_before_any_stage_runs(tmp_path, flag, field):
     wd = tmp_path / "wd"
@@ -137,37 +138,41 @@ def test_pretraining_documents_are_noisy_as_configured():
     assert max(rewards) == 0.0
 
 
-def test_sft_noise_switches_choose_the_corpus(tmp_path):
+def test_production_sft_trains_on_clean_trajectories_and_the_demo_on_its_corpus(tmp_path):
     from d1jax import config as config_lib
     from d1jax.train import sft
+    from d1jax.train import spec as spec_lib
     rows = sudoku.generate_puzzles(64, seed=5)
     path = tmp_path / "train.csv"
-    demo._write_csv(str(path), rows)  # the demo's own train-pool writer
+    demo_data.write_csv(str(path), rows)  # the demo's own train-pool writer
     c = config_lib.sft("tiny")
     c.task.name, c.task.source, c.task.prompt, c.task.num_train = "sudoku", str(path), "compact", 0
-    clean = sft.sft_examples(c)
-    assert all(ex["completion"] == f"<answer>\n{r['solution']}\n</answer>"
-               for ex, r in zip(clean, rows))
-    c.sft.format_noise = 1.0  # a noisy corpus under the SFT (answer-only) objective
-    assert all("<answer>" not in ex["completion"] for ex in sft.sft_examples(c))
-    c.task.name = "countdown"
-    with pytest.raises(config_lib.ConfigError, match="format_noise"):
-        sft.sft_examples(c)
+    clean = sft.sft_examples(spec_lib.from_config(c))
+    assert [ex["completion"] for ex in clean] == [f"<answer>\n{r['solution']}\n</answer>"
+                                                  for r in rows]
+    d = demo_config.get_config("ci").demo
+    d.unlock()
+    d.pretrain.format_noise = 1.0  # every document untagged
+    corpus = demo_data.pretraining_corpus(d, {"train": str(path)})
+    assert len(corpus.rows) == 64 and not corpus.train_prompt
+    assert all("<answer>" not in ex["completion"] for ex in corpus.rows)
+    d.pretrain.objective = "pretrain"  # whole documents under the loss
+    assert demo_data.pretraining_corpus(d, {"train": str(path)}).train_prompt
 
 
 def test_eval_cache_is_reused_only_with_the_same_settings(tmp_path):
     path, logs = tmp_path / "eval_cache.json", []
     settings = {"sets": ["d1_test", "heldout"], "sampled_sets": ["heldout"], "samples": 2}
-    assert demo.load_eval_cache(path, settings, logs.append) == {"settings": settings,
+    assert demo_eval.load_eval_cache(path, settings, logs.append) == {"settings": settings,
                                                                   "models": {}}
     path.write_text(json.dumps({"settings": settings, "models": {"sft": {"heldout": {}}}}))
-    assert demo.load_eval_cache(path, dict(settings), logs.append)["models"] == {
+    assert demo_eval.load_eval_cache(path, dict(settings), logs.append)["models"] == {
         "sft": {"heldout": {}}}
     assert logs == []
     other = {**settings, "sampled_sets": ["d1_test", "heldout"]}
-    assert demo.load_eval_cache(path, other, logs.append) == {"settings": other, "models": {}}
+    assert demo_eval.load_eval_cache(path, other, logs.append) == {"settings": other, "models": {}}
     path.write_text(json.dumps({"sft": {"heldout": {}}}))  # the layout before settings
-    assert demo.load_eval_cache(path, settings, logs.append)["models"] == {}
+    assert demo_eval.load_eval_cache(path, settings, logs.append)["models"] == {}
     assert len(logs) == 2 and "other evaluation settings" in logs[0]
 
 
@@ -177,19 +182,35 @@ def test_demo_model_switches_give_bench_tiny_shape(tmp_path):
     than the tokenizer's is refused."""
     from d1jax.model import PRESETS
     from d1jax.model.tokenizer import train_tiny_tokenizer
-    from d1jax import config as config_lib
     from d1jax.train import setup
+    from d1jax.train import spec as spec_lib
     texts = [sudoku.question(ex) for ex in sudoku.generate_puzzles(50, seed=2)]
     tok = train_tiny_tokenizer(texts, tmp_path / "tok", vocab_size=320)
-    d = config_lib.demo(None).demo
+    d = demo_config.get_config(None).demo
     d.unlock()
     d.model.preset, d.model.width, d.model.n_layers, d.model.vocab_size = "bench-tiny", 0, 0, 8192
-    c = demo.pretrain_config(d, {"prompt_length": 43, "train": "", "tokenizer": ""})
-    m = setup._random_model_config(c, tok)
+    c = demo_config.pretrain_config(d, {"prompt_length": 43, "train": "", "tokenizer": ""})
+    m = setup.random_model_config(spec_lib.from_config(c).model, tok)
     bench = PRESETS["bench-tiny"]
     for k in ("d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden_size", "vocab_size"):
         assert getattr(m, k) == bench[k], k
     assert m.mask_token_id < len(tok) <= 320
     c.model.vocab_size = 100
     with pytest.raises(ValueError, match="smaller than the tokenizer"):
-        setup._random_model_config(c, tok)
+        setup.random_model_config(spec_lib.from_config(c).model, tok)
+
+
+def test_stage_configs_take_the_sampler_from_the_demo(tmp_path):
+    from d1jax.train import spec as spec_lib
+    d = demo_config.get_config(None).demo
+    d.unlock()
+    d.sampler.threshold = 0.8
+    data = {"prompt_length": 43, "train": "", "tokenizer": ""}
+    start = tmp_path / "sft"
+    (start / "hf").mkdir(parents=True)
+    rollout = spec_lib.from_config(demo_config.grpo_config(d, data, start, seed=1)).sampler
+    assert (rollout.kv_cache, rollout.threshold, rollout.temperature, rollout.steps) == (
+        "dual", 0.8, 0.9, 16)
+    greedy = spec_lib.from_config(demo_config.eval_config(d, start / "hf")).eval.samplers
+    assert [(s.gen_length, s.steps, s.kv_cache, s.temperature) for s in greedy] == [
+        (32, 16, "none", 0.0)]

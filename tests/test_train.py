@@ -173,3 +173,29 @@ def test_hub_task_tiny_configs_run_on_a_local_file(tmp_path, config, row):
                    "--config.train.export_hf=False"))
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert len(rows) == 2 and all(np.isfinite(r["loss"]) for r in rows)
+
+
+def test_config_is_translated_once_into_typed_configs():
+    """Eval's sampler per gen length (steps = length / 2, d1), the GRPO estimator sharing
+    the rollout sampler's mask switches, HF's warmup rounding, the reference-copy rule."""
+    import math
+    from d1jax import config as config_lib
+    from d1jax.train import spec as spec_lib
+    c = config_lib.eval_config("sudoku-tiny")
+    c.eval.gen_lengths, c.sampler.kv_cache = (32, 64), "dual"
+    got = [(s.gen_length, s.steps, s.block_length, s.kv_cache, s.temperature)
+           for s in spec_lib.from_config(c).eval.samplers]
+    assert got == [(32, 16, 16, "dual", 0.0), (64, 32, 16, "dual", 0.0)]
+    c = config_lib.grpo("sudoku", "tiny")
+    c.sampler.use_attention_mask = False
+    spec = spec_lib.from_config(c)
+    assert spec.grpo.use_attention_mask is False and spec.sampler.use_attention_mask is False
+    assert spec.optim.build(10_001).warmup_steps == math.ceil(0.0001 * 10_001) == 2
+    assert spec.keep_reference  # LoRA, beta > 0, synced reference
+    c.grpo.sync_ref_model = False
+    assert not spec_lib.from_config(c).keep_reference  # the base model is the reference
+    c.lora.enabled = False
+    assert spec_lib.from_config(c).keep_reference  # full fine-tuning needs a copy
+    c.grpo.objective = "spg"
+    with pytest.raises(config_lib.ConfigError, match="objective='spg'"):
+        spec_lib.from_config(c)

@@ -5,11 +5,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import d1jax
 from d1jax.objectives import logprob
-from d1jax.train import optim
-from d1jax.train import update
+from d1jax.model import lora as lora_lib
+from d1jax.train import optim, update
+from d1jax.train import state as state_lib
+from d1jax.train import steps as steps_lib
+from d1jax.train.batch import GRPOBatch
 from d1jax import sharding as shd
 from d1jax.model import LoraConfig
 
@@ -18,11 +22,12 @@ def rollout_batch(b=8, p=6, c=5, mu=2, seed=0):
     rs = np.random.RandomState(seed)
     prompt_mask = np.ones((b, p), np.int32)
     prompt_mask[0, :2] = 0  # left padding
-    return dict(prompt_ids=rs.randint(0, 120, (b, p)).astype(np.int32), prompt_mask=prompt_mask,
-                completion_ids=rs.randint(0, 120, (b, c)).astype(np.int32),
-                completion_mask=(np.arange(c)[None] <= rs.randint(1, c, (b, 1))).astype(np.int32),
-                advantages=rs.normal(size=b).astype(np.float32),
-                mask_seeds=rs.randint(0, 4096, mu).astype(np.int32))
+    return GRPOBatch(
+        prompt_ids=rs.randint(0, 120, (b, p)).astype(np.int32), prompt_mask=prompt_mask,
+        completion_ids=rs.randint(0, 120, (b, c)).astype(np.int32),
+        completion_mask=(np.arange(c)[None] <= rs.randint(1, c, (b, 1))).astype(np.int32),
+        advantages=rs.normal(size=b).astype(np.float32),
+        mask_seeds=rs.randint(0, 4096, mu).astype(np.int32))
 
 
 def test_sharded_update_equals_single_device(tiny_config):
@@ -34,12 +39,12 @@ def test_sharded_update_equals_single_device(tiny_config):
     cfg = update.GRPOConfig(num_iterations=2, beta=0.04, grad_accum=2)
     results = []
     for mesh in (None, shd.make_mesh((2, 2, 2))):
-        steps = update.make_jitted_steps(model, mesh, opt, lora=True, keep_reference=True,
-                                         grpo=cfg)
+        steps = steps_lib.make_jitted_steps(model, mesh, opt, lora=True, keep_reference=True,
+                                            grpo=cfg)
         state = steps.init(jax.tree.map(jnp.asarray, params))
         batch = rollout_batch()
-        batch.update(steps.rollout_logps(state, batch))
-        logps = np.asarray(batch["old_logps"])
+        batch = batch.replace(**steps.rollout_logps(state, batch))
+        logps = np.asarray(batch.old_logps)
         metrics = []
         for i in range(2):
             state, m = steps.grpo_update(state, batch, jax.random.key(i))
@@ -59,7 +64,7 @@ def test_sharded_update_equals_single_device(tiny_config):
     for t0, t1 in ((p0, p1), (r0, r1)):
         for a, b in zip(jax.tree.leaves(t0), jax.tree.leaves(t1)):
             np.testing.assert_allclose(a, b, atol=1e-5)
-    start = update.lora_lib.split(params)[1]
+    start = lora_lib.split(params)[1]
     assert not np.allclose(p0["blocks"]["q_proj"]["lora_b"], start["blocks"]["q_proj"]["lora_b"])
 
 
@@ -74,10 +79,9 @@ def ft_steps(full_ft):
     """Full fine-tuning, mu = 3, beta = 0, p_mask = 0.5: compiled once for two tests."""
     model, params, opt = full_ft
     cfg = update.GRPOConfig(num_iterations=3, beta=0.0, p_mask_prompt=0.5)
-    steps = update.make_jitted_steps(model, None, opt, lora=False, grpo=cfg)
-    batch = rollout_batch(mu=3, p=12)
-    batch["mask_seeds"] = np.array([1, 2, 3], np.int32)
-    batch.update(jax.device_get(steps.rollout_logps(steps.init(params), batch)))
+    steps = steps_lib.make_jitted_steps(model, None, opt, lora=False, grpo=cfg)
+    batch = rollout_batch(mu=3, p=12).replace(mask_seeds=np.array([1, 2, 3], np.int32))
+    batch = batch.replace(**jax.device_get(steps.rollout_logps(steps.init(params), batch)))
     return steps, params, batch
 
 
@@ -85,14 +89,14 @@ def test_non_finite_gradient_skips_the_update_and_is_counted(ft_steps):
     steps, params, batch = ft_steps
     state = steps.init(params)
     before = jax.device_get((state.params, state.opt_state))
-    bad = {**batch, "advantages": batch["advantages"].copy(), "iteration": np.int32(0)}
-    bad["advantages"][3] = np.nan
+    bad = batch.replace(advantages=batch.advantages.copy(), iteration=np.int32(0))
+    bad.advantages[3] = np.nan
     state, m = steps.grpo_update(state, bad, jax.random.key(0))
     assert float(m["update_skipped"]) == 1 and int(state.skipped) == 1 and int(state.step) == 1
     after = jax.device_get((state.params, state.opt_state))
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
         np.testing.assert_array_equal(a, b)
-    state, m = steps.grpo_update(state, {**batch, "iteration": np.int32(1)}, jax.random.key(1))
+    state, m = steps.grpo_update(state, batch.replace(iteration=np.int32(1)), jax.random.key(1))
     assert float(m["update_skipped"]) == 0 and int(m["skipped_updates"]) == 1
     assert np.isfinite(float(m["grad_norm"])) and int(state.step) == 2
 
@@ -102,11 +106,11 @@ def test_each_inner_iteration_uses_its_own_mask_seed(ft_steps):
     pairs iteration i's old log-probs with iteration i's mask seed."""
     steps, params, batch = ft_steps
     for it in range(3):
-        _, m = steps.grpo_update(steps.init(params), {**batch, "iteration": np.int32(it)},
+        _, m = steps.grpo_update(steps.init(params), batch.replace(iteration=np.int32(it)),
                                  jax.random.key(0))
         assert abs(float(m["ratio_min"]) - 1) < 1e-6 and abs(float(m["ratio_max"]) - 1) < 1e-6
-    rolled = {**batch, "old_logps": np.roll(batch["old_logps"], 1, axis=0),
-              "iteration": np.int32(1)}
+    rolled = batch.replace(old_logps=np.roll(batch.old_logps, 1, axis=0),
+                           iteration=np.int32(1))
     _, m = steps.grpo_update(steps.init(params), rolled, jax.random.key(0))
     assert float(m["ratio_max"]) - float(m["ratio_min"]) > 1e-3
 
@@ -114,10 +118,10 @@ def test_each_inner_iteration_uses_its_own_mask_seed(ft_steps):
 def test_default_iteration_is_step_mod_mu(full_ft):
     model, params, opt = full_ft
     cfg = update.GRPOConfig(num_iterations=3, beta=0.0)
-    state = update.init_train_state(params, opt, lora=False).replace(step=jnp.int32(4))
-    batch = {**rollout_batch(mu=3), "old_logps": jnp.zeros((3, 8, 5)).at[1].set(1.0)}
-    seed, rows = update._iteration_rows(cfg, state, batch)  # 4 % 3 = 1
-    assert int(seed[0]) == int(batch["mask_seeds"][1]) and float(rows["old_logps"].min()) == 1.0
+    state = state_lib.init_train_state(params, opt, lora=False).replace(step=jnp.int32(4))
+    batch = rollout_batch(mu=3).replace(old_logps=jnp.zeros((3, 8, 5)).at[1].set(1.0))
+    seed, rows = update.iteration_rows(cfg, state, batch)  # 4 % 3 = 1
+    assert int(seed[0]) == int(batch.mask_seeds[1]) and float(rows.old_logps.min()) == 1.0
 
 
 def test_reference_pass_only_when_beta_is_nonzero(full_ft, monkeypatch):
@@ -129,7 +133,7 @@ def test_reference_pass_only_when_beta_is_nonzero(full_ft, monkeypatch):
         calls.append(kwargs.get("use_lora", True))
         return real(*args, **kwargs)
     monkeypatch.setattr(update.logprob, "per_token_logps", counting)
-    state = update.init_train_state(params, opt, lora=False, keep_reference=True)
+    state = state_lib.init_train_state(params, opt, lora=False, keep_reference=True)
     for mu, beta, want_keys in ((2, 0.0, {"old_logps"}), (2, 0.04, {"old_logps", "ref_logps"}),
                                 (1, 0.0, set()), (1, 0.04, {"ref_logps"})):
         cfg = update.GRPOConfig(num_iterations=mu, beta=beta)
@@ -144,7 +148,7 @@ def test_reference_pass_only_when_beta_is_nonzero(full_ft, monkeypatch):
                    state, rollout_batch(mu=1))
     assert len(calls) == 1
     with pytest.raises(ValueError, match="keep_reference=True"):
-        no_ref = update.init_train_state(params, opt, lora=False)
+        no_ref = state_lib.init_train_state(params, opt, lora=False)
         update.rollout_logps(model, update.GRPOConfig(num_iterations=2), no_ref,
                              rollout_batch(mu=2))
 
@@ -203,11 +207,52 @@ def test_gradient_accumulation_is_the_mean_over_strided_micro_batches():
 
 def test_sync_reference_mixes_toward_the_policy(full_ft):
     model, params, opt = full_ft
-    state = update.init_train_state(params, opt, lora=False, keep_reference=True)
+    state = state_lib.init_train_state(params, opt, lora=False, keep_reference=True)
     moved = jax.tree.map(lambda x: x + 1.0, state.params)
     synced = update.sync_reference(state.replace(params=moved), 0.6)
     for p, r0, r in zip(*(jax.tree.leaves(t) for t in (moved, state.ref, synced.ref))):
         np.testing.assert_allclose(np.asarray(r), 0.6 * np.asarray(p) + 0.4 * np.asarray(r0),
                                    rtol=1e-6, atol=1e-6)
-    no_ref = update.init_train_state(params, opt, lora=False)
+    no_ref = state_lib.init_train_state(params, opt, lora=False)
     assert update.sync_reference(no_ref, 0.6) is no_ref
+
+
+def test_batch_shardings_come_from_the_field_axes():
+    mesh = shd.make_mesh((2, 2, 2))
+    batch = rollout_batch().replace(old_logps=np.zeros((2, 8, 5), np.float32))
+    sh = batch.shardings(mesh)
+    rows = P(("data", "fsdp"), None)
+    assert sh.prompt_ids.spec == rows and sh.completion_mask.spec == rows
+    assert sh.advantages.spec == P(("data", "fsdp"))
+    assert sh.old_logps.spec == P(None, ("data", "fsdp"), None)
+    assert sh.mask_seeds.spec == P(None) and sh.ref_logps is None
+
+
+def test_update_compiled_from_abstract_inputs_is_the_one_training_calls(tiny_config):
+    """The planner's path: lower the GRPO update from ShapeDtypeStructs with shardings,
+    compile, run the executable on real inputs: same metrics as ``steps.grpo_update``."""
+    model = d1jax.LLaDA(tiny_config, lora=LoraConfig(rank=4, alpha=8.0, dropout=0.0))
+    params = d1jax.init_params(model, jax.random.key(0))
+    opt = optim.make_optimizer(optim.OptimConfig(learning_rate=1e-2))
+    mesh = shd.make_mesh((2, 2, 2))
+    steps = steps_lib.make_jitted_steps(model, mesh, opt, lora=True,
+                                        grpo=update.GRPOConfig(num_iterations=2, beta=0.04))
+    like = steps.grpo_batch_like(rows=8, prompt_len=6, completion_len=5)
+    program = steps.program("grpo_update", like)
+    compiled = program.lower(steps.abstract_state(), like, steps.rng_like()).compile()
+    assert compiled.memory_analysis() is not None
+    state = steps.init(params)
+    batch = rollout_batch().replace(iteration=np.int32(1))
+    batch = batch.replace(**steps.rollout_logps(state, batch))
+    placed = jax.device_put(batch, batch.shardings(mesh))
+    _, want = steps.grpo_update(state, batch, jax.random.key(3))
+    state = steps.init(params)
+    _, got = compiled(state.moving(), state.fixed(), placed, jax.random.key(3))
+    for k in ("loss", "kl", "grad_norm"):
+        np.testing.assert_allclose(float(got[k]), float(want[k]), rtol=1e-6, err_msg=k)
+    assert not np.isclose(float(want["kl"]), 0.0) or float(want["grad_norm"]) > 0
+
+
+def test_unknown_objective_is_refused():
+    with pytest.raises(ValueError, match="objective='spg'"):
+        update.GRPOConfig(objective="spg")

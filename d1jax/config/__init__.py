@@ -1,7 +1,8 @@
-"""Run configs: the ml_collections defaults that configs/*.py build on, and their checks."""
+"""Run configs: the ml_collections defaults that configs/*.py build on, and the checks
+that need no model (``d1jax.train.spec`` translates and validates the rest)."""
 
-from d1jax.config.defaults import (ConfigError, base, check_batch, check_sampler, check_workdir,
-                                   demo, eval_config, grpo, sft, validate)
+from d1jax.config.defaults import (ConfigError, base, check_batch, check_workdir, eval_config,
+                                   grpo, sampler_fields, sft)
 
-__all__ = ["ConfigError", "base", "check_batch", "check_sampler", "check_workdir", "demo",
-           "eval_config", "grpo", "sft", "validate"]
+__all__ = ["ConfigError", "base", "check_batch", "check_workdir", "eval_config", "grpo",
+           "sampler_fields", "sft"]

@@ -6,16 +6,28 @@ digit with probability ``noise``), written in d1's ``<answer>`` format or, with
 probability ``format_noise``, as four space-separated rows with no tags (``rows_answer``), which neither
 d1's reward nor its evaluation parser can read (text of mixed quality and format, as a
 web corpus would hold). Trained on it with the masked-diffusion objective (on the answers,
-``sft.objective="sft"``, as the demo does, or on whole documents, ``"pretrain"``), this gives
+``demo.pretrain.objective="sft"``, the default, or on whole documents, ``"pretrain"``), this gives
 a base model that knows the format and little Sudoku, and leaves room for SFT on clean
 trajectories (d1's stage 1) and diffu-GRPO (stage 2) to improve it.
+
+``prepare_data`` writes the demo's puzzles and tokenizer; ``pretraining_corpus`` is the
+base stage's training data, handed to the SFT loop (``sft.run(..., data=...)``).
 """
 
 from __future__ import annotations
 
+import csv
 import random
+from pathlib import Path
 from typing import Sequence
 
+import ml_collections as mlc
+
+from d1jax.model.tokenizer import load_tokenizer, train_tiny_tokenizer
+from d1jax.tasks import get_task, sudoku
+from d1jax.tasks.sources import DataUnavailableError
+from d1jax.train.rollout import uniform_prompt_length
+from d1jax.train.sft import SFTData
 from d1jax.train.sft_data import solution_trajectory
 
 
@@ -40,7 +52,8 @@ def rows_answer(grid: str) -> str:
 def pretraining_documents(task, examples: Sequence[dict], noise: float, seed: int,
                           format_noise: float = 0.0) -> list[dict]:
     """One conversation per puzzle, its answer grid corrupted at rate ``noise`` and
-    written untagged with probability ``format_noise``."""
+    written untagged with probability ``format_noise`` (``format_noise=0, noise=0``:
+    clean trajectories)."""
     for name, v in (("answer_noise", noise), ("format_noise", format_noise)):
         if not 0.0 <= v <= 1.0:
             raise ValueError(f"{name}={v}: must be in [0, 1]")
@@ -54,3 +67,60 @@ def pretraining_documents(task, examples: Sequence[dict], noise: float, seed: in
             completion = solution_trajectory(task.name, ex, grid=grid, reasoning=task.reasoning)
         docs.append({"prompt": task.build_messages(ex), "completion": completion})
     return docs
+
+
+def pretraining_corpus(demo: mlc.ConfigDict, data: dict) -> SFTData:
+    """The base model's corpus: every train-pool puzzle as a noisy document; with
+    ``demo.pretrain.objective == "pretrain"`` the loss covers the whole document."""
+    p = demo.pretrain
+    task = get_task("sudoku", prompt="compact")
+    docs = pretraining_documents(task, task.load_train(data["train"]), p.answer_noise,
+                                 demo.seed, p.format_noise)
+    return SFTData(docs, train_prompt=p.objective == "pretrain")
+
+
+def prepare_data(demo: mlc.ConfigDict, wd: Path) -> dict:
+    """Train pool, held-out set and tokenizer under ``wd/data`` (kept when present).
+
+    Also measures the prompt length in tokens, which is the same for every puzzle: each
+    stage trains and generates on sequences of exactly prompt + ``gen_length`` tokens with
+    no padding. (A bidirectional model sees where a sequence ends: trained on one total
+    length, it misplaces the answer's closing tokens at another.)
+    """
+    d = wd / "data"
+    d.mkdir(parents=True, exist_ok=True)
+    files = {"train": str(d / "train.csv"), "heldout": str(d / "heldout.csv"),
+             "tokenizer": str(d / "tokenizer")}
+    task = get_task("sudoku", prompt="compact")
+    if not (d / "tokenizer" / "tokenizer.json").exists():
+        try:
+            d1_test = [r["puzzle"] for r in sudoku.load_test(subsample=None)]
+        except DataUnavailableError:
+            d1_test = []  # offline: nothing to exclude (and no d1 column in the table)
+        pool = sudoku.generate_puzzles(demo.data.num_train + demo.data.num_heldout,
+                                       seed=demo.data.seed, exclude=d1_test,
+                                       num_empty=tuple(demo.data.num_empty))
+        write_csv(files["heldout"], pool[:demo.data.num_heldout])
+        write_csv(files["train"], pool[demo.data.num_heldout:])
+        # Text like the base model's corpus, at fixed noise rates (not demo.pretrain's:
+        # the tokenizer, and so every published demo number, stays put when those change).
+        docs = pretraining_documents(task, pool[demo.data.num_heldout:][:2000], 0.3, 0,
+                                     format_noise=0.5)
+        texts = [m["content"] for doc in docs for m in doc["prompt"]] + [
+            doc["completion"] for doc in docs]
+        train_tiny_tokenizer(texts, d / "tokenizer.tmp", demo.model.tokenizer_vocab)
+        (d / "tokenizer.tmp").rename(d / "tokenizer")  # present only once complete
+    tok = load_tokenizer(files["tokenizer"])
+    probe = sudoku.load_test(files["heldout"], subsample=None)[:64]
+    length = uniform_prompt_length(tok, [task.eval_prompt(tok, ex) for ex in probe])
+    return {**files, "prompt_length": length}
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+    """Puzzles in d1's Sudoku CSV layout (Puzzle, Solution), written atomically."""
+    tmp = Path(path + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Puzzle", "Solution"])
+        w.writerows([r["puzzle"], r["solution"]] for r in rows)
+    tmp.replace(path)

@@ -1,5 +1,38 @@
-"""``python -m d1jax.eval --config=configs/eval.py:TASK``: the same as ``d1jax.main``."""
+"""``python -m d1jax.eval --config=configs/eval.py:TASK --workdir=DIR``: d1's evaluation.
 
-from d1jax.eval.evaluate import main
+Parses its flags and calls ``evaluate.run``; a mistake in the config or a file ends with
+one ``error:`` line, as ``d1jax.main`` reports it. Multi-host evaluation goes through
+``python -m d1jax.main``, which joins the distributed run first.
+"""
 
-main()
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/eval.py:TASK[-tiny].")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory; default config.workdir.")
+
+
+def main(argv) -> None:
+    del argv
+    from d1jax.config import ConfigError
+    from d1jax.eval import evaluate
+    from d1jax.model import UnsupportedConfigError
+    from d1jax.model.weights import CheckpointError
+    from d1jax.tasks.sources import DataUnavailableError
+
+    config = _CONFIG.value
+    if config is None:
+        raise app.UsageError("--config is required, e.g. --config=configs/eval.py:gsm8k")
+    workdir = _WORKDIR.value or config.get("workdir")
+    if not workdir:
+        sys.exit("error: no workdir: pass --workdir=DIR or set config.workdir")
+    try:
+        evaluate.run(config, workdir)
+    except (ConfigError, CheckpointError, UnsupportedConfigError, DataUnavailableError) as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -11,7 +11,7 @@ correct / items, and for Sudoku correct cells / empty cells, with puzzles fully 
 reported beside it.
 
 Other code can call ``score_file(path)``, ``score_paths(paths)`` or, for generations in
-memory, ``score_records(records, task)``.
+memory, ``score_records(records, task)`` (``percentages`` of its summary).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from d1jax.tasks import TASK_NAMES, get_task
+from d1jax.tasks import TASK_NAMES, Task, get_task
 
 _FILE_NAME = re.compile(r"^(?P<setup>.+)_\d+_generations\.json$")
 # d1 picks the parser by substring of the setup name, in this order.
@@ -56,24 +56,36 @@ def infer_gen_length(setup: str) -> int | None:
     return None
 
 
-def score_records(records: Sequence[dict], task: str, details: bool = False,
+def score_records(records: Sequence[dict], task: str | Task, details: bool = False,
                   math_equivalence: str = "d1") -> dict:
     """d1's accuracy over items ``{"question", "generations", "ground_truth"}``.
 
-    Returns n, correct (items fully right), hits/total (d1's pooled numerator and
+    ``task``: a task name or a ``Task`` (whose evaluation parser judges the items).
+    Returns task, n, correct (items fully right), hits/total (d1's pooled numerator and
     denominator), accuracy = hits/total in [0, 1]; for Sudoku also solved and
     solved_accuracy. ``details`` adds per-item verdicts. ``math_equivalence``: "d1" or
-    "math_verify" (MATH only).
+    "math_verify" (MATH by name only).
     """
-    options = {"equivalence": math_equivalence} if task == "math500" else {}
-    judge = get_task(task, **options).verdict
+    if isinstance(task, str):
+        task = get_task(task, **({"equivalence": math_equivalence} if task == "math500" else {}))
     verdicts = []
     for i, rec in enumerate(records):
         try:
-            verdicts.append(judge(rec))
+            verdicts.append(task.verdict(rec))
         except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"item {i} cannot be scored as {task}: {e}") from e
-    return _summary(task, verdicts, details)
+            raise ValueError(f"item {i} cannot be scored as {task.name}: {e}") from e
+    return _summary(task.name, verdicts, details)
+
+
+def percentages(summary: dict) -> dict:
+    """A summary's accuracy and share of fully correct items in %, with n (and the wall
+    time when present): the figures the evaluation and the demo report."""
+    n = summary["n"]
+    out = {"accuracy": 100.0 * summary["accuracy"], "solved": 100.0 * summary["correct"] / max(n, 1),
+           "n": n}
+    if "wall_time_s" in summary:
+        out["wall_time_s"] = summary["wall_time_s"]
+    return out
 
 
 def _summary(task: str, verdicts: list, details: bool) -> dict:

@@ -1,1 +1,2 @@
-"""Train loops composed from the jitted pieces: SFT, diffu-GRPO, and the CPU demo."""
+"""Training: the run spec, train state, typed batches, pure update steps, their one jit
+layer (steps), and the SFT and diffu-GRPO loops built on them."""

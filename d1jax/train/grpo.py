@@ -10,50 +10,51 @@ metrics continue exactly (same seed -> same rollouts, same mask seeds).
 
 from __future__ import annotations
 
-from d1jax import tasks as tasks_lib
-from d1jax.metrics import Progress
 from d1jax import config as config_lib
+from d1jax.metrics import Progress
 from d1jax.train import engine, loop, rollout
 from d1jax.train.data import ExampleIterator
-from d1jax.train.setup import build, data_parallel_size, make_mesh
+from d1jax.train.setup import build, data_parallel_size
 
 
 def run(config, workdir: str) -> dict:
     """Runs diffu-GRPO as configured; returns the last step's metrics."""
-    wd = loop.prepare(config, workdir)
-    g = config.grpo
-    G, P = g.num_generations, g.prompts_per_step
-    config_lib.check_batch(P * G, G, data_parallel_size(make_mesh(config)[0]), "prompts_per_step x G")
-    task = tasks_lib.task_from_config(config)
-    examples = _train_examples(config, task)
-    s = build(config, wd, texts=lambda: _tokenizer_texts(task, examples))
-    eng = engine.GRPOEngine(config, s)
-    ctx = loop.RunContext.create(config, wd)
-    data = ExampleIterator(examples, P, seed=config.seed)
+    spec, wd = loop.prepare(config, workdir)
+    g, t = spec.grpo_run, spec.train
+    mu = spec.grpo.num_iterations
+    mesh = spec.mesh.build()
+    config_lib.check_batch(g.prompts_per_step * g.num_generations, g.num_generations,
+                           data_parallel_size(mesh), "prompts_per_step x G")
+    task = spec.task.build()
+    examples = _train_examples(spec, task)
+    s = build(spec, wd, mesh, texts=lambda: _tokenizer_texts(task, examples))
+    eng = engine.GRPOEngine(spec, s)
+    ctx = loop.RunContext.create(spec, wd)
+    data = ExampleIterator(examples, g.prompts_per_step, seed=spec.seed)
     step, eng.state, meta = ctx.restore(eng.state)
     if meta:
         data.set_state(meta["data"])
-    ctx.progress = Progress(config.train.num_steps, initial=step, desc=f"grpo {task.name}")
+    ctx.progress = Progress(t.num_steps, initial=step, desc=f"grpo {task.name}")
     last: dict = {}
     try:
-        while step < config.train.num_steps and not ctx.should_stop(step, config):
-            rollout_idx = step // g.num_iterations
-            batch_examples = rollout.repeat_examples(next(data), G)
-            roll, roll_metrics, texts = eng.rollout(task, batch_examples, rollout_idx)
-            for it in range(g.num_iterations):
-                m = eng.update(roll, it, step)
+        while step < t.num_steps and not ctx.should_stop(step):
+            batch_examples = rollout.repeat_examples(next(data), g.num_generations)
+            batch, roll_metrics, texts = eng.rollout(task, batch_examples, step // mu)
+            for it in range(mu):
+                m = eng.update(batch, it, step)
                 step += 1
-                if step % config.train.log_every == 0 or it == g.num_iterations - 1:
-                    last = ctx.log(step, {**roll_metrics, **m},
-                                   texts if (it == 0 and step % config.train.sample_every < g.num_iterations) else None)
-                if step >= config.train.num_steps:
+                if step % t.log_every == 0 or it == mu - 1:
+                    sample = it == 0 and step % t.sample_every < mu
+                    last = ctx.log(step, {**roll_metrics, **m}, texts if sample else None)
+                if step >= t.num_steps:
                     break
             ctx.checkpointer.save(step, eng.state, {"data": data.get_state(), "metrics": last},
-                                  force=_crossed(step, g.num_iterations, config.train.save_every))
-        ctx.checkpointer.save(step, eng.state, {"data": data.get_state(), "metrics": last}, force=True)
+                                  force=_crossed(step, mu, t.save_every))
+        ctx.checkpointer.save(step, eng.state, {"data": data.get_state(), "metrics": last},
+                              force=True)
         ctx.checkpointer.wait()
-        if config.train.export_hf and step >= config.train.num_steps:
-            loop.export_hf(wd, s.model_config, eng.export_params(), s.tokenizer)
+        if t.export_hf and step >= t.num_steps:
+            loop.export_hf(wd, s, eng.state, source_dir=spec.model.path or None)
     finally:
         ctx.close()
     return last
@@ -64,10 +65,10 @@ def _crossed(step: int, per_rollout: int, every: int) -> bool:
     return every > 0 and (step // every) > ((step - per_rollout) // every)
 
 
-def _train_examples(config, task) -> list[dict]:
-    examples = list(task.load_train(config.task.source or None))
-    if config.task.num_train:
-        examples = examples[:config.task.num_train]
+def _train_examples(spec, task) -> list[dict]:
+    examples = list(task.load_train(spec.task.source))
+    if spec.task.num_train:
+        examples = examples[:spec.task.num_train]
     return examples
 
 

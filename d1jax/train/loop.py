@@ -13,8 +13,11 @@ import numpy as np
 
 from d1jax import checkpoint as ckpt_lib
 from d1jax import metrics as metrics_lib
+from d1jax.model import lora as lora_lib
 from d1jax.model import weights
 from d1jax import config as config_lib
+from d1jax.train import spec as spec_lib
+from d1jax.train.spec import LoopSpec, RunSpec
 
 
 @dataclasses.dataclass
@@ -22,20 +25,22 @@ class RunContext:
     """Per-run services: checkpointer, metric writer, progress bar, preemption flag."""
 
     workdir: Path
+    loop: LoopSpec
     checkpointer: ckpt_lib.Checkpointer
     writer: metrics_lib.MetricWriter
     preempt: ckpt_lib.PreemptionFlag
     progress: metrics_lib.Progress | None = None
 
     @classmethod
-    def create(cls, config, workdir: Path) -> "RunContext":
-        t = config.train
+    def create(cls, spec: RunSpec, workdir: Path) -> "RunContext":
+        t = spec.train
         ck = ckpt_lib.Checkpointer(
             workdir, save_every=t.save_every, max_to_keep=t.max_to_keep,
             best_metric=t.keep_best_metric or None, async_save=t.async_checkpoints)
         if jax.process_index() == 0:
-            (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
-        return cls(workdir, ck, metrics_lib.MetricWriter(workdir), ckpt_lib.PreemptionFlag().install())
+            (workdir / "config.json").write_text(spec.config_json)
+        return cls(workdir, t, ck, metrics_lib.MetricWriter(workdir),
+                   ckpt_lib.PreemptionFlag().install())
 
     def restore(self, state: Any) -> tuple[int, Any, dict]:
         """(step, state, meta) of the newest readable checkpoint, or (0, state, {})."""
@@ -46,13 +51,13 @@ class RunContext:
         print(f"resumed from {self.checkpointer.directory}/{step}", flush=True)
         return step, restored, meta
 
-    def should_stop(self, step: int, config) -> bool:
+    def should_stop(self, step: int) -> bool:
         """Preempted on any host, or the config's stop_after reached."""
         flag = np.array([self.preempt.is_set], np.int32)
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
             flag = multihost_utils.process_allgather(flag)
-        stop_after = config.train.stop_after
+        stop_after = self.loop.stop_after
         return bool(flag.any()) or (stop_after > 0 and step >= stop_after)
 
     def log(self, step: int, scalars: dict[str, Any], texts: dict[str, str] | None = None):
@@ -72,22 +77,22 @@ class RunContext:
             self.progress.close()
 
 
-def export_hf(workdir: Path, model_config, params, tokenizer) -> Path:
-    """Writes the final model (adapters merged) and tokenizer in the Hugging Face layout."""
+def export_hf(workdir: Path, setup, state, source_dir: str | None) -> Path:
+    """Writes the final policy (adapters merged) and tokenizer in the Hugging Face layout.
+
+    ``source_dir``: the Hugging Face directory the model was loaded from (None for a
+    random model), whose remote code and tokenizer files belong beside the export.
+    """
     out = workdir / "hf"
-    weights.save_hf_checkpoint(out, model_config, params, max_shard_size="2GB")
+    params = lora_lib.merge(state.policy_params(), setup.model.lora)
+    weights.save_hf_checkpoint(out, setup.model_config, params, max_shard_size="2GB")
     if jax.process_index() == 0:
-        tokenizer.save_pretrained(str(out))
+        setup.tokenizer.save_pretrained(str(out))
         (out / "d1jax_export.json").write_text(json.dumps({"time": time.time()}))
     return out
 
 
-def timer():
-    t0 = time.perf_counter()
-    return lambda: time.perf_counter() - t0
-
-
-def prepare(config, workdir: str) -> Path:
-    """Validation before any compute: config, then the workdir."""
-    config_lib.validate(config)
-    return config_lib.check_workdir(workdir)
+def prepare(config, workdir: str) -> tuple[RunSpec, Path]:
+    """Before any compute: the config translated and validated, then the workdir."""
+    spec = spec_lib.from_config(config)
+    return spec, config_lib.check_workdir(workdir)

@@ -10,7 +10,6 @@ skipped, leaving params and optimizer state untouched, when the gradient is not 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable
 
 import jax
@@ -39,15 +38,6 @@ class OptimConfig:
         if self.learning_rate <= 0 or self.warmup_steps < 0 or self.max_grad_norm < 0:
             raise ValueError(f"invalid optimizer config {self}: learning_rate must be > 0, "
                              "warmup_steps and max_grad_norm >= 0")
-
-    @classmethod
-    def from_config(cls, optim: Any, total_steps: int) -> "OptimConfig":
-        """From a config block with learning_rate, b1, b2, (eps,) weight_decay, max_grad_norm
-        and warmup_ratio (HF: warmup steps = ceil(ratio x total steps))."""
-        return cls(learning_rate=optim.learning_rate, b1=optim.b1, b2=optim.b2,
-                   eps=optim.get("eps", cls.eps),
-                   weight_decay=optim.weight_decay, max_grad_norm=optim.max_grad_norm,
-                   warmup_steps=math.ceil(optim.warmup_ratio * total_steps))
 
 
 def lr_schedule(cfg: OptimConfig) -> optax.Schedule:

@@ -1,4 +1,4 @@
-"""Host-side pieces of a GRPO rollout: prompt encoding, completion masks, reward scoring.
+"""Host-side pieces of a GRPO rollout: prompt encoding and reward scoring.
 
 Prompts are left-padded (and left-truncated, as d1 does with ``max_prompt_length``) to one
 fixed length so the jitted sampler and update compile once for the whole run.
@@ -38,13 +38,6 @@ def chat_prompts(tokenizer, task, examples: Sequence[dict]) -> list[str]:
     """d1's prompt text: the task's chat messages through the tokenizer's chat template."""
     return [tokenizer.apply_chat_template(task.build_messages(ex), add_generation_prompt=True,
                                           tokenize=False) for ex in examples]
-
-
-def completion_mask(completion_ids: np.ndarray, eos_id: int) -> np.ndarray:
-    """1 for tokens up to and including the first EOS (all tokens when there is none), as d1."""
-    is_eos = completion_ids == eos_id
-    first = np.where(is_eos.any(1), is_eos.argmax(1), completion_ids.shape[1])
-    return (np.arange(completion_ids.shape[1])[None, :] <= first[:, None]).astype(np.int32)
 
 
 def score(task, completions: Sequence[str], examples: Sequence[dict]) -> np.ndarray:

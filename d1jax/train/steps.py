@@ -1,90 +1,255 @@
-"""The update functions of d1jax.train.update, configured and jitted for a run.
+"""The one jit layer of the update steps, used by training, tests, benchmarks and the planner.
 
-Each jitted step takes the state with its shardings in and out and donates it.
+``make_jitted_steps`` jits, for one model, optimizer and mesh: ``rollout_logps``, the GRPO
+and SFT updates and ``sync_reference`` (``d1jax.train.update``), with explicit shardings
+(state by ``state_shardings``, batch by its type, rng and metrics replicated), the moving
+part of the state donated, the frozen base and the reference passed through untouched.
+
+Each program is also reachable for compilation without weights or data::
+
+    steps = make_jitted_steps(model, mesh, optimizer, lora=True, grpo=cfg, sampler=scfg)
+    state = steps.abstract_state()                    # ShapeDtypeStructs with shardings
+    batch = steps.grpo_batch_like(rows=B, prompt_len=P, completion_len=C)
+    rng = steps.rng_like()
+    steps.program("grpo_update", batch).lower(state, batch, rng).compile()
+    steps.program("rollout_logps", batch).lower(state, batch).compile()
+    steps.program("sft_update", sft_batch).lower(state, sft_batch, rng).compile()
+    ids, mask = steps.prompts_like(rows=B, prompt_len=P)
+    steps.generate.lower(state.policy_params(), ids, mask, rng).compile()   # rollout sampler
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding
 
+from d1jax import sampling as smp
+from d1jax import sharding as shd
+from d1jax.model import LLaDA
 from d1jax.train import optim
+from d1jax.train import state as state_lib
 from d1jax.train import update as upd
+from d1jax.train.batch import GRPOBatch, SFTBatch
+from d1jax.train.spec import RunSpec, with_tokens
+from d1jax.train.state import Params, TrainState
+
+Array = jax.Array
+PROGRAMS = ("rollout_logps", "grpo_update", "sft_update")
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """A jitted function behind the step's own signature.
+
+    ``split`` maps the step's arguments (e.g. ``state, batch, rng``) to the jitted
+    function's; ``join`` maps its outputs back. ``lower`` accepts the same arguments as
+    a call, concrete or ``jax.ShapeDtypeStruct``s. Both trace under ``context`` (the mesh
+    and logical-axis rules), so the model's activation constraints take effect.
+    """
+
+    jitted: Any
+    split: Callable[..., tuple]
+    join: Callable[[tuple, Any], Any]
+    context: Callable[[], Any]
+
+    def __call__(self, *args):
+        with self.context():
+            return self.join(args, self.jitted(*self.split(*args)))
+
+    def lower(self, *args):
+        with self.context():
+            return self.jitted.lower(*self.split(*args))
+
+
+def _update_split(state: TrainState, batch, rng):
+    return state.moving(), state.fixed(), batch, rng
+
+
+def _update_join(args, out):
+    state = args[0]
+    moving, metrics = out
+    return moving.replace(frozen=state.frozen, ref=state.ref), metrics
 
 
 @dataclasses.dataclass
-class Steps:
-    """``init_state(params)``, ``update(...)``, and for GRPO ``rollout_logps``, ``sync_reference``."""
+class JittedSteps:
+    """The update functions jitted for one model, optimizer and mesh (``mesh=None``:
+    unsharded). Batches are ``GRPOBatch`` / ``SFTBatch`` or dicts of their fields, numpy
+    or device arrays; a program is compiled once per batch structure (which optional
+    fields are present)."""
 
-    init_state: Callable
-    update: Callable
-    rollout_logps: Callable | None = None
-    sync_reference: Callable | None = None
+    model: LLaDA
+    optimizer: optax.GradientTransformation
+    mesh: Mesh | None
+    lora: bool
+    keep_reference: bool = False
+    grpo: upd.GRPOConfig | None = None
+    sft: upd.SFTConfig | None = None
+    sampler: smp.SamplerConfig | None = None
+    rules: tuple = shd.DEFAULT_RULES
+    _programs: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        self.state_shardings = None if self.mesh is None else state_lib.state_shardings(
+            self.model, self.mesh, self.optimizer, lora=self.lora,
+            keep_reference=self.keep_reference, rules=self.rules)
+        self.replicated = None if self.mesh is None else shd.replicated(self.mesh)
+        # The rollout sampler: its shardings follow its inputs (params by the rules,
+        # prompts over the batch axes).
+        self.generate = None if self.sampler is None else smp.make_generate_fn(
+            smp.llada_fns(self.model), self.sampler, self.model.config.max_sequence_length)
+        self._mix = jax.jit(upd.mix_reference, donate_argnums=(1,))
+
+    # ------------------------------------------------------------------ state
+    def init(self, params: Params) -> TrainState:
+        with shd.activate(self.mesh, self.rules):
+            return state_lib.init_train_state(params, self.optimizer, lora=self.lora,
+                                              keep_reference=self.keep_reference,
+                                              shardings=self.state_shardings)
+
+    def abstract_state(self) -> TrainState:
+        """The state as ShapeDtypeStructs with their shardings (call outside a mesh
+        context: the probe of the params' shapes runs unsharded)."""
+        return state_lib.abstract_state(self.model, self.optimizer, lora=self.lora,
+                                        keep_reference=self.keep_reference,
+                                        shardings=self.state_shardings)
+
+    # ------------------------------------------------------------------ programs
+    def program(self, name: str, batch) -> Program:
+        """The jitted ``rollout_logps`` / ``grpo_update`` / ``sft_update`` for batches
+        shaped like ``batch`` (its type and present fields)."""
+        if name not in PROGRAMS:
+            raise ValueError(f"unknown program {name!r}: one of {PROGRAMS}")
+        key = (name, jax.tree.structure(batch))
+        if key not in self._programs:
+            self._programs[key] = getattr(self, f"_build_{name}")(batch)
+        return self._programs[key]
+
+    def _build_update(self, step_fn, batch) -> Program:
+        def inner(moving, fixed, batch, rng):
+            state = moving.replace(frozen=fixed[0], ref=fixed[1])
+            new, metrics = step_fn(self.model, self.optimizer, state, batch, rng)
+            return new.moving(), metrics
+        kw = {}
+        if self.mesh is not None:
+            sh, batch_sh = self.state_shardings, batch.shardings(self.mesh, self.rules)
+            kw = dict(in_shardings=(sh.moving(), sh.fixed(), batch_sh, self.replicated),
+                      out_shardings=(sh.moving(), self.replicated))
+        return Program(jax.jit(inner, donate_argnums=(0,), **kw), _update_split, _update_join,
+                       self._context)
+
+    def _build_grpo_update(self, batch: GRPOBatch) -> Program:
+        cfg = self._need("grpo")
+        return self._build_update(
+            lambda m, o, s, b, r: upd.grpo_update_step(m, o, cfg, s, b, r), batch)
+
+    def _build_sft_update(self, batch: SFTBatch) -> Program:
+        cfg = self._need("sft")
+        return self._build_update(
+            lambda m, o, s, b, r: upd.sft_update_step(m, o, cfg, s, b, r), batch)
+
+    def _build_rollout_logps(self, batch: GRPOBatch) -> Program:
+        cfg = self._need("grpo")
+        kw = {}
+        if self.mesh is not None:
+            kw = dict(in_shardings=(self.state_shardings, batch.shardings(self.mesh, self.rules)))
+        jitted = jax.jit(lambda s, b: upd.rollout_logps(self.model, cfg, s, b), **kw)
+        return Program(jitted, lambda state, batch: (state, batch), lambda args, out: out,
+                       self._context)
+
+    def _context(self):
+        return shd.activate(self.mesh, self.rules)
+
+    def _need(self, name: str):
+        cfg = getattr(self, name)
+        if cfg is None:
+            raise ValueError(f"these steps were built without a {name} config: pass "
+                             f"{name}=... to make_jitted_steps")
+        return cfg
+
+    # ------------------------------------------------------------------ calls
+    def rollout_logps(self, state: TrainState, batch) -> dict[str, Array]:
+        """{"old_logps", "ref_logps"}: [mu, B, C] each, when the config needs them."""
+        batch = GRPOBatch.of(batch)
+        return self.program("rollout_logps", batch)(state, batch)
+
+    def grpo_update(self, state: TrainState, batch, rng: Array) -> tuple[TrainState, dict]:
+        """One optimizer step; the moving part of ``state`` is donated."""
+        batch = GRPOBatch.of(batch)
+        return self.program("grpo_update", batch)(state, batch, rng)
+
+    def sft_update(self, state: TrainState, batch, rng: Array) -> tuple[TrainState, dict]:
+        """One masked-SFT optimizer step; the moving part of ``state`` is donated."""
+        batch = SFTBatch.of(batch)
+        return self.program("sft_update", batch)(state, batch, rng)
+
+    def sync_reference(self, state: TrainState, alpha: float) -> TrainState:
+        """``update.sync_reference`` with the old reference copy donated."""
+        if state.ref is None:
+            return state
+        return state.replace(ref=self._mix(state.params, state.ref, jnp.float32(alpha)))
+
+    # ------------------------------------------------------------------ abstract inputs
+    def _like(self, shape, dtype, axes):
+        sharding = None if self.mesh is None else NamedSharding(
+            self.mesh, nn.logical_to_mesh_axes(axes, list(self.rules)))
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    def grpo_batch_like(self, rows: int, prompt_len: int, completion_len: int) -> GRPOBatch:
+        """A GRPOBatch of ShapeDtypeStructs, shaped as this run's update receives it."""
+        cfg = self._need("grpo")
+        mu, i32 = cfg.num_iterations, jnp.int32
+        b = GRPOBatch(
+            prompt_ids=jax.ShapeDtypeStruct((rows, prompt_len), i32),
+            prompt_mask=jax.ShapeDtypeStruct((rows, prompt_len), i32),
+            completion_ids=jax.ShapeDtypeStruct((rows, completion_len), i32),
+            completion_mask=jax.ShapeDtypeStruct((rows, completion_len), i32),
+            advantages=jax.ShapeDtypeStruct((rows,), jnp.float32),
+            mask_seeds=jax.ShapeDtypeStruct((mu,), i32),
+            old_logps=(jax.ShapeDtypeStruct((mu, rows, completion_len), jnp.float32)
+                       if mu > 1 else None),
+            ref_logps=(jax.ShapeDtypeStruct((mu, rows, completion_len), jnp.float32)
+                       if cfg.beta != 0.0 else None),
+            iteration=jax.ShapeDtypeStruct((), i32))
+        return b.abstract(self.mesh, self.rules)
+
+    def sft_batch_like(self, rows: int, length: int) -> SFTBatch:
+        b = SFTBatch(input_ids=jax.ShapeDtypeStruct((rows, length), jnp.int32),
+                     prompt_len=jax.ShapeDtypeStruct((rows,), jnp.int32))
+        return b.abstract(self.mesh, self.rules)
+
+    def prompts_like(self, rows: int, prompt_len: int) -> tuple[Any, Any]:
+        """(prompt ids, prompt mask) [rows, prompt_len] as the rollout sampler receives them."""
+        one = self._like((rows, prompt_len), jnp.int32, (shd.BATCH, None))
+        return one, one
+
+    def rng_like(self):
+        return jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=self.replicated)
 
 
-def _optimizer(config, total_steps: int):
-    return optim.make_optimizer(optim.OptimConfig.from_config(config.optim, total_steps))
+def make_jitted_steps(model: LLaDA, mesh: Mesh | None, optimizer: optax.GradientTransformation,
+                      *, lora: bool, keep_reference: bool = False,
+                      grpo: upd.GRPOConfig | None = None, sft: upd.SFTConfig | None = None,
+                      sampler: smp.SamplerConfig | None = None,
+                      rules=shd.DEFAULT_RULES) -> JittedSteps:
+    """The jitted steps of one run (see the module doc); ``mesh=None`` runs unsharded."""
+    return JittedSteps(model, optimizer, mesh, lora, keep_reference, grpo, sft, sampler,
+                       tuple(rules))
 
 
-def _lazy_jit(fn: Callable, donate_state: bool = True) -> Callable:
-    """jit ``fn(state, ...)`` on first call with the state's own shardings in and out."""
-    compiled: dict[str, Any] = {}
-
-    def call(state, *args):
-        if "fn" not in compiled:
-            sh = jax.tree.map(lambda x: x.sharding, state)
-            compiled["fn"] = jax.jit(fn, in_shardings=(sh,) + (None,) * len(args),
-                                     out_shardings=(sh, None),
-                                     donate_argnums=(0,) if donate_state else ())
-        return compiled["fn"](state, *args)
-    return call
-
-
-def grpo_config(config, model) -> upd.GRPOConfig:
-    g, o = config.grpo, config.optim
-    return upd.GRPOConfig(
-        num_iterations=g.num_iterations, beta=g.beta, epsilon=g.epsilon,
-        p_mask_prompt=g.p_mask_prompt, cfg_scale=config.sampler.cfg_scale,
-        use_attention_mask=config.sampler.use_attention_mask, grad_accum=o.grad_accum,
-        lora_dropout=config.lora.enabled and config.lora.dropout > 0)
-
-
-def _init(model, opt, mesh, rules, lora: bool, keep_ref: bool) -> Callable:
-    """init_train_state with every leaf placed by the rules (counters replicated)."""
-    sh = upd.state_shardings(model, mesh, opt, lora=lora, keep_reference=keep_ref, rules=rules)
-    return functools.partial(upd.init_train_state, optimizer=opt, lora=lora,
-                             keep_reference=keep_ref, shardings=sh)
-
-
-def make_grpo_steps(model, config, mesh, rules) -> Steps:
-    g = config.grpo
-    cfg = grpo_config(config, model)
-    opt = _optimizer(config, config.train.num_steps)
-    keep_ref = g.beta != 0 and (g.sync_ref_model or not config.lora.enabled)
-    init = _init(model, opt, mesh, rules, config.lora.enabled, keep_ref)
-
-    def step(state, batch, it, rng):
-        return upd.grpo_update_step(model, opt, cfg, state, {**batch, "iteration": it}, rng)
-
-    logps = jax.jit(lambda state, batch: upd.rollout_logps(model, cfg, state, batch))
-
-    def sync_fn(state, alpha):
-        return upd.sync_reference(state, alpha), None
-    sync = _lazy_jit(sync_fn)
-    return Steps(init, _lazy_jit(step), logps,
-                 lambda state, alpha: sync(state, jnp.float32(alpha))[0])
-
-
-def make_sft_steps(model, config, mesh, rules, total_steps: int) -> Steps:
-    opt = _optimizer(config, total_steps)
-    cfg = upd.SFTConfig(eps=config.sft.eps, grad_accum=config.optim.grad_accum,
-                        lora_dropout=config.lora.enabled and config.lora.dropout > 0)
-    init = _init(model, opt, mesh, rules, config.lora.enabled, False)
-
-    def step(state, batch, rng):
-        return upd.sft_update_step(model, opt, cfg, state, batch, rng)
-    return Steps(init, _lazy_jit(step))
+def for_run(spec: RunSpec, setup, total_steps: int) -> JittedSteps:
+    """The jitted programs of a run (``setup``: its model, mesh and token ids): the rollout
+    sampler, the old/ref pass and the GRPO update, or the SFT update; the optimizer's
+    warmup spans ``total_steps``."""
+    optimizer = optim.make_optimizer(spec.optim.build(total_steps))
+    sampler = with_tokens(spec.sampler, setup.ids) if spec.sampler is not None else None
+    return make_jitted_steps(
+        setup.model, setup.mesh, optimizer, lora=spec.model.lora is not None,
+        keep_reference=spec.keep_reference, grpo=spec.grpo, sft=spec.sft, sampler=sampler,
+        rules=setup.rules)

@@ -1,0 +1,273 @@
+"""The run's ml_collections config, translated once into typed configs and validated.
+
+``from_config(config)`` is the only reader of the ConfigDict: it returns a ``RunSpec``
+of frozen dataclasses (model, LoRA, mesh, task, loop, optimizer, rollout sampler, GRPO,
+SFT, evaluation) and fails before any compute with one ``ConfigError`` line naming the
+bad field. Everything downstream takes the spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+
+from d1jax import sampling as smp
+from d1jax import sharding
+from d1jax.config import ConfigError
+from d1jax.model import LoraConfig
+from d1jax.tasks import Task, get_task
+from d1jax.train import optim
+from d1jax.train.update import GRPOConfig, SFTConfig
+
+STAGES = ("sft", "grpo", "eval")
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """Where the model comes from and how it computes (fields: config/defaults.py _model)."""
+
+    path: str
+    tokenizer_path: str
+    random_init: str
+    width: int
+    n_layers: int
+    vocab_size: int
+    tokenizer_vocab: int
+    dtype: Any
+    param_dtype: Any
+    remat: bool
+    lora: LoraConfig | None
+
+    @property
+    def random(self) -> bool:
+        """Random weights: a preset is named and no path given (a path wins)."""
+        return bool(self.random_init) and not self.path
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSpec:
+    shape: tuple[int, ...]  # (data, fsdp, tensor); one -1 takes the remaining devices.
+    rules: tuple  # logical axis -> mesh axes, the defaults updated by the config's.
+
+    def build(self):
+        try:
+            return sharding.make_mesh(self.shape)
+        except ValueError as e:
+            raise ConfigError(f"mesh.shape={self.shape}: {e}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    source: str | None  # local data; None: the task's default
+    prompt: str
+    num_train: int
+
+    def build(self) -> Task:
+        return get_task(self.name, **({} if self.prompt == "d1" else {"prompt": self.prompt}))
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSpec:
+    """Checkpointing, logging and export of a training loop (config.train)."""
+
+    num_steps: int
+    log_every: int
+    sample_every: int
+    save_every: int
+    max_to_keep: int
+    keep_best_metric: str
+    async_checkpoints: bool
+    export_hf: bool
+    stop_after: int
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSpec:
+    adamw: optim.OptimConfig  # warmup_steps filled in by ``build``
+    warmup_ratio: float
+    grad_accum: int
+
+    def build(self, total_steps: int) -> optim.OptimConfig:
+        """HF's warmup: ceil(ratio x total optimizer steps)."""
+        return dataclasses.replace(self.adamw,
+                                   warmup_steps=math.ceil(self.warmup_ratio * total_steps))
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPORun:
+    """Rollout-side GRPO knobs (config.grpo), around the update's ``GRPOConfig``."""
+
+    num_generations: int
+    prompts_per_step: int
+    random_masking: bool
+    advantage: str
+    sync_ref_model: bool
+    ref_model_sync_steps: int
+    ref_model_mixup_alpha: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTRun:
+    batch_size: int
+    max_length: int
+    num_epochs: int
+    split_tokenize: bool  # sft.tokenize == "split"
+
+    def num_steps(self, n_examples: int, default: int) -> int:
+        return self.num_epochs * (n_examples // self.batch_size) if self.num_epochs else default
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSpec:
+    samplers: tuple[smp.SamplerConfig, ...]  # one per gen length, steps = length / 2 (d1)
+    batch_size: int
+    num_examples: int
+    model_name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    stage: str
+    seed: int
+    max_prompt_length: int
+    config_json: str  # the config as given, saved beside the run
+    model: ModelSpec
+    mesh: MeshSpec
+    task: TaskSpec
+    train: LoopSpec
+    optim: OptimSpec
+    sampler: smp.SamplerConfig | None = None  # rollouts (grpo)
+    grpo: GRPOConfig | None = None
+    grpo_run: GRPORun | None = None
+    sft: SFTConfig | None = None
+    sft_run: SFTRun | None = None
+    eval: EvalSpec | None = None
+
+    @property
+    def keep_reference(self) -> bool:
+        """A reference copy is kept to sync it (d1), or when full fine-tuning needs one."""
+        if self.grpo is None or self.grpo.beta == 0:
+            return False
+        return self.grpo_run.sync_ref_model or self.model.lora is None
+
+
+def with_tokens(sampler: smp.SamplerConfig, ids: dict) -> smp.SamplerConfig:
+    """``sampler`` with the tokenizer's mask / EOS / EoT ids (``tokenizer.special_ids``)."""
+    eot = ids["eot"] if ids.get("eot") is not None else ids["eos"]
+    return dataclasses.replace(sampler, mask_id=ids["mask"], eos_id=ids["eos"], eot_id=eot)
+
+
+def sampler_config(group, prefix: str, gen_length: int, steps: int) -> smp.SamplerConfig:
+    """The one place a SamplerConfig is built from config fields (token ids are bound
+    later, ``with_tokens``); a bad field is one ConfigError named ``prefix + field``."""
+    if gen_length % group.block_length:
+        raise ConfigError(f"{prefix}block_length={group.block_length} does not divide "
+                          f"gen_length={gen_length}")
+    if steps % (gen_length // group.block_length):
+        raise ConfigError(f"{prefix}steps={steps} is not a multiple of the "
+                          f"{gen_length // group.block_length} blocks (gen_length / block_length)")
+    try:
+        return smp.SamplerConfig(
+            gen_length=gen_length, block_length=group.block_length, steps=steps,
+            temperature=group.temperature, cfg_scale=group.cfg_scale,
+            remasking=group.remasking, use_attention_mask=group.use_attention_mask,
+            kv_cache=group.kv_cache, threshold=group.threshold, recompute=group.recompute,
+            cache_refresh=group.cache_refresh)
+    except ValueError as e:
+        raise ConfigError(f"{prefix}{e}") from None
+
+
+def _model(c) -> ModelSpec:
+    m = c.model
+    if not m.random_init:
+        if not m.path:
+            raise ConfigError(
+                "config.model.path is not set: point it (or $LLADA_PATH) at a local Hugging Face "
+                "LLaDA directory, e.g. `huggingface-cli download GSAI-ML/LLaDA-8B-Instruct "
+                "--local-dir ~/llada-8b-instruct`, or use a :tiny config")
+        if not Path(m.path).is_dir():
+            raise ConfigError(f"config.model.path={m.path!r} is not a directory; download "
+                              "a LLaDA checkpoint there (see README) or fix the path")
+    for name in ("dtype", "param_dtype"):
+        if getattr(m, name) not in _DTYPES:
+            raise ConfigError(f"model.{name}={getattr(m, name)!r}: one of {sorted(_DTYPES)}")
+    lora = (LoraConfig(rank=c.lora.rank, alpha=c.lora.alpha, dropout=c.lora.dropout)
+            if c.lora.enabled else None)
+    return ModelSpec(m.path, m.tokenizer_path, m.random_init, m.width, m.n_layers, m.vocab_size,
+                     m.tokenizer_vocab, _DTYPES[m.dtype], _DTYPES[m.param_dtype],
+                     bool(m.remat), lora)
+
+
+def _optim(o) -> OptimSpec:
+    if o.learning_rate <= 0:
+        raise ConfigError(f"optim.learning_rate={o.learning_rate} must be positive")
+    adamw = optim.OptimConfig(learning_rate=o.learning_rate, b1=o.b1, b2=o.b2, eps=o.eps,
+                              weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm)
+    return OptimSpec(adamw, o.warmup_ratio, o.grad_accum)
+
+
+def _grpo(c, lora: bool) -> tuple[GRPOConfig, GRPORun]:
+    g = c.grpo
+    try:
+        cfg = GRPOConfig(num_iterations=g.num_iterations, beta=g.beta, epsilon=g.epsilon,
+                         p_mask_prompt=g.p_mask_prompt, cfg_scale=c.sampler.cfg_scale,
+                         use_attention_mask=c.sampler.use_attention_mask,
+                         grad_accum=c.optim.grad_accum, objective=g.objective,
+                         lora_dropout=lora and c.lora.dropout > 0)
+    except ValueError as e:
+        raise ConfigError(f"grpo: {e}") from None
+    run = GRPORun(g.num_generations, g.prompts_per_step, g.random_masking, g.advantage,
+                  g.sync_ref_model, g.ref_model_sync_steps, g.ref_model_mixup_alpha)
+    return cfg, run
+
+
+def _sft(c, lora: bool) -> tuple[SFTConfig, SFTRun]:
+    s = c.sft
+    if s.tokenize not in ("joint", "split"):
+        raise ConfigError(f"sft.tokenize={s.tokenize!r}: joint or split")
+    cfg = SFTConfig(eps=s.eps, grad_accum=c.optim.grad_accum,
+                    lora_dropout=lora and c.lora.dropout > 0)
+    return cfg, SFTRun(s.batch_size, s.max_length, s.num_epochs, s.tokenize == "split")
+
+
+def _eval(c) -> EvalSpec:
+    e = c.eval
+    samplers = tuple(sampler_config(c.sampler, "sampler.", int(gl), int(gl) // 2)
+                     for gl in e.gen_lengths)
+    return EvalSpec(samplers, e.batch_size, e.num_examples, e.model_name)
+
+
+def from_config(c) -> RunSpec:
+    """Every typed config of a sft / grpo / eval run; ConfigError on the first bad field."""
+    if c.stage not in STAGES:
+        raise ConfigError(f"stage={c.stage!r}: must be one of {', '.join(STAGES)}")
+    model = _model(c)
+    lora = model.lora is not None
+    rules = dict(sharding.DEFAULT_RULES)
+    rules.update(dict(c.mesh.rules))
+    t = c.train
+    spec = RunSpec(
+        stage=c.stage, seed=c.seed, max_prompt_length=c.max_prompt_length,
+        config_json=c.to_json_best_effort(indent=2), model=model,
+        mesh=MeshSpec(tuple(c.mesh.shape), tuple(rules.items())),
+        task=TaskSpec(c.task.name, c.task.source or None, c.task.prompt, c.task.num_train),
+        train=LoopSpec(t.num_steps, t.log_every, t.sample_every, t.save_every, t.max_to_keep,
+                       t.keep_best_metric, t.async_checkpoints, t.export_hf, t.stop_after),
+        optim=_optim(c.optim))
+    if c.stage == "grpo":
+        s = c.sampler
+        grpo, run = _grpo(c, lora)
+        spec = dataclasses.replace(spec, grpo=grpo, grpo_run=run,
+                                   sampler=sampler_config(s, "sampler.", s.gen_length, s.steps))
+    elif c.stage == "sft":
+        sft, run = _sft(c, lora)
+        spec = dataclasses.replace(spec, sft=sft, sft_run=run)
+    else:
+        spec = dataclasses.replace(spec, eval=_eval(c))
+    return spec
