@@ -3,7 +3,9 @@
 Model level: prefill's keys/values against a layer-by-layer recomputation with the plain
 ``Block``; cached logits against ``__call__``. Sampler level: every mode against a plain
 numpy loop of Fast-dLLM's generate_with_prefix_cache / generate_with_dual_cache fed the
-same model outputs (threshold rule: also unmask every p > tau, at least the budget).
+same model outputs, under both threshold rules: "budget" (also unmask every p > tau, at
+least the step's budget) and "fast_dllm" (the most confident position and every other
+p >= tau, until the block has no mask).
 """
 
 import jax
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 
 import d1jax
-from d1jax import model as model_lib
+from d1jax.model import llada as model_lib
 from d1jax import sampling as smp
 from d1jax import sharding
 
@@ -135,7 +137,8 @@ def test_argmax_last_equals_argmax_with_ties():
 
 
 def ref_step(x, logits, budget_i, s, cfg, conf_draw=None):
-    """One temperature-0 step of the current block [s, s+blk) in numpy (float64)."""
+    """One temperature-0 step of the current block [s, s+blk) in numpy (float64);
+    ``budget_i`` is None under the "fast_dllm" rule."""
     e = s + cfg.block_length
     lg = np.asarray(logits, np.float64)
     x0 = lg.argmax(-1)
@@ -146,6 +149,12 @@ def ref_step(x, logits, budget_i, s, cfg, conf_draw=None):
         conf = conf_draw
     masked = x[:, s:e] == cfg.mask_id
     for j in range(x.shape[0]):
+        if budget_i is None:  # Fast-dLLM: the most confident, then every other p >= tau
+            order = np.argsort(-np.where(masked[j], conf[j], -np.inf), kind="stable")
+            order = order[:masked[j].sum()]
+            keep = [p for n, p in enumerate(order) if n == 0 or conf[j, p] >= cfg.threshold]
+            x[j, s + np.array(keep, int)] = x0[j, keep]
+            continue
         k = budget_i
         if cfg.threshold < 1:
             k = max(k, int((masked[j] & (conf[j] > cfg.threshold)).sum()))
@@ -170,6 +179,8 @@ def reference_fast(model, params, ids, mask, cfg, rng):
     attn = np.concatenate([mask, np.ones((b, cfg.gen_length), np.int32)], 1)
     spb, blk = cfg.steps_per_block, cfg.block_length
     budget = smp.num_transfer_tokens(blk, spb)
+    fast_dllm = cfg.parallel_rule == "fast_dllm"
+    max_steps, stride = (blk, blk) if fast_dllm else (spb, spb)  # fast_dllm: no step cap
     steps_taken = []
     for nb in range(cfg.num_blocks):
         s = lp + nb * blk
@@ -177,7 +188,7 @@ def reference_fast(model, params, ids, mask, cfg, rng):
         window = jax.tree.map(lambda a: a[:, :, s:s + blk], cache)
         masked_at_forward = prev = (x[:, s:s + blk] == cfg.mask_id)
         i = 0
-        while i < spb and (x[:, s:s + blk] == cfg.mask_id).any():
+        while i < max_steps and (x[:, s:s + blk] == cfg.mask_id).any():
             now = x[:, s:s + blk] == cfg.mask_id
             decoded_since = (masked_at_forward.sum(1) - now.sum(1)).max()
             if i > 0 and (cfg.kv_cache == "none" or (
@@ -199,8 +210,9 @@ def reference_fast(model, params, ids, mask, cfg, rng):
             prev = now
             draw = None
             if cfg.remasking == "random":
-                draw = np.asarray(jax.random.uniform(smp.step_keys(rng, nb * spb + i)[1], (b, blk)))
-            ref_step(x, logits, budget[i], s, cfg, draw)
+                draw = np.asarray(jax.random.uniform(smp.step_keys(rng, nb * stride + i)[1],
+                                                     (b, blk)))
+            ref_step(x, logits, None if fast_dllm else budget[i], s, cfg, draw)
             i += 1
         steps_taken.append(i)
     return x, steps_taken
@@ -227,6 +239,18 @@ FAST_CASES = {  # 4 blocks of 4 unless said; parallel cases get 4 steps per bloc
     "dual_refresh": dict(kv_cache="dual", cache_refresh=3, block_length=8),
     "dual_masked_refresh_parallel": dict(kv_cache="dual", recompute="masked", cache_refresh=2,
                                          threshold=0.3, steps=16),
+    # Fast-dLLM's rule: one step per block by ``steps``, which "fast_dllm" must exceed.
+    "exact_fast_dllm": dict(parallel_rule="fast_dllm", threshold=0.3, steps=4),
+    "exact_fast_dllm_tau1.5": dict(parallel_rule="fast_dllm", threshold=1.5),  # 1 per step
+    "prefix_fast_dllm": dict(kv_cache="prefix", parallel_rule="fast_dllm", threshold=0.3,
+                             steps=3, gen_length=12),
+    "dual_fast_dllm_random": dict(kv_cache="dual", parallel_rule="fast_dllm", threshold=0.5,
+                                  remasking="random", steps=2, block_length=8),
+    "dual_masked_fast_dllm": dict(kv_cache="dual", recompute="masked", parallel_rule="fast_dllm",
+                                  threshold=0.3, steps=2, block_length=8),
+    "dual_masked_refresh_fast_dllm": dict(kv_cache="dual", recompute="masked", cache_refresh=2,
+                                          parallel_rule="fast_dllm", threshold=0.5, steps=2,
+                                          remasking="random", gen_length=24, block_length=12),
 }
 
 
@@ -243,6 +267,8 @@ def test_matches_fast_dllm_reference_loop(name, tiny_model, peaked_params, tiny_
     np.testing.assert_array_equal(np.asarray(out.block_steps), steps)
     if cfg.threshold < 1:  # the case exercises early block ends
         assert sum(steps) < cfg.num_blocks * cfg.loop_steps
+    if cfg.parallel_rule == "fast_dllm":  # ... and blocks longer than the step budget
+        assert max(steps) > cfg.steps_per_block
 
 
 def test_no_cache_tau1_is_the_exact_sampler(tiny_model, peaked_params, tiny_config):

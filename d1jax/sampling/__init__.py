@@ -1,10 +1,18 @@
-"""LLaDA's semi-autoregressive sampler and its fast (cached, parallel) variants."""
+"""LLaDA's semi-autoregressive sampler and its fast (cached, parallel) variants.
 
-from d1jax.sampling.core import (FAST_DEFAULTS, REMASKING, GenerateOutput, ModelFns,
-                                 SamplerConfig, argmax_last, generate, gumbel_noise, head_sizes,
-                                 history, llada_apply_fn, llada_fns, make_generate_fn,
-                                 num_transfer_tokens, recompute_sizes, step_keys)
+``generate`` (the API and the semantics), ``config`` (SamplerConfig), ``step`` (one
+denoising step and the step loop), ``exact`` and ``cached`` (the two block loops),
+``model_fns`` (the model as the sampler sees it).
+"""
 
-__all__ = ["FAST_DEFAULTS", "REMASKING", "GenerateOutput", "ModelFns", "SamplerConfig",
-           "argmax_last", "generate", "gumbel_noise", "head_sizes", "history", "llada_apply_fn",
-           "llada_fns", "make_generate_fn", "num_transfer_tokens", "recompute_sizes", "step_keys"]
+from d1jax.sampling.cached import head_sizes, recompute_sizes
+from d1jax.sampling.config import (FAST_DEFAULTS, KV_CACHES, PARALLEL_RULES, RECOMPUTE,
+                                   REMASKING, SamplerConfig, num_transfer_tokens)
+from d1jax.sampling.generate import GenerateOutput, generate, history, make_generate_fn
+from d1jax.sampling.model_fns import ApplyFn, ModelFns, llada_apply_fn, llada_fns
+from d1jax.sampling.step import argmax_last, gumbel_noise, step_keys
+
+__all__ = ["FAST_DEFAULTS", "KV_CACHES", "PARALLEL_RULES", "RECOMPUTE", "REMASKING",
+           "ApplyFn", "GenerateOutput", "ModelFns", "SamplerConfig", "argmax_last", "generate",
+           "gumbel_noise", "head_sizes", "history", "llada_apply_fn", "llada_fns",
+           "make_generate_fn", "num_transfer_tokens", "recompute_sizes", "step_keys"]
