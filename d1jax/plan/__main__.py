@@ -20,6 +20,9 @@ _TOPOLOGY = flags.DEFINE_string("topology", "v5p:2x2x1",
 _MESH = flags.DEFINE_string("mesh", "", "data,fsdp,tensor sizes (one may be -1); default: "
                                         "config.mesh.shape.")
 _JSON = flags.DEFINE_string("json", "", "Also write the figures to this JSON file.")
+_TRAINABLE_F32 = flags.DEFINE_bool(
+    "trainable_f32", False, "Plan with the trainable leaves (LoRA adapters) and their "
+    "optimizer state in float32 instead of model.param_dtype.")
 
 
 def _mesh_shape(text: str) -> tuple[int, ...] | None:
@@ -41,7 +44,8 @@ def main(argv):
     if config is None:
         raise app.UsageError("--config is required, e.g. --config=configs/grpo_gsm8k.py")
     try:
-        estimates = plan_lib.plan(config, _TOPOLOGY.value, _mesh_shape(_MESH.value))
+        estimates = plan_lib.plan(config, _TOPOLOGY.value, _mesh_shape(_MESH.value),
+                                  _TRAINABLE_F32.value)
     except (ValueError, ImportError) as e:
         sys.exit(f"error: {e}")
     print(report.table(estimates))

@@ -9,6 +9,7 @@ documented HBM sizes; the runtime keeps a little for itself, hence ``USABLE_FRAC
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
 GB = 10**9
@@ -84,6 +85,9 @@ def topology_devices(name: str) -> tuple[Chip, list]:
     Raises ImportError naming the fix when libtpu is missing.
     """
     chip, topo, grid = parse_topology(name)
+    # Compiling touches no TPU, so several processes may load libtpu at once (by default
+    # the first holds a lock file and the others fail).
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         from jax.experimental import topologies
         # One host holds at most 2x2x1 chips; a smaller slice is one host.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 
 import jax
@@ -22,6 +23,10 @@ from d1jax.plan.programs import PlanSpec, Program, build_programs
 # Per-chip temporaries at or above this share of one replicated [B, L, V] float32 logits
 # tensor of the chip's rows are reported as materialising it.
 LOGITS_SHARE = 0.5
+
+
+# XLA refuses to compile a program whose temporaries exceed HBM; it names the amount.
+_OOM = re.compile(r"HLO temporaries \(([0-9.]+)G\)")
 
 
 class DoesNotFit(RuntimeError):
@@ -113,20 +118,24 @@ def estimate(program: Program, spec: PlanSpec, mesh, chip: chips.Chip, topology:
     """Lowers and compiles ``program`` on ``mesh``; its per-chip figures."""
     t0 = time.perf_counter()
     with shd.activate(mesh, spec.rules):
-        lowered = jax.jit(program.fn, out_shardings=program.out_shardings,
-                          donate_argnums=program.donate_argnums).lower(*program.args)
-        compiled = lowered.compile()
+        try:
+            lowered = jax.jit(program.fn, out_shardings=program.out_shardings,
+                              donate_argnums=program.donate_argnums).lower(*program.args)
+        except (TypeError, ValueError) as e:  # the run itself would fail the same way
+            first = str(e).strip().splitlines()[0]
+            raise ValueError(f"{program.name} does not trace on {topology}: {first}") from e
+        mem, cost = _compile(lowered)
     compile_s = time.perf_counter() - t0
-    mem, cost = compiled.memory_analysis(), compiled.cost_analysis()
     walk = hlo.LoopFlops(lowered.as_text(dialect="hlo"), default_trips=program.loop_bound)
-    n = math.prod(mesh.shape.values())
+    n, by_rules = math.prod(mesh.shape.values()), _per_chip_bytes(program.args)
     return Estimate(
         program=program.name, topology=topology, chip=chip.name, mesh=dict(mesh.shape),
         remat=bool(spec.config.model.remat), compile_s=compile_s,
-        argument_bytes=mem.argument_size_in_bytes, output_bytes=mem.output_size_in_bytes,
+        argument_bytes=mem.argument_size_in_bytes or by_rules,
+        output_bytes=mem.output_size_in_bytes,
         alias_bytes=mem.alias_size_in_bytes, temp_bytes=mem.temp_size_in_bytes,
         code_bytes=mem.generated_code_size_in_bytes, capacity_bytes=chip.usable_hbm_bytes,
-        argument_bytes_by_rules=_per_chip_bytes(program.args),
+        argument_bytes_by_rules=by_rules,
         flops_model=program.flops_model, flops_hardware=program.flops_hardware,
         flops_xla=walk.total(), flops_xla_once=walk.once(),
         xla_seconds_once=float(cost.get("optimal_seconds", math.nan)),
@@ -135,11 +144,37 @@ def estimate(program: Program, spec: PlanSpec, mesh, chip: chips.Chip, topology:
         sequences=program.sequences)
 
 
-def plan(config, topology: str, mesh_shape: tuple[int, ...] | None = None) -> list[Estimate]:
+@dataclasses.dataclass(frozen=True)
+class _Refused:
+    """memory_analysis' fields for a program XLA refused for lack of HBM."""
+
+    temp_size_in_bytes: int
+    argument_size_in_bytes: int = 0
+    output_size_in_bytes: int = 0
+    alias_size_in_bytes: int = 0
+    generated_code_size_in_bytes: int = 0
+
+
+def _compile(lowered) -> tuple:
+    """(memory analysis, cost analysis) of a lowered program; a program too large for HBM
+    gets the temporaries XLA reported and no cost figures."""
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as e:
+        m = _OOM.search(str(e))
+        if m is None:
+            raise
+        return _Refused(int(float(m.group(1)) * 2**30)), {}
+    return compiled.memory_analysis(), compiled.cost_analysis()
+
+
+def plan(config, topology: str, mesh_shape: tuple[int, ...] | None = None,
+         trainable_f32: bool = False) -> list[Estimate]:
     """Estimates for every program of ``config`` on ``topology`` ("v5p:2x2x1", "v5e-8", ...);
-    ``mesh_shape`` (data, fsdp, tensor) overrides config.mesh.shape."""
+    ``mesh_shape`` (data, fsdp, tensor) overrides config.mesh.shape; ``trainable_f32``
+    stores the trainable leaves and their optimizer state in float32."""
     chip, devices = chips.topology_devices(topology)
-    spec = PlanSpec.from_config(config)
+    spec = PlanSpec.from_config(config, trainable_f32)
     mesh = shd.make_mesh(tuple(mesh_shape or config.mesh.shape), devices=devices)
     return [estimate(p, spec, mesh, chip, topology) for p in build_programs(spec, mesh)]
 

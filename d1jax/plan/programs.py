@@ -34,12 +34,15 @@ class PlanSpec:
     config: Any  # ml_collections.ConfigDict of the run (overrides applied).
     model_config: LLaDAConfig
     rules: tuple
+    # Trainable leaves and their optimizer state in float32 (PEFT's adapter dtype) instead
+    # of model.param_dtype.
+    trainable_f32: bool = False
 
     @classmethod
-    def from_config(cls, config) -> "PlanSpec":
+    def from_config(cls, config, trainable_f32: bool = False) -> "PlanSpec":
         rules = dict(shd.DEFAULT_RULES)
         rules.update(dict(config.mesh.rules))
-        return cls(config, model_config(config), tuple(rules.items()))
+        return cls(config, model_config(config), tuple(rules.items()), trainable_f32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,13 +103,23 @@ def abstract_params(model: LLaDA, mesh: Mesh, rules) -> dict:
     return _placed(flax.core.meta.unbox(boxed["params"]), sh)
 
 
-def _abstract_state(model, opt, mesh, rules, lora: bool, keep_ref: bool) -> upd.TrainState:
+def _f32(tree):
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+        a.shape, jnp.float32 if jnp.issubdtype(a.dtype, jnp.floating) else a.dtype), tree)
+
+
+def _abstract_state(spec: PlanSpec, model, opt, mesh, lora: bool, keep_ref: bool
+                    ) -> upd.TrainState:
     params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
-                          abstract_params(model, mesh, rules))
+                          abstract_params(model, mesh, spec.rules))
     init = functools.partial(upd.init_train_state, optimizer=opt, lora=lora,
                              keep_reference=keep_ref)
     state = jax.eval_shape(init, params)
-    sh = upd.state_shardings(model, mesh, opt, lora=lora, keep_reference=keep_ref, rules=rules)
+    if spec.trainable_f32:
+        state = state.replace(params=_f32(state.params), ref=_f32(state.ref),
+                              opt_state=_f32(state.opt_state))
+    sh = upd.state_shardings(model, mesh, opt, lora=lora, keep_reference=keep_ref,
+                             rules=spec.rules)
     return _placed(state, sh)
 
 
@@ -174,7 +187,7 @@ def _grpo_programs(spec: PlanSpec, model: LLaDA, mesh: Mesh) -> list[Program]:
                                engine.sampler_config(config, ids), rows, prompt)
     opt = _optimizer(config, config.train.num_steps)
     keep_ref = g.beta != 0 and (g.sync_ref_model or not lora)  # as steps.make_grpo_steps
-    state = _abstract_state(model, opt, mesh, spec.rules, lora, keep_ref)
+    state = _abstract_state(spec, model, opt, mesh, lora, keep_ref)
     cfg = steps.grpo_config(config, model)
     mu, v = cfg.num_iterations, mcfg.embedding_size
     f32, i32 = jnp.float32, jnp.int32
@@ -217,7 +230,7 @@ def _sft_programs(spec: PlanSpec, model: LLaDA, mesh: Mesh) -> list[Program]:
     config, mcfg = spec.config, spec.model_config
     s, lora = config.sft, config.lora.enabled
     opt = _optimizer(config, max(config.train.num_steps, 1))
-    state = _abstract_state(model, opt, mesh, spec.rules, lora, False)
+    state = _abstract_state(spec, model, opt, mesh, lora, False)
     micro = s.batch_size // config.optim.grad_accum
     cfg = upd.SFTConfig(eps=s.eps, grad_accum=config.optim.grad_accum,
                         lora_dropout=lora and config.lora.dropout > 0,
