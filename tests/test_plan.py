@@ -109,7 +109,8 @@ def test_model_forward_hlo_matches_the_analytic_count(tiny_config):
 
 def _eval_config(batch: int = 8, vocab: int = 0):
     c = config_lib.eval_config("sudoku-tiny")
-    c.model.width, c.model.n_layers, c.model.vocab_size = 32, 1, vocab
+    # width 512: sharded four ways, kernels keep a 128-wide minor dimension (no tile padding)
+    c.model.width, c.model.n_layers, c.model.vocab_size = 512, 1, vocab
     c.eval.gen_lengths, c.eval.block_length = (16,), 8
     c.eval.batch_size = batch
     c.max_prompt_length = 16
@@ -124,8 +125,8 @@ def sampler_by_fsdp():
 
 @needs_tpu
 def test_argument_bytes_follow_the_rules(sampler_by_fsdp):
-    for e in sampler_by_fsdp.values():  # XLA pads small arrays to (8, 128) tiles
-        assert e.argument_bytes_by_rules <= e.argument_bytes <= 1.2 * e.argument_bytes_by_rules
+    for e in sampler_by_fsdp.values():  # XLA pads small arrays (ids, norms) to whole tiles
+        assert e.argument_bytes_by_rules <= e.argument_bytes <= 1.05 * e.argument_bytes_by_rules
     replicated, sharded = sampler_by_fsdp[1], sampler_by_fsdp[4]
     assert replicated.weights_replicated and not sharded.weights_replicated
     # params dominate the arguments: fsdp 4 keeps about a quarter per chip (norm scales
