@@ -37,6 +37,10 @@ def _mesh_shape(text: str) -> tuple[int, ...] | None:
     return shape
 
 
+def _progress(e) -> None:
+    print(f"compiled {e.program} in {e.compile_s:.0f} s", file=sys.stderr, flush=True)
+
+
 def main(argv):
     del argv
     from d1jax.plan import compile as plan_lib, report
@@ -45,7 +49,7 @@ def main(argv):
         raise app.UsageError("--config is required, e.g. --config=configs/grpo_gsm8k.py")
     try:
         estimates = plan_lib.plan(config, _TOPOLOGY.value, _mesh_shape(_MESH.value),
-                                  _TRAINABLE_F32.value)
+                                  _TRAINABLE_F32.value, on_estimate=_progress)
     except (ValueError, ImportError) as e:
         sys.exit(f"error: {e}")
     print(report.table(estimates))

@@ -169,14 +169,20 @@ def _compile(lowered) -> tuple:
 
 
 def plan(config, topology: str, mesh_shape: tuple[int, ...] | None = None,
-         trainable_f32: bool = False) -> list[Estimate]:
+         trainable_f32: bool = False, on_estimate=None) -> list[Estimate]:
     """Estimates for every program of ``config`` on ``topology`` ("v5p:2x2x1", "v5e-8", ...);
     ``mesh_shape`` (data, fsdp, tensor) overrides config.mesh.shape; ``trainable_f32``
-    stores the trainable leaves and their optimizer state in float32."""
+    stores the trainable leaves and their optimizer state in float32. ``on_estimate`` is
+    called with each estimate as soon as it is ready (8B programs take minutes)."""
     chip, devices = chips.topology_devices(topology)
     spec = PlanSpec.from_config(config, trainable_f32)
     mesh = shd.make_mesh(tuple(mesh_shape or config.mesh.shape), devices=devices)
-    return [estimate(p, spec, mesh, chip, topology) for p in build_programs(spec, mesh)]
+    out = []
+    for program in build_programs(spec, mesh):
+        out.append(estimate(program, spec, mesh, chip, topology))
+        if on_estimate is not None:
+            on_estimate(out[-1])
+    return out
 
 
 def advice(e: Estimate, config) -> str:
