@@ -1,0 +1,67 @@
+"""Compile a run's programs for a TPU topology from this host and report per-chip HBM,
+loop-aware FLOPs, XLA's time estimates and MFU (no TPU, no weights, no data needed).
+
+  python -m d1jax.plan --config=configs/grpo_gsm8k.py --topology=v5p:2x2x1 --mesh=1,4,1
+
+Exits 1 with one line per program that does not fit (what it needs, what the chip has,
+the change that would make it fit). ``--json=FILE`` also writes the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Run config (.py), ':variant' allowed.")
+_TOPOLOGY = flags.DEFINE_string("topology", "v5p:2x2x1",
+                                "TPU topology ('v5p:2x2x1', 'v5e:2x4') or slice ('v5p-8').")
+_MESH = flags.DEFINE_string("mesh", "", "data,fsdp,tensor sizes (one may be -1); default: "
+                                        "config.mesh.shape.")
+_JSON = flags.DEFINE_string("json", "", "Also write the figures to this JSON file.")
+_TRAINABLE_F32 = flags.DEFINE_bool(
+    "trainable_f32", False, "Plan with the trainable leaves (LoRA adapters) and their "
+    "optimizer state in float32 instead of model.param_dtype.")
+
+
+def _mesh_shape(text: str) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        shape = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 3:
+        raise app.UsageError(f"--mesh={text!r}: give three sizes data,fsdp,tensor, e.g. 1,4,1")
+    return shape
+
+
+def _progress(e) -> None:
+    print(f"compiled {e.program} in {e.compile_s:.0f} s", file=sys.stderr, flush=True)
+
+
+def main(argv):
+    del argv
+    from d1jax.plan import compile as plan_lib, report
+    config = _CONFIG.value
+    if config is None:
+        raise app.UsageError("--config is required, e.g. --config=configs/grpo_gsm8k.py")
+    try:
+        estimates = plan_lib.plan(config, _TOPOLOGY.value, _mesh_shape(_MESH.value),
+                                  _TRAINABLE_F32.value, on_estimate=_progress)
+    except (ValueError, ImportError) as e:
+        sys.exit(f"error: {e}")
+    print(report.table(estimates))
+    if _JSON.value:
+        with open(_JSON.value, "w") as f:
+            f.write(report.to_json(estimates))
+    failures = [plan_lib.failure_line(e, config) for e in estimates if not e.fits]
+    for line in failures:
+        print(line, file=sys.stderr)
+    if failures:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,238 @@
+"""Lowers and compiles a run's programs for a TPU topology from any host, and turns XLA's
+memory and cost analyses into per-chip figures: HBM against capacity, loop-aware FLOPs,
+estimated seconds, MFU and sampler throughput.
+
+``check_fits(config, topology)`` is the opt-in check a training entry point can run
+before it loads weights: it raises ``DoesNotFit`` with one line naming the program, the
+bytes it needs against the bytes available and the change that would make it fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+
+import jax
+
+from d1jax import sharding as shd
+from d1jax.plan import chips, hlo
+from d1jax.plan.programs import PlanSpec, Program, build_programs
+
+# Per-chip temporaries at or above this share of one replicated [B, L, V] float32 logits
+# tensor of the chip's rows are reported as materialising it.
+LOGITS_SHARE = 0.5
+
+
+# XLA refuses to compile a program whose temporaries exceed HBM; it names the amount.
+_OOM = re.compile(r"HLO temporaries \(([0-9.]+)G\)")
+
+
+class DoesNotFit(RuntimeError):
+    """A program needs more HBM per chip than the topology has; the message is one line."""
+
+
+@dataclasses.dataclass
+class Estimate:
+    """Per-chip figures of one compiled program (bytes per chip, FLOPs global per call)."""
+
+    program: str
+    topology: str
+    chip: str
+    mesh: dict
+    remat: bool
+    compile_s: float
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+    code_bytes: int
+    capacity_bytes: int  # usable HBM per chip
+    argument_bytes_by_rules: int  # what the shardings say the arguments take per chip
+    flops_model: float  # analytic, no recomputation
+    flops_hardware: float  # analytic, with recomputation
+    flops_xla: float  # loop-aware count of the lowered program's matmuls
+    flops_xla_once: float  # the same with every loop body once (cost_analysis' view)
+    xla_seconds_once: float  # cost_analysis()["optimal_seconds"]: loop bodies once
+    peak_flops: float
+    weight_bytes: int
+    logits_bytes_per_chip: int
+    tokens: int = 0
+    sequences: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes \
+            + self.code_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.capacity_bytes
+
+    @property
+    def chips(self) -> int:
+        return math.prod(self.mesh.values())
+
+    @property
+    def seconds(self) -> float:
+        """XLA's estimate scaled by the loops' trip counts (its loop-once estimate times the
+        loop-aware over loop-once matmul FLOPs of the same program)."""
+        return self.xla_seconds_once * self.flops_xla / max(self.flops_xla_once, 1.0)
+
+    @property
+    def mfu(self) -> float:
+        return self.flops_model / self.chips / max(self.seconds, 1e-30) / self.peak_flops
+
+    @property
+    def weights_replicated(self) -> bool:
+        """A chip holds a whole copy of the weights (fine on one chip, waste on many)."""
+        return self.chips > 1 and self.argument_bytes >= self.weight_bytes
+
+    @property
+    def logits_materialised(self) -> bool:
+        return self.temp_bytes >= LOGITS_SHARE * self.logits_bytes_per_chip
+
+    def row(self) -> dict:
+        """Flat JSON-ready figures."""
+        out = dataclasses.asdict(self)
+        out.update(total_bytes=self.total_bytes, fits=self.fits, seconds=self.seconds,
+                   mfu=self.mfu, weights_replicated=self.weights_replicated,
+                   logits_materialised=self.logits_materialised,
+                   tokens_per_s_per_chip=self.tokens / self.chips / max(self.seconds, 1e-30),
+                   sequences_per_s_per_chip=self.sequences / self.chips
+                   / max(self.seconds, 1e-30))
+        return out
+
+
+def _per_chip_bytes(args) -> int:
+    total = 0
+    for a in jax.tree.leaves(args):
+        shape = a.sharding.shard_shape(a.shape) if a.sharding is not None else a.shape
+        total += math.prod(shape) * a.dtype.itemsize
+    return total
+
+
+def estimate(program: Program, spec: PlanSpec, mesh, chip: chips.Chip, topology: str
+             ) -> Estimate:
+    """Lowers and compiles ``program`` on ``mesh``; its per-chip figures."""
+    t0 = time.perf_counter()
+    with shd.activate(mesh, spec.rules):
+        try:
+            lowered = jax.jit(program.fn, out_shardings=program.out_shardings,
+                              donate_argnums=program.donate_argnums).lower(*program.args)
+        except (TypeError, ValueError) as e:  # the run itself would fail the same way
+            first = str(e).strip().splitlines()[0]
+            raise ValueError(f"{program.name} does not trace on {topology}: {first}") from e
+        mem, cost = _compile(lowered)
+    compile_s = time.perf_counter() - t0
+    walk = hlo.LoopFlops(lowered.as_text(dialect="hlo"), default_trips=program.loop_bound)
+    n, by_rules = math.prod(mesh.shape.values()), _per_chip_bytes(program.args)
+    return Estimate(
+        program=program.name, topology=topology, chip=chip.name, mesh=dict(mesh.shape),
+        remat=bool(spec.config.model.remat), compile_s=compile_s,
+        argument_bytes=mem.argument_size_in_bytes or by_rules,
+        output_bytes=mem.output_size_in_bytes,
+        alias_bytes=mem.alias_size_in_bytes, temp_bytes=mem.temp_size_in_bytes,
+        code_bytes=mem.generated_code_size_in_bytes, capacity_bytes=chip.usable_hbm_bytes,
+        argument_bytes_by_rules=by_rules,
+        flops_model=program.flops_model, flops_hardware=program.flops_hardware,
+        flops_xla=walk.total(), flops_xla_once=walk.once(),
+        xla_seconds_once=float(cost.get("optimal_seconds", math.nan)),
+        peak_flops=chip.peak_bf16_flops, weight_bytes=program.weight_bytes,
+        logits_bytes_per_chip=program.logits_bytes // n, tokens=program.tokens,
+        sequences=program.sequences)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Refused:
+    """memory_analysis' fields for a program XLA refused for lack of HBM."""
+
+    temp_size_in_bytes: int
+    argument_size_in_bytes: int = 0
+    output_size_in_bytes: int = 0
+    alias_size_in_bytes: int = 0
+    generated_code_size_in_bytes: int = 0
+
+
+def _compile(lowered) -> tuple:
+    """(memory analysis, cost analysis) of a lowered program; a program too large for HBM
+    gets the temporaries XLA reported and no cost figures."""
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as e:
+        m = _OOM.search(str(e))
+        if m is None:
+            raise
+        return _Refused(int(float(m.group(1)) * 2**30)), {}
+    return compiled.memory_analysis(), compiled.cost_analysis()
+
+
+def plan(config, topology: str, mesh_shape: tuple[int, ...] | None = None,
+         trainable_f32: bool = False, on_estimate=None) -> list[Estimate]:
+    """Estimates for every program of ``config`` on ``topology`` ("v5p:2x2x1", "v5e-8", ...);
+    ``mesh_shape`` (data, fsdp, tensor) overrides config.mesh.shape; ``trainable_f32``
+    stores the trainable leaves and their optimizer state in float32. ``on_estimate`` is
+    called with each estimate as soon as it is ready (8B programs take minutes)."""
+    chip, devices = chips.topology_devices(topology)
+    spec = PlanSpec.from_config(config, trainable_f32)
+    mesh = shd.make_mesh(tuple(mesh_shape or config.mesh.shape), devices=devices)
+    out = []
+    for program in build_programs(spec, mesh):
+        out.append(estimate(program, spec, mesh, chip, topology))
+        if on_estimate is not None:
+            on_estimate(out[-1])
+    return out
+
+
+def advice(e: Estimate, config) -> str:
+    """The change most likely to make ``e`` fit, as a flag."""
+    n, fsdp = e.chips, e.mesh.get("fsdp", 1)
+    if e.program.endswith("update") and not e.remat:
+        return "turn remat on: --config.model.remat=True"
+    if e.weights_replicated or fsdp < n:
+        return f"shard the weights over a larger fsdp axis: --mesh=1,{n},1"
+    if e.program.endswith("update"):
+        return (f"split the batch into more micro-batches: "
+                f"--config.optim.grad_accum={2 * config.optim.grad_accum}")
+    if "sampler" in config and e.program == "rollout":
+        return (f"generate a shorter completion (--config.sampler.gen_length="
+                f"{config.sampler.gen_length // 2}) or fewer prompts per step "
+                f"(--config.grpo.prompts_per_step)")
+    return "use more chips or a chip with more HBM"
+
+
+def failure_line(e: Estimate, config) -> str:
+    gib = 2**30
+    return (f"{e.program} does not fit on {e.topology} ({e.chip}): needs "
+            f"{e.total_bytes / gib:.1f} GiB per chip, {e.capacity_bytes / gib:.1f} GiB "
+            f"usable; {advice(e, config)}")
+
+
+def attached_topology() -> str:
+    """The topology name of this host's TPU devices (for ``check_fits`` on a TPU VM)."""
+    devices = jax.devices()
+    kinds = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5": "v5p", "TPU v5p": "v5p",
+             "TPU v6 lite": "v6e"}
+    kind = kinds.get(devices[0].device_kind)
+    if jax.default_backend() != "tpu" or kind is None:
+        raise ValueError(f"no TPU attached (backend {jax.default_backend()!r}, device kind "
+                         f"{devices[0].device_kind!r}): pass topology='v5p:2x2x1' or similar")
+    coords = [d.coords for d in devices]
+    grid = [max(c[i] for c in coords) + 1 for i in range(len(coords[0]))]
+    dims = grid if kind in ("v4", "v5p") else grid[:2]
+    return f"{kind}:{'x'.join(map(str, dims))}"
+
+
+def check_fits(config, topology: str | None = None,
+               mesh_shape: tuple[int, ...] | None = None) -> list[Estimate]:
+    """Compiles every program of ``config`` for ``topology`` (default: the attached TPU) and
+    raises ``DoesNotFit`` (one line) for the first that needs more HBM than a chip has.
+
+    Call it before loading weights; it needs libtpu but no TPU. Returns the estimates.
+    """
+    estimates = plan(config, topology or attached_topology(), mesh_shape)
+    for e in estimates:
+        if not e.fits:
+            raise DoesNotFit(failure_line(e, config))
+    return estimates

@@ -1,0 +1,127 @@
+"""Analytic FLOP counts of LLaDA programs, loop-aware (every layer, step and block counted).
+
+A matmul [m, k] x [k, n] is 2 m k n FLOPs. Per token and layer the projections cost
+2 (D·NH + 2 D·KH + NH·D + 3 D·F); attention over ``kv`` keys costs 4 kv·NH per query
+(scores and the weighted sum); the output head 2 D·V per position it is applied to; a LoRA
+adapter of rank r on a [in, out] projection 2 r (in + out) per token. Norms, RoPE, softmax
+and the optimizer are elementwise and left out (under 1% at 8B).
+
+Training: the backward pass of a matmul costs twice its forward (input and weight
+gradients), once for a frozen weight (input gradient only: the base model under LoRA);
+attention has no weights and costs twice its forward. ``remat`` recomputes the layers'
+forward once more; a chunked (checkpointed) output head recomputes its forward too.
+"Model" FLOPs leave recomputation out (the MFU convention); "hardware" FLOPs include it.
+
+Shape letters: B batch, P prompt, C completion, L = P + C, D d_model, N/K query/kv heads,
+H head dim, F mlp hidden, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from d1jax.model import LLaDAConfig, LoraConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Forward:
+    """FLOPs of forward passes split by how their backward pass is costed."""
+
+    base: float = 0.0  # Matmuls with the (possibly frozen) model weights, head included.
+    head: float = 0.0  # The part of ``base`` spent in the output head.
+    lora: float = 0.0  # LoRA adapter matmuls.
+    attention: float = 0.0  # Scores and weighted sums.
+
+    @property
+    def total(self) -> float:
+        return self.base + self.lora + self.attention
+
+    def __add__(self, other: "Forward") -> "Forward":
+        return Forward(*(a + b for a, b in zip(dataclasses.astuple(self),
+                                               dataclasses.astuple(other))))
+
+    def scale(self, k: float) -> "Forward":
+        return Forward(*(k * a for a in dataclasses.astuple(self)))
+
+
+def projection_shapes(cfg: LLaDAConfig) -> dict[str, tuple[int, int]]:
+    """[in, out] of each block projection (the LoRA targets' names)."""
+    d, nh, kh, f = cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, \
+        cfg.mlp_hidden_size
+    return {"q_proj": (d, nh), "k_proj": (d, kh), "v_proj": (d, kh), "attn_out": (nh, d),
+            "ff_proj": (d, f), "up_proj": (d, f), "ff_out": (f, d)}
+
+
+def forward(cfg: LLaDAConfig, batch: int, q_len: int, kv_len: int, head_positions: int,
+            lora: LoraConfig | None = None) -> Forward:
+    """One forward of ``batch`` sequences: ``q_len`` positions through every layer,
+    attending to ``kv_len`` keys, the head on ``head_positions`` of them."""
+    shapes = projection_shapes(cfg)
+    per_token = sum(2 * i * o for i, o in shapes.values())
+    lora_per_token = 0 if lora is None else sum(
+        2 * lora.rank * (i + o) for name, (i, o) in shapes.items() if name in lora.targets)
+    tokens = batch * q_len * cfg.n_layers
+    head = 2.0 * batch * head_positions * cfg.d_model * cfg.embedding_size
+    attention = 4.0 * batch * cfg.n_layers * q_len * kv_len * cfg.n_heads * cfg.head_dim
+    return Forward(base=float(tokens * per_token) + head, head=head,
+                   lora=float(tokens * lora_per_token), attention=attention)
+
+
+def train_step(fwd: Forward, *, lora: bool, remat: bool, head_remat: bool
+               ) -> tuple[float, float]:
+    """(model FLOPs, hardware FLOPs) of forward + backward given the forward's split."""
+    base_bwd = 1.0 if lora else 2.0  # frozen base under LoRA: input gradients only
+    model = fwd.base * (1 + base_bwd) + fwd.lora * 3 + fwd.attention * 3
+    layers = fwd.total - fwd.head
+    recompute = (layers if remat else 0.0) + (fwd.head if head_remat else 0.0)
+    return model, model + recompute
+
+
+def estimator(cfg: LLaDAConfig, batch: int, prompt: int, completion: int,
+              lora: LoraConfig | None = None, cfg_scale: float = 0.0) -> Forward:
+    """d1's one-step log-prob estimator: a forward over P + C, the head on C positions
+    (twice the batch with classifier-free guidance)."""
+    rows = batch * (2 if cfg_scale > 0 else 1)
+    length = prompt + completion
+    return forward(cfg, rows, length, length, completion, lora)
+
+
+def sampler(cfg: LLaDAConfig, scfg, batch: int, prompt: int,
+            lora: LoraConfig | None = None) -> Forward:
+    """One ``generate`` call, loop-aware, every step taking only its budget of tokens
+    (with ``threshold < 1`` that is the upper bound; blocks may end earlier).
+
+    Exact: every step is a full forward with the head on the block. With a KV cache a
+    block's first step (and each ``cache_refresh``) is a full forward; the others
+    recompute the block ("dual"), the block and what follows ("prefix") or the masked
+    positions ("masked"), attending to all keys, with the head on the still-masked ones.
+    """
+    from d1jax.sampling import core  # the sampler's own static widths
+
+    rows = batch * (2 if scfg.cfg_scale > 0 else 1)
+    total = prompt + scfg.gen_length
+    blk = scfg.block_length
+    budget = core.num_transfer_tokens(blk, scfg.steps_per_block)[:scfg.loop_steps]
+    if scfg.kv_cache == "none":
+        return forward(cfg, rows, total, total, blk, lora).scale(
+            scfg.num_blocks * scfg.loop_steps)
+    head_which, head_w = core.head_sizes(scfg)
+    rec_which, rec_w = core.recompute_sizes(scfg)
+    out = Forward()
+    for block in range(scfg.num_blocks):
+        decoded = np.concatenate([[0], np.cumsum(budget)])
+        last = 0
+        out = out + forward(cfg, rows, total, total, blk, lora)
+        for i in range(1, scfg.loop_steps):
+            if scfg.cache_refresh and decoded[i] - last >= scfg.cache_refresh:
+                last = decoded[i]
+                out = out + forward(cfg, rows, total, total, blk, lora)
+                continue
+            if scfg.recompute == "masked":
+                q = rec_w[rec_which[i]]
+            else:
+                q = blk if scfg.kv_cache == "dual" else total - (prompt + block * blk)
+            out = out + forward(cfg, rows, q, total, head_w[head_which[i]], lora)
+    return out

@@ -1,0 +1,43 @@
+"""The planner's output: a markdown table and JSON rows of ``Estimate`` values."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Sequence
+
+from d1jax.plan.compile import Estimate
+
+GIB = 2**30
+
+COLUMNS = ("program", "mesh d,f,t", "remat", "args GiB (rules)", "temp GiB", "total GiB",
+           "of GiB", "fits", "TFLOP model", "XLA/analytic", "est. s", "MFU",
+           "tok/s/chip", "seq/s/chip", "weights repl.", "logits")
+
+
+def _cells(e: Estimate) -> list[str]:
+    m = e.mesh
+    per_chip_s = e.seconds
+    rate = (lambda x: f"{x / e.chips / per_chip_s:,.0f}") if e.tokens else (lambda x: "-")
+    ratio = e.flops_xla / e.flops_hardware if e.flops_hardware else math.nan
+    return [
+        e.program, f"{m.get('data', 1)},{m.get('fsdp', 1)},{m.get('tensor', 1)}",
+        "on" if e.remat else "off",
+        f"{e.argument_bytes / GIB:.2f} ({e.argument_bytes_by_rules / GIB:.2f})",
+        f"{e.temp_bytes / GIB:.2f}", f"{e.total_bytes / GIB:.2f}",
+        f"{e.capacity_bytes / GIB:.1f}", "yes" if e.fits else "NO",
+        f"{e.flops_model / 1e12:,.1f}", f"{ratio:.3f}", f"{per_chip_s:.3g}",
+        f"{100 * e.mfu:.1f}%", rate(e.tokens), rate(e.sequences),
+        "YES" if e.weights_replicated else "no", "YES" if e.logits_materialised else "no",
+    ]
+
+
+def table(estimates: Sequence[Estimate]) -> str:
+    """Markdown table, one row per program."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_cells(e)) + " |" for e in estimates]
+    return "\n".join(lines)
+
+
+def to_json(estimates: Sequence[Estimate]) -> str:
+    return json.dumps([e.row() for e in estimates], indent=2, default=float)

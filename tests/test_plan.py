@@ -1,0 +1,175 @@
+"""d1jax.plan: analytic FLOPs against hand counts, the loop-aware HLO walk against loops of
+known trip counts, and tiny programs compiled for a 4-chip TPU v5e topology (skipped
+without libtpu)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from d1jax import config as config_lib
+from d1jax.model import LoraConfig, preset
+from d1jax.plan import chips, flops, hlo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tpu_available() -> str:
+    try:
+        chips.topology_devices("v5e:2x2")
+    except ImportError as e:
+        return str(e)
+    return ""
+
+
+_NO_TPU = _tpu_available()
+needs_tpu = pytest.mark.skipif(bool(_NO_TPU), reason=f"no compile-only TPU topology: {_NO_TPU}")
+
+
+def test_forward_flops_match_a_hand_count():
+    # d 4, 2 heads of 2 (kv 1 head), mlp 6, vocab 8, one layer.
+    cfg = preset("test-tiny", d_model=4, n_heads=2, n_kv_heads=1, n_layers=1,
+                 mlp_hidden_size=6, vocab_size=8, embedding_size=8, mask_token_id=7,
+                 eos_token_id=6, pad_token_id=6)
+    f = flops.forward(cfg, batch=2, q_len=3, kv_len=3, head_positions=1)
+    # per token: q 4x4, k 4x2, v 4x2, out 4x4, gate/up/down 3 x 4x6 = 16+8+8+16+72 = 120 MACs
+    assert f.base - f.head == 2 * 120 * 2 * 3
+    assert f.head == 2 * 4 * 8 * 2 * 1
+    assert f.attention == 2 * (2 * 3 * 3 * 4) * 2  # scores and sum: 3x3 keys x 4 dims, 2 rows
+    lora = flops.forward(cfg, 2, 3, 3, 1, LoraConfig(rank=1, targets=("q_proj",)))
+    assert lora.lora == 2 * (4 + 4) * 2 * 3
+
+
+def test_train_step_counts_backward_and_recompute():
+    f = flops.Forward(base=10.0, head=4.0, lora=1.0, attention=2.0)
+    assert flops.train_step(f, lora=False, remat=False, head_remat=False) == (10 * 3 + 3 + 6,) * 2
+    model, hw = flops.train_step(f, lora=True, remat=True, head_remat=True)
+    assert model == 10 * 2 + 1 * 3 + 2 * 3
+    assert hw == model + (13 - 4) + 4  # layers and head once more
+
+
+def test_exact_sampler_is_a_forward_per_step():
+    from d1jax.sampling import SamplerConfig
+    cfg = preset("test-tiny")
+    scfg = SamplerConfig(gen_length=16, block_length=8, steps=4)
+    one = flops.forward(cfg, 3, 5 + 16, 5 + 16, 8).total
+    assert flops.sampler(cfg, scfg, 3, 5).total == pytest.approx(4 * one)
+
+
+def test_dual_cache_refreshes_as_configured():
+    from d1jax.sampling import SamplerConfig
+    cfg = preset("test-tiny")
+    # one block of 8, 8 steps of one token; refresh after 4 decoded: full forwards at
+    # steps 0 and 4, six cached steps over the 8 block positions.
+    scfg = SamplerConfig(gen_length=8, block_length=8, steps=8, kv_cache="dual",
+                         cache_refresh=4)
+    full = flops.forward(cfg, 1, 10, 10, 8)
+    got = flops.sampler(cfg, scfg, 1, 2)
+    assert got.attention == pytest.approx(2 * full.attention + 6 * full.attention * 8 / 10)
+
+
+def test_hlo_walk_multiplies_loops_by_their_trip_counts():
+    a = jnp.ones((4, 8), jnp.float32)
+    w = jnp.ones((8, 8), jnp.float32)
+
+    def f(a, w):
+        def inner(x, _):
+            return x @ w, None
+
+        def outer(i, x):
+            return jax.lax.scan(inner, x, None, length=5)[0]
+        x = jax.lax.fori_loop(0, 3, outer, a)
+
+        def cond(s):
+            return (s[1] < 4) & (jnp.sum(s[0]) > -1.0)  # data-dependent, bounded by 4
+        x = jax.lax.while_loop(cond, lambda s: (s[0] @ w, s[1] + 1), (x, 0))[0]
+        return jax.lax.while_loop(lambda s: s[1] < 7, lambda s: (s[0] @ w, s[1] + 1), (x, 2))[0]
+    text = jax.jit(f).lower(a, w).as_text(dialect="hlo")
+    walk = hlo.LoopFlops(text)
+    one = 2 * 4 * 8 * 8
+    assert walk.total() == one * (3 * 5 + 4 + 5)
+    assert walk.once() == one * 3
+    assert walk.unknown_loops == 0
+
+
+@needs_tpu
+def test_model_forward_hlo_matches_the_analytic_count(tiny_config):
+    from d1jax.model import LLaDA
+    model = LLaDA(tiny_config, lora=LoraConfig(rank=4))
+    ids = jnp.zeros((2, 12), jnp.int32)
+    params = jax.eval_shape(model.init, jax.random.key(0), ids)
+    text = jax.jit(lambda p, x: model.apply(p, x)).lower(params, ids).as_text(dialect="hlo")
+    want = flops.forward(tiny_config, 2, 12, 12, 12, model.lora).total
+    assert hlo.LoopFlops(text).total() == pytest.approx(want)
+
+
+def _eval_config(batch: int = 8, vocab: int = 0):
+    c = config_lib.eval_config("sudoku-tiny")
+    # width 512: sharded four ways, kernels keep a 128-wide minor dimension (no tile padding)
+    c.model.width, c.model.n_layers, c.model.vocab_size = 512, 1, vocab
+    c.eval.gen_lengths, c.eval.block_length = (16,), 8
+    c.eval.batch_size = batch
+    c.max_prompt_length = 16
+    return c
+
+
+@pytest.fixture(scope="module")
+def sampler_by_fsdp():
+    from d1jax.plan import compile as plan_lib
+    return {f: plan_lib.plan(_eval_config(), "v5e:2x2", (4 // f, f, 1))[0] for f in (1, 4)}
+
+
+@needs_tpu
+def test_argument_bytes_follow_the_rules(sampler_by_fsdp):
+    for e in sampler_by_fsdp.values():  # XLA pads small arrays (ids, norms) to whole tiles
+        assert e.argument_bytes_by_rules <= e.argument_bytes <= 1.05 * e.argument_bytes_by_rules
+    replicated, sharded = sampler_by_fsdp[1], sampler_by_fsdp[4]
+    assert replicated.weights_replicated and not sharded.weights_replicated
+    # params dominate the arguments: fsdp 4 keeps about a quarter per chip (norm scales
+    # and the batch are not sharded over fsdp alone)
+    assert 3.0 < replicated.argument_bytes / sharded.argument_bytes <= 4.0
+
+
+@needs_tpu
+def test_loop_aware_flops_match_the_analytic_count(sampler_by_fsdp):
+    e = sampler_by_fsdp[4]
+    assert e.flops_xla == pytest.approx(e.flops_hardware, rel=0.01)
+    assert e.flops_xla_once < e.flops_xla / 3  # 2 blocks x 4 steps, counted once by XLA
+    assert 0 < e.seconds and 0 < e.mfu < 1
+
+
+@needs_tpu
+def test_oversized_config_is_refused_with_one_line(tmp_path):
+    from d1jax.plan import compile as plan_lib
+    big = _eval_config(batch=2**15, vocab=2**16)  # 16 GiB of block logits per chip
+    with pytest.raises(plan_lib.DoesNotFit) as err:
+        plan_lib.check_fits(big, "v5e:2x2", (1, 4, 1))
+    line = str(err.value)
+    assert "\n" not in line and line.startswith("eval_sampler_16 does not fit on v5e:2x2")
+    assert "GiB per chip" in line and "usable" in line
+
+
+@needs_tpu
+def test_cli_exits_nonzero_when_a_program_does_not_fit():
+    cmd = [sys.executable, "-m", "d1jax.plan", "--config=configs/eval.py:sudoku-tiny",
+           "--topology=v5e:2x2", "--mesh=4,1,1", "--config.eval.batch_size=32768",
+           "--config.model.vocab_size=65536",
+           "--config.eval.gen_lengths=(16,)", "--config.max_prompt_length=16",
+           "--config.eval.block_length=8", "--config.model.n_layers=1"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("eval_sampler_16 does not fit") and "--mesh=1,4,1" in last
+    assert "| eval_sampler_16 | 4,1,1 |" in out.stdout
+
+
+def test_topology_names():
+    assert chips.parse_topology("v5p-8")[1:] == ("v5p:2x2x1", (2, 2, 1))
+    assert chips.parse_topology("v5litepod-16")[1:] == ("v5e:4x4", (4, 4))
+    with pytest.raises(ValueError, match="unknown TPU topology 'v9:2x2'"):
+        chips.parse_topology("v9:2x2")
+    assert np.isclose(chips.V5P.peak_bf16_flops, 459e12)
