@@ -130,6 +130,9 @@ def notes(rows: dict, facts: dict) -> list[str]:
     if "tokens_equal_to_reference" in facts:
         out.append(f"exact sampler tokens equal to the reference's: "
                    f"{100 * facts['tokens_equal_to_reference']:.2f}%")
+    if "fast_tokens_equal_to_exact" in facts:  # below 100%: the KV cache approximates
+        out.append(f"fast() sampler tokens equal to the exact sampler's: "
+                   f"{100 * facts['fast_tokens_equal_to_exact']:.2f}%")
     if {"forward", "forward_backward"} <= set(rows):
         fwd, both = rows["forward"]["ours_s"], rows["forward_backward"]["ours_s"]
         out.append(f"d1jax backward / forward: {(both - fwd) / fwd:.2f}")
@@ -163,7 +166,7 @@ def main(argv=None) -> dict:
     from bench import common, compare_ours  # jax loads only once the arguments are good
 
     ref_jsons = [common.load_reference(f) for f in a.reference_json]
-    ref_rounds, our_rounds, ours = [], [], None
+    ref_rounds, our_rounds, ours, loads = [], [], None, []
     for i in range(a.rounds):
         if paths:
             ref_jsons.append(run_reference(paths, a.gen_runs, a.est_runs, a.grpo_runs))
@@ -171,11 +174,12 @@ def main(argv=None) -> dict:
             ref_rounds.append(common.reference_seconds(ref_jsons[i]))
         ours = ours or compare_ours.build(ref_jsons[-1])
         our_rounds.append(compare_ours.time_round(ours, a.repeats))
-        print(f"round {i + 1}/{a.rounds} done", file=sys.stderr, flush=True)
+        loads.append(round(os.getloadavg()[1], 2))  # 5-minute: spans the round's two halves
+        print(f"round {i + 1}/{a.rounds} done, load {loads[-1]}", file=sys.stderr, flush=True)
     sampler = ref_jsons[-1]["sampler"]
     rows = summarize(ref_rounds, our_rounds, sampler["batch"] * sampler["gen_length"])
     table = format_table(rows, notes(rows, ours.facts))
-    result = {"machine": common.machine(), "rounds": a.rounds,
+    result = {"machine": common.machine(), "rounds": a.rounds, "load_average_5m_rounds": loads,
               "command": "python bench/compare.py " + " ".join(argv or sys.argv[1:]),
               "reference_env": ref_jsons[-1].get("env", {}), "rows": rows,
               "facts": ours.facts, "reference_rounds": ref_rounds, "ours_rounds": our_rounds,

@@ -41,6 +41,7 @@ import numpy as np  # noqa: E402
 import d1jax  # noqa: E402
 from bench import common  # noqa: E402
 from d1jax import sampling as smp  # noqa: E402
+
 MODES = {  # name -> SamplerConfig overrides
     "reference_proxy": {},  # not d1jax's sampler: see reference_proxy()
     "exact": {},
