@@ -129,7 +129,6 @@ def run(model_dir: str, puzzles: str, num: int = 256, gen_length: int = 32,
     padded = bool(mask.min() == 0)
     batches = [(put(ids[i:i + bs]), put(mask[i:i + bs]) if padded else None)
                for i in range(0, len(ids), bs)]
-    fns, rng = smp.llada_fns(s.model), jax.random.key(0)
     names = variants(taus, refreshes, rules)
     unknown = set(only) - set(names)
     if unknown:
@@ -140,14 +139,7 @@ def run(model_dir: str, puzzles: str, num: int = 256, gen_length: int = 32,
         name, v, gen_length=gen_length, block_length=block_length,
         steps=steps or gen_length // 2, temperature=0.0, remasking="low_confidence",
         mask_id=s.model_config.mask_token_id, eos_id=s.ids["eos"]) for name, v in names.items()}
-    with sharding.activate(s.mesh, s.rules):
-        compiled = {m: compile_mode(fns, s.params, *batches[0], cfg) for m, cfg in cfgs.items()}
-        times, outs = {m: [] for m in cfgs}, {}
-        for _ in range(repeats):  # rounds interleave the variants: load changes hit all alike
-            for m, (fn, _, _) in compiled.items():
-                t0 = time.perf_counter()
-                outs[m] = jax.block_until_ready([fn(s.params, b, bm, rng) for b, bm in batches])
-                times[m].append(time.perf_counter() - t0)
+    compile_s, times, outs = time_variants(s, cfgs, batches, repeats)
     rows = {}
     for m, cfg in cfgs.items():
         comp = np.concatenate([np.asarray(o.ids) for o in outs[m]])[:n, ids.shape[1]:]
@@ -159,9 +151,38 @@ def run(model_dir: str, puzzles: str, num: int = 256, gen_length: int = 32,
                    "accuracy": sc["accuracy"], "solved": sc["solved"],
                    "tokens_per_s": n * gen_length / min(times[m]),
                    "tokens_per_s_median": n * gen_length / statistics.median(times[m]),
-                   "wall_s": min(times[m]), "compile_s": compiled[m][1],
+                   "wall_s": min(times[m]), "compile_s": compile_s[m],
                    "forwards_per_token": float(steps_run.sum(1).mean()) / gen_length,
                    "block_steps_mean": [round(float(v), 2) for v in steps_run.mean(0)]}
+    add_comparisons(rows, reference)
+    cfg = cfgs["exact"]
+    return {"model_dir": str(model_dir), "puzzles": str(puzzles), "device": device_name(),
+            "num": n, "prompt_length": int(ids.shape[1]), "gen_length": gen_length,
+            "block_length": block_length, "steps": cfg.steps, "batch_size": bs,
+            "repeats": repeats, "dtype": dtype,
+            **(reference_facts(reference, ids.shape[1], cfg) if reference else {}),
+            "variants": rows}
+
+
+def time_variants(s: Setup, cfgs: dict, batches: list, repeats: int
+                  ) -> tuple[dict[str, float], dict[str, list[float]], dict[str, list]]:
+    """Compile seconds, wall seconds of each pass over all batches, and the last pass's
+    outputs, per variant; each round runs every variant once (load changes hit all alike)."""
+    fns, rng = smp.llada_fns(s.model), jax.random.key(0)
+    with sharding.activate(s.mesh, s.rules):
+        compiled = {m: compile_mode(fns, s.params, *batches[0], cfg) for m, cfg in cfgs.items()}
+        times, outs = {m: [] for m in cfgs}, {}
+        for _ in range(repeats):
+            for m, (fn, _, _) in compiled.items():
+                t0 = time.perf_counter()
+                outs[m] = jax.block_until_ready([fn(s.params, b, bm, rng) for b, bm in batches])
+                times[m].append(time.perf_counter() - t0)
+    return {m: c[1] for m, c in compiled.items()}, times, outs
+
+
+def add_comparisons(rows: dict, reference: dict | None) -> None:
+    """Adds each variant's differences to ``exact`` (and speed-up over the reference), and
+    rounds the row's floats."""
     ex = rows["exact"]
     ref_tokens_per_s = reference_tokens_per_s(reference) if reference else None
     for r in rows.values():
@@ -173,13 +194,6 @@ def run(model_dir: str, puzzles: str, num: int = 256, gen_length: int = 32,
     for r in rows.values():
         r.update({k: round(v, 1 if k.startswith("tokens") else 4) + 0.0  # + 0.0: no -0.0
                   for k, v in r.items() if isinstance(v, float)})
-    cfg = cfgs["exact"]
-    return {"model_dir": str(model_dir), "puzzles": str(puzzles), "device": device_name(),
-            "num": n, "prompt_length": int(ids.shape[1]), "gen_length": gen_length,
-            "block_length": block_length, "steps": cfg.steps, "batch_size": bs,
-            "repeats": repeats, "dtype": dtype,
-            **(reference_facts(reference, ids.shape[1], cfg) if reference else {}),
-            "variants": rows}
 
 
 def reference_tokens_per_s(reference: dict) -> float:
