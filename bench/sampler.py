@@ -2,18 +2,20 @@
 
     python bench/sampler.py --model bench-tiny
     python bench/sampler.py --model bench-tiny --modes exact --gen-lengths 128
+    python bench/sampler.py --reference-json ref.json   # ref.json: ref_bench.py, same sitting
 
 Workload (../shared/BENCH.md): random weights (seed 0), batch 8, prompt 64 random tokens,
 block 32, steps = gen_length / 2, temperature 0, low_confidence remasking. Prints one JSON
 object with, per gen_length and mode: generated tokens/s (batch * gen_length / wall time;
 best and median of --repeats rounds after compiling, each round running every mode once so
-that modes are compared side by side under the same machine load), the speed-up over the
-PyTorch reference's 88 tokens/s, model evaluations and forward FLOPs (analytic matmul count)
-per generated token, compile time, and the fraction of tokens equal to the exact sampler's.
-The PyTorch reference cannot run here (no torch), so ``reference_proxy`` redoes its work in
-JAX in the same rounds (full-sequence head and softmax, host top-k after every step);
-``speedup_vs_proxy`` is the load-independent ratio, ``speedup_vs_reference`` the ratio to
-BENCH.md's 88 tokens/s, meaningful only on a quiet machine (see the load averages).
+that modes are compared side by side under the same machine load), model evaluations and
+forward FLOPs (analytic matmul count) per generated token, compile time, and the fraction of
+tokens equal to the exact sampler's. ``reference_proxy`` redoes the PyTorch reference's work
+in JAX in the same rounds (full-sequence head and softmax, host top-k after every step);
+``speedup_vs_proxy`` is the ratio to it. With --reference-json (what
+``refbench/ref_bench.py`` printed in this sitting) each mode at gen_length 128 also gets
+``speedup_vs_reference``, the ratio to the reference's median generate() time;
+``bench/compare.py`` runs the reference and this side by side.
 Random weights predict near-uniformly (confidence ~1/V), so threshold decoding only acts
 with --head-scale (e.g. 200), which sharpens the output head like a trained model's.
 The ``gumbel`` section samples a 126k-token distribution with a heavy low-probability tail
@@ -36,9 +38,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import d1jax  # noqa: E402
+from bench import common  # noqa: E402
 from d1jax import sampling as smp  # noqa: E402
 
-REFERENCE_TOKENS_PER_S = 88.0  # BENCH.md: LLaDA generate.py + HF model, torch CPU, this machine.
 MODES = {  # name -> SamplerConfig overrides
     "reference_proxy": {},  # not d1jax's sampler: see reference_proxy()
     "exact": {},
@@ -155,10 +157,9 @@ def bench_gen_length(model, params, ids, cfgs: dict, repeats: int) -> dict:
         steps = np.asarray(out.block_steps)
         rows[m] = {
             "tokens_per_s": round(ids.shape[0] * cfg.gen_length / best, 1),
-            "speedup_vs_reference": round(ids.shape[0] * cfg.gen_length / best
-                                          / REFERENCE_TOKENS_PER_S, 2),
             "tokens_per_s_median": round(ids.shape[0] * cfg.gen_length / med, 1),
             "wall_s": round(best, 3),
+            "wall_s_all": times[m],
             "compile_s": round(compile_s, 2),
             "forwards_per_token": round(float(steps.sum()) * (2 if cfg.cfg_scale > 0 else 1)
                                         / cfg.gen_length, 4),
@@ -208,6 +209,8 @@ def main(argv=None) -> dict:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     p.add_argument("--gumbel-samples", type=int, default=3000, help="0 skips the check")
+    p.add_argument("--reference-json", help="ref_bench.py's JSON from this sitting: adds "
+                   "speedup_vs_reference on the reference's workload")
     p.add_argument("--head-scale", type=float, default=1.0,
                    help="multiply the output head (e.g. 40: confident, non-uniform predictions, "
                         "so that threshold decoding has something to act on)")
@@ -224,7 +227,10 @@ def main(argv=None) -> dict:
               "load_average_1m_at_start": round(os.getloadavg()[0], 2),
               "batch": args.batch, "prompt_length": args.prompt_length,
               "block_length": args.block_length, "head_scale": args.head_scale,
-              "reference_tokens_per_s": REFERENCE_TOKENS_PER_S, "runs": {}}
+              "runs": {}}
+    ref = common.load_reference(args.reference_json) if args.reference_json else None
+    if ref:
+        result["reference_tokens_per_s"] = ref["sampler"]["generated_tokens_per_s"]
     for gl in args.gen_lengths:
         cfgs = {mode: smp.SamplerConfig(gen_length=gl, block_length=args.block_length,
                                         steps=gl // 2, mask_id=c.mask_token_id,
@@ -241,6 +247,12 @@ def main(argv=None) -> dict:
             comp = row.pop("ids")[:, args.prompt_length:]
             if exact_ids is not None and mode != "exact":
                 row["tokens_equal_to_exact"] = round(float((comp == exact_ids).mean()), 4)
+            wall_s = row.pop("wall_s_all")
+            if ref and (args.batch, args.prompt_length, gl, args.block_length) == tuple(
+                    ref["sampler"][k] for k in ("batch", "prompt_len", "gen_length",
+                                                "block_length")):
+                row["speedup_vs_reference"] = round(
+                    common.speedup(ref["sampler"]["times_s"], wall_s), 2)
             if "reference_proxy" in rows:
                 row["speedup_vs_proxy"] = round(
                     rows["reference_proxy"]["wall_s"] / row["wall_s"], 2)

@@ -2,15 +2,17 @@
 
     python bench/update.py --model bench-tiny
     python bench/update.py --model bench-tiny --lora-rank 128 --mus 1 4 12 --repeats 7
+    python bench/update.py --reference-json ref.json   # ref.json: ref_bench.py, same sitting
 
 Workload (../shared/BENCH.md): random weights (seed 0), float32, batch 8, prompt 64 random
 tokens, completion 128 (sequence 192); estimator input [mu, 8, 192]; GRPO update with mu = 1
 (forward + backward + AdamW with clipping) on 8 x 192. Every measured function is jitted
 and compiled first; each round runs every measurement once (side by side under the same
 load) and the JSON reports the best and median of --repeats rounds, the compiled peak
-scratch memory (XLA's temp allocation) per mu, forward GFLOP/s (analytic matmul count) and
-the speed-up over the PyTorch reference times in BENCH.md (d1's code on the HF model, torch
-CPU, this machine): 0.17 s (mu 1) / 0.83 s (mu 4) estimator, 0.58 s update.
+scratch memory (XLA's temp allocation) per mu and forward GFLOP/s (analytic matmul count).
+With --reference-json (what ``refbench/ref_bench.py`` printed in this sitting: d1's code on
+the HF model, torch CPU) it adds the speed-up over the reference's medians; a reference
+timed on another machine or day says nothing about this one. ``bench/compare.py`` runs both.
 """
 
 from __future__ import annotations
@@ -33,8 +35,7 @@ from d1jax.train import optim, update  # noqa: E402
 from d1jax.train import steps as steps_lib  # noqa: E402
 from d1jax.train.batch import GRPOBatch  # noqa: E402
 from d1jax.model import LoraConfig  # noqa: E402
-
-REFERENCE_S = {"estimator_mu1": 0.17, "estimator_mu4": 0.83, "update_mu1": 0.58}
+from bench import common  # noqa: E402
 
 
 def estimator_flops(c, batch: int, prompt: int, completion: int) -> float:
@@ -125,7 +126,11 @@ def main():
     ap.add_argument("--completion", type=int, default=128)
     ap.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tuning")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--reference-json", help="ref_bench.py's JSON from this sitting: adds "
+                    "speedup_vs_reference (on BENCH.md's workload only)")
     args = ap.parse_args()
+    reference = common.reference_seconds(common.load_reference(args.reference_json)) \
+        if args.reference_json else {}
     if 1 not in args.mus:
         args.mus = [1] + args.mus
     runs, facts = build_measurements(args)
@@ -137,15 +142,17 @@ def main():
            "workload": {"batch": args.batch, "prompt": args.prompt,
                         "completion": args.completion, "mus": args.mus,
                         "lora_rank": args.lora_rank, "repeats": args.repeats},
-           "load_average_1m": round(os.getloadavg()[0], 2), "seconds": {},
-           "speedup_vs_reference": {}}
+           "load_average_1m": round(os.getloadavg()[0], 2), "seconds": {}}
+    same_workload = (args.model, args.batch, args.prompt, args.completion, args.lora_rank) \
+        == ("bench-tiny", 8, 64, 128, 0)  # the reference's fixed workload
     for name, ts in times.items():
         out["seconds"][name] = {"best": round(min(ts), 4),
                                 "median": round(statistics.median(ts), 4)}
-        if name in REFERENCE_S:
-            out["speedup_vs_reference"][name] = {
-                "best": round(REFERENCE_S[name] / min(ts), 2),
-                "median": round(REFERENCE_S[name] / statistics.median(ts), 2)}
+        if name in reference and same_workload:
+            out.setdefault("reference_median_s", {})[name] = round(
+                statistics.median(reference[name]), 4)
+            out.setdefault("speedup_vs_reference", {})[name] = round(
+                common.speedup(reference[name], ts), 2)
     for mu in args.mus:
         out.setdefault("estimator_gflop_per_s", {})[f"mu{mu}"] = round(
             mu * facts["estimator_gflop"] / min(times[f"estimator_mu{mu}"]), 1)

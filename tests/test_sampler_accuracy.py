@@ -1,6 +1,7 @@
 """bench/sampler_accuracy.py on a random tiny model saved in the Hugging Face layout."""
 
 import csv
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -71,11 +72,18 @@ def bench_inputs(tmp_path_factory):
 
 def test_sampler_accuracy_run(bench_inputs, tmp_path):
     model_dir, puzzles, examples, s = bench_inputs
+    reference = {"sampler": {"batch": 8, "prompt_len": 64, "gen_length": 128,
+                             "block_length": 32, "steps": 64, "times_s": [8.0, 7.0, 9.0]}}
     res = sampler_accuracy.run(str(model_dir), str(puzzles), num=16, gen_length=GEN,
                                block_length=BLOCK, batch_size=8, taus=(0.7, 1.0), repeats=1, s=s,
-                               refreshes=(1,))
+                               refreshes=(1,), reference=reference)
     rows = res["variants"]
     assert res["prompt_length"] == PROMPT and res["num"] == 16
+    assert res["reference_tokens_per_s"] == 128.0  # 8 * 128 tokens / median 8.0 s
+    assert res["reference_workload_matches"] is False  # gen 16 here, 128 there
+    for r in rows.values():
+        assert r["speedup_vs_reference"] == pytest.approx(r["tokens_per_s_median"] / 128.0,
+                                                          rel=1e-3)
     kvs = ("none", "prefix", "dual", "dual_masked")
     assert set(rows) == ({"exact", "prefix", "dual", "dual_masked", "dual+refresh1"}
                          | {f"{kv}+tau{t}" for kv in kvs for t in ("0.7", "1")}
@@ -136,3 +144,29 @@ def test_sampler_accuracy_padded_prompts_and_variant_subset(bench_inputs):
         sampler_accuracy.run(str(model_dir), str(puzzles), prompt_length=PROMPT - 1, **kw)
     with pytest.raises(ValueError, match="unknown variants"):
         sampler_accuracy.run(str(model_dir), str(puzzles), **{**kw, "only": ("dual+tau9",)})
+
+
+def test_variants_name_both_threshold_rules():
+    """``+fastdllm`` variants ask SamplerConfig for Fast-dLLM's threshold rule when it has
+    the ``parallel_rule`` field, and say what to do when it does not."""
+    names = sampler_accuracy.variants((0.9,), (8,), rules=("budget", "fast_dllm"))
+    assert names["dual+tau0.9"] == ("dual", "block", 0.9, 0, "budget")
+    assert names["dual+tau0.9+fastdllm"] == ("dual", "block", 0.9, 0, "fast_dllm")
+    assert names["dual_masked+tau0.9+refresh8+fastdllm"] == ("dual", "masked", 0.9, 8,
+                                                             "fast_dllm")
+    assert "dual+refresh8+fastdllm" not in names  # tau 1 decodes no token in parallel
+    assert set(sampler_accuracy.variants((0.9,))) == {n for n in names if "refresh" not in n
+                                                      and "fastdllm" not in n}
+    base = dict(gen_length=GEN, block_length=BLOCK, steps=GEN // 2)
+    cfg = sampler_accuracy.sampler_config("dual+tau0.9", names["dual+tau0.9"], **base)
+    assert (cfg.kv_cache, cfg.recompute, cfg.threshold, cfg.cache_refresh) == ("dual", "block",
+                                                                               0.9, 0)
+    fast = names["dual+tau0.9+fastdllm"]
+    if "parallel_rule" in {f.name for f in dataclasses.fields(smp.SamplerConfig)}:
+        cfg = sampler_accuracy.sampler_config("dual+tau0.9+fastdllm", fast, **base)
+        assert cfg.parallel_rule == "fast_dllm"
+    else:
+        with pytest.raises(ValueError, match="drop fast_dllm from --rules"):
+            sampler_accuracy.sampler_config("dual+tau0.9+fastdllm", fast, **base)
+    with pytest.raises(ValueError, match="unknown"):
+        sampler_accuracy.rule_names("budget,fastdllm")
