@@ -16,6 +16,7 @@ from d1jax.train import steps as steps_lib
 from d1jax.train.batch import GRPOBatch
 from d1jax import sharding as shd
 from d1jax.model import LoraConfig
+from d1jax.sampling import SamplerConfig
 
 
 def rollout_batch(b=8, p=6, c=5, mu=2, seed=0):
@@ -235,12 +236,19 @@ def test_update_compiled_from_abstract_inputs_is_the_one_training_calls(tiny_con
     params = d1jax.init_params(model, jax.random.key(0))
     opt = optim.make_optimizer(optim.OptimConfig(learning_rate=1e-2))
     mesh = shd.make_mesh((2, 2, 2))
-    steps = steps_lib.make_jitted_steps(model, mesh, opt, lora=True,
+    sampler = SamplerConfig(gen_length=4, block_length=4, steps=2,
+                            mask_id=tiny_config.mask_token_id)
+    steps = steps_lib.make_jitted_steps(model, mesh, opt, lora=True, sampler=sampler,
                                         grpo=update.GRPOConfig(num_iterations=2, beta=0.04))
+    abstract, rng = steps.abstract_state(), steps.rng_like()
     like = steps.grpo_batch_like(rows=8, prompt_len=6, completion_len=5)
-    program = steps.program("grpo_update", like)
-    compiled = program.lower(steps.abstract_state(), like, steps.rng_like()).compile()
+    compiled = steps.program("grpo_update", like).lower(abstract, like, rng).compile()
     assert compiled.memory_analysis() is not None
+    rollout = steps.grpo_batch_like(8, 6, 5, for_update=False)
+    assert rollout.old_logps is None and rollout.iteration is None
+    steps.program("rollout_logps", rollout).lower(abstract, rollout).compile()
+    prompt_ids, prompt_mask = steps.prompts_like(rows=8, prompt_len=6)
+    steps.generate.lower(abstract.policy_params(), prompt_ids, prompt_mask, rng).compile()
     state = steps.init(params)
     batch = rollout_batch().replace(iteration=np.int32(1))
     batch = batch.replace(**steps.rollout_logps(state, batch))

@@ -30,7 +30,8 @@ class GRPOEngine:
         self.key = jax.random.key(spec.seed)
         # The fast sampler (KV cache, parallel decoding) only changes rollouts; the
         # log-prob estimator is the same one-step estimator either way.
-        self.steps = steps_lib.for_run(spec, setup, spec.train.num_steps)
+        self.steps = steps_lib.for_run(spec, setup.model, setup.mesh, setup.ids,
+                                        spec.train.num_steps)
         self.state = self.steps.init(setup.params)
 
     def _put(self, a: np.ndarray):

@@ -57,7 +57,7 @@ def run(config, workdir: str, data: SFTData | None = None) -> dict:
     s = build(spec, wd, mesh, texts=lambda: [m["content"] for r in rows[:512] for m in r["prompt"]]
               + [r["completion"] for r in rows[:512]])
     total = sr.num_steps(len(rows), spec.train.num_steps)
-    steps = steps_lib.for_run(spec, s, total)
+    steps = steps_lib.for_run(spec, s.model, s.mesh, s.ids, total)
     state = steps.init(s.params)
     ctx = loop.RunContext.create(spec, wd)
     it = ExampleIterator(rows, sr.batch_size, seed=spec.seed)

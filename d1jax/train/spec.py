@@ -54,9 +54,10 @@ class MeshSpec:
     shape: tuple[int, ...]  # (data, fsdp, tensor); one -1 takes the remaining devices.
     rules: tuple  # logical axis -> mesh axes, the defaults updated by the config's.
 
-    def build(self):
+    def build(self, devices=None):
+        """The mesh over ``devices`` (default: all), e.g. a TPU topology's when planning."""
         try:
-            return sharding.make_mesh(self.shape)
+            return sharding.make_mesh(self.shape, devices=devices)
         except ValueError as e:
             raise ConfigError(f"mesh.shape={self.shape}: {e}") from None
 

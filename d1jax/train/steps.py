@@ -7,15 +7,20 @@ part of the state donated, the frozen base and the reference passed through unto
 
 Each program is also reachable for compilation without weights or data::
 
-    steps = make_jitted_steps(model, mesh, optimizer, lora=True, grpo=cfg, sampler=scfg)
-    state = steps.abstract_state()                    # ShapeDtypeStructs with shardings
-    batch = steps.grpo_batch_like(rows=B, prompt_len=P, completion_len=C)
+    spec = spec_lib.from_config(config)             # d1jax.train.spec
+    mesh = spec.mesh.build(devices)                 # e.g. a TPU topology's devices
+    model = setup.make_model(spec.model, llada_config)
+    steps = for_run(spec, model, mesh, ids, total_steps)
+    state = steps.abstract_state()                  # ShapeDtypeStructs with shardings
     rng = steps.rng_like()
+    prompt_ids, prompt_mask = steps.prompts_like(rows=B, prompt_len=P)
+    steps.generate.lower(state.policy_params(), prompt_ids, prompt_mask, rng).compile()
+    rollout = steps.grpo_batch_like(B, P, C, for_update=False)
+    steps.program("rollout_logps", rollout).lower(state, rollout).compile()
+    batch = steps.grpo_batch_like(B, P, C)
     steps.program("grpo_update", batch).lower(state, batch, rng).compile()
-    steps.program("rollout_logps", batch).lower(state, batch).compile()
+    sft_batch = steps.sft_batch_like(rows=B, length=L)
     steps.program("sft_update", sft_batch).lower(state, sft_batch, rng).compile()
-    ids, mask = steps.prompts_like(rows=B, prompt_len=P)
-    steps.generate.lower(state.policy_params(), ids, mask, rng).compile()   # rollout sampler
 """
 
 from __future__ import annotations
@@ -201,10 +206,14 @@ class JittedSteps:
             self.mesh, nn.logical_to_mesh_axes(axes, list(self.rules)))
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
-    def grpo_batch_like(self, rows: int, prompt_len: int, completion_len: int) -> GRPOBatch:
-        """A GRPOBatch of ShapeDtypeStructs, shaped as this run's update receives it."""
+    def grpo_batch_like(self, rows: int, prompt_len: int, completion_len: int,
+                        for_update: bool = True) -> GRPOBatch:
+        """A GRPOBatch of ShapeDtypeStructs, shaped as this run's update receives it (with
+        the rollout's log-probs and the iteration), or, ``for_update=False``, as the
+        old/ref pass receives it (without them)."""
         cfg = self._need("grpo")
         mu, i32 = cfg.num_iterations, jnp.int32
+        with_old, with_ref = for_update and mu > 1, for_update and cfg.beta != 0.0
         b = GRPOBatch(
             prompt_ids=jax.ShapeDtypeStruct((rows, prompt_len), i32),
             prompt_mask=jax.ShapeDtypeStruct((rows, prompt_len), i32),
@@ -213,10 +222,10 @@ class JittedSteps:
             advantages=jax.ShapeDtypeStruct((rows,), jnp.float32),
             mask_seeds=jax.ShapeDtypeStruct((mu,), i32),
             old_logps=(jax.ShapeDtypeStruct((mu, rows, completion_len), jnp.float32)
-                       if mu > 1 else None),
+                       if with_old else None),
             ref_logps=(jax.ShapeDtypeStruct((mu, rows, completion_len), jnp.float32)
-                       if cfg.beta != 0.0 else None),
-            iteration=jax.ShapeDtypeStruct((), i32))
+                       if with_ref else None),
+            iteration=jax.ShapeDtypeStruct((), i32) if for_update else None)
         return b.abstract(self.mesh, self.rules)
 
     def sft_batch_like(self, rows: int, length: int) -> SFTBatch:
@@ -243,13 +252,14 @@ def make_jitted_steps(model: LLaDA, mesh: Mesh | None, optimizer: optax.Gradient
                        tuple(rules))
 
 
-def for_run(spec: RunSpec, setup, total_steps: int) -> JittedSteps:
-    """The jitted programs of a run (``setup``: its model, mesh and token ids): the rollout
-    sampler, the old/ref pass and the GRPO update, or the SFT update; the optimizer's
-    warmup spans ``total_steps``."""
+def for_run(spec: RunSpec, model: LLaDA, mesh: Mesh, ids: dict, total_steps: int
+            ) -> JittedSteps:
+    """The jitted programs of a run: the rollout sampler, the old/ref pass and the GRPO
+    update, or the SFT update. ``ids``: the tokenizer's special ids (``special_ids``; from
+    the model config when planning without a tokenizer); the warmup spans ``total_steps``."""
     optimizer = optim.make_optimizer(spec.optim.build(total_steps))
-    sampler = with_tokens(spec.sampler, setup.ids) if spec.sampler is not None else None
+    sampler = with_tokens(spec.sampler, ids) if spec.sampler is not None else None
     return make_jitted_steps(
-        setup.model, setup.mesh, optimizer, lora=spec.model.lora is not None,
+        model, mesh, optimizer, lora=spec.model.lora is not None,
         keep_reference=spec.keep_reference, grpo=spec.grpo, sft=spec.sft, sampler=sampler,
-        rules=setup.rules)
+        rules=spec.mesh.rules)
