@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import d1jax
-from d1jax import model as model_lib
+from d1jax.model import llada as model_lib
 from d1jax import sampling as smp
 from d1jax import sharding
 
