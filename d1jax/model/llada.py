@@ -59,8 +59,9 @@ def token_matmul(x: Array, w_io: Array) -> Array:
 
     With one token axis the weight gradient ``x^T g`` is a plain matmul; with two (batch,
     length) XLA's CPU dot canonicalisation first copies g [tokens, O] into a transposed
-    layout, which made the backward 5-7x the forward on bench-tiny. The merge is a free
-    reshape on every backend (a batch-sharded leading axis stays sharded).
+    layout, a strided copy that costs more than the matmul itself at the vocabulary head.
+    The merge is a free reshape on every backend (a batch-sharded leading axis stays
+    sharded).
     """
     x_ti = x.reshape(-1, x.shape[-1])
     return (x_ti @ w_io).reshape(*x.shape[:-1], w_io.shape[-1])
