@@ -3,7 +3,8 @@
 Model code names logical axes (``EMBED``, ``MLP``, ...). A table of rules, set from the
 config, maps them onto the mesh axes ``data``, ``fsdp`` and ``tensor``. Params are born
 sharded: ``jax.eval_shape(init)`` -> logical specs -> ``NamedSharding`` ->
-``jax.jit(init, out_shardings=...)``.
+``jax.jit(init, out_shardings=...)``; ``abstract_params`` is the one probe of a model's
+param shapes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
@@ -102,25 +104,35 @@ def activate(mesh: Mesh | None, rules=DEFAULT_RULES):
         yield
 
 
+def boxed_init(model: nn.Module, rng: jax.Array) -> Any:
+    """``model.init`` on a [1, 8] batch of token ids: its params, each boxed with its logical
+    axis names (``nn.Partitioned``). Param shapes do not depend on the batch."""
+    return model.init(rng, jnp.zeros((1, 8), jnp.int32))["params"]
+
+
+def abstract_params(model: nn.Module, *, boxed: bool = False) -> Any:
+    """``model``'s params as ShapeDtypeStructs, computed without running the init: a plain
+    tree, or with ``boxed`` the logical axis names kept (for ``logical_to_sharding``)."""
+    abstract = jax.eval_shape(lambda k: boxed_init(model, k), jax.random.key(0))
+    return abstract if boxed else nn.meta.unbox(abstract)
+
+
+def param_shardings(model: nn.Module, mesh: Mesh, rules=DEFAULT_RULES) -> Any:
+    """NamedShardings of ``model``'s plain params, from its logical axis annotations."""
+    return nn.meta.unbox(logical_to_sharding(abstract_params(model, boxed=True), mesh, rules))
+
+
 def init_sharded(init_fn: Callable[..., Any], mesh: Mesh | None, *args, rules=DEFAULT_RULES):
     """Runs ``init_fn(*args)`` (returns boxed variables) so the result is born sharded.
 
     Returns (params as a plain pytree, their NamedShardings or None without a mesh).
     """
-    abstract = jax.eval_shape(init_fn, *args)
     if mesh is None:
         return nn.meta.unbox(jax.jit(init_fn)(*args)), None
-    shardings = logical_to_sharding(abstract, mesh, rules)
+    shardings = logical_to_sharding(jax.eval_shape(init_fn, *args), mesh, rules)
     with activate(mesh, rules):
         boxed = jax.jit(init_fn, out_shardings=shardings)(*args)
     return nn.meta.unbox(boxed), nn.meta.unbox(shardings)
-
-
-def param_shardings(model: nn.Module, mesh: Mesh, rules=DEFAULT_RULES, seq_len: int = 8):
-    """NamedShardings of ``model``'s plain params, from its logical axis annotations."""
-    ids = np.zeros((1, seq_len), np.int32)
-    abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), ids))
-    return nn.meta.unbox(logical_to_sharding(abstract["params"], mesh, rules))
 
 
 def host_to_global(local: np.ndarray, mesh: Mesh, rules=DEFAULT_RULES) -> jax.Array:

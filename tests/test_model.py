@@ -9,7 +9,6 @@ beside it, so the key map, the transposes and ``to_hf_dict`` are checked along t
 
 import json
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +16,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import d1jax
+from d1jax import sharding
 from d1jax.model import weights
 
 HF = "model.transformer."
@@ -79,9 +79,7 @@ def random_params(config, seed):
     The init has all-ones norms and tiny kernels, which would hide a missing norm weight
     and give near-uniform attention. Built in numpy from the abstract shapes (no compile).
     """
-    abstract = jax.eval_shape(lambda: d1jax.LLaDA(config).init(jax.random.key(0),
-                                                               jnp.zeros((1, 4), jnp.int32)))
-    leaves, treedef = jax.tree.flatten_with_path(nn.meta.unbox(abstract["params"]))
+    leaves, treedef = jax.tree.flatten_with_path(sharding.abstract_params(d1jax.LLaDA(config)))
     rs = np.random.RandomState(seed)
     out = []
     for path, x in leaves:
@@ -177,6 +175,18 @@ def test_remat_gives_the_same_gradients(tiny_config, tiny_params):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), plain, remat)
 
 
+def test_remat_model_decodes_like_the_plain_one(tiny_config, tiny_model, tiny_params):
+    """The cached modes run through the same scanned (here rematerialised) blocks."""
+    ids = np.random.RandomState(6).randint(0, 128, (2, 12))
+    full = forward(tiny_model, tiny_params, ids)
+    model = d1jax.LLaDA(tiny_config, remat=True)
+    apply = lambda *a, **kw: model.apply({"params": tiny_params}, *a, **kw)  # noqa: E731
+    logits, cache = jax.jit(lambda x: apply(x, method=model.prefill))(ids)
+    np.testing.assert_allclose(logits, full, atol=2e-5)
+    sliced = jax.jit(lambda x, c: apply(x, c, 4, method=model.decode_slice))(ids[:, 4:8], cache)
+    np.testing.assert_allclose(sliced, full[:, 4:8], atol=2e-5)
+
+
 def test_bfloat16_compute_is_close_to_float32(tiny_config):
     params = random_params(tiny_config, seed=5)
     ids = np.random.RandomState(5).randint(0, 128, (2, 10))
@@ -207,8 +217,8 @@ def test_hf_dict_defaults_follow_the_hf_code():
 def test_num_params_counts_the_initialised_params():
     for overrides in ({}, dict(weight_tying=True)):
         c = d1jax.preset("test-tiny", **overrides)
-        shapes = jax.eval_shape(lambda: d1jax.LLaDA(c).init(jax.random.key(0), jnp.zeros((1, 4), int)))
-        assert c.num_params() == sum(x.size for x in jax.tree.leaves(shapes["params"]))
+        shapes = sharding.abstract_params(d1jax.LLaDA(c))
+        assert c.num_params() == sum(x.size for x in jax.tree.leaves(shapes))
 
 
 def test_inconsistent_head_counts_are_refused():

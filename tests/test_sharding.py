@@ -1,5 +1,6 @@
 """Sharding over 8 fake CPU devices: params placed as the logical rules say (at init, by
-``param_shardings`` and by ``load_hf_checkpoint``), and a sharded forward equals one device."""
+``param_shardings`` and by ``load_hf_checkpoint``), and a sharded forward equals one device;
+the abstract-params probe against a real init."""
 
 import math
 
@@ -10,7 +11,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import d1jax
 from d1jax import sharding
-from d1jax.model import weights
+from d1jax.model import LoraConfig, weights
+from d1jax.model import lora as lora_lib
 
 MESH_SHAPES = [(8, 1, 1), (2, 2, 2), (1, 2, 4)]  # (data, fsdp, tensor)
 MESH_IDS = ["x".join(map(str, s)) for s in MESH_SHAPES]
@@ -80,6 +82,28 @@ def test_init_params_are_born_sharded_by_the_rules(shape, tiny_model, tiny_param
     assert_placed_by_the_rules(params, mesh)
     # Same key, same values as the single-device init (partitionable random bits).
     jax.tree.map(np.testing.assert_array_equal, params, tiny_params)
+
+
+def test_abstract_params_have_the_initialised_shapes(tiny_config):
+    model = d1jax.LLaDA(tiny_config, lora=LoraConfig(rank=4))
+    real = d1jax.init_params(model, jax.random.key(0))
+    abstract = sharding.abstract_params(model)
+    assert jax.tree.structure(abstract) == jax.tree.structure(real)
+    for a, r in zip(jax.tree.leaves(abstract), jax.tree.leaves(real)):
+        assert isinstance(a, jax.ShapeDtypeStruct) and (a.shape, a.dtype) == (r.shape, r.dtype)
+
+
+def test_adapters_only_init_is_the_full_inits_adapters_born_sharded(tiny_config):
+    model = d1jax.LLaDA(tiny_config, lora=LoraConfig(rank=4))
+    mesh = sharding.make_mesh((2, 2, 2))
+    full = d1jax.init_params(model, jax.random.key(1))
+    only = by_name(d1jax.init_params(model, jax.random.key(1), mesh, adapters_only=True))
+    want = by_name(lora_lib.split(full)[1])
+    assert set(only) == set(want) and all(n.endswith(("lora_a", "lora_b")) for n in only)
+    specs = by_name(sharding.param_shardings(model, mesh))
+    for name, arr in only.items():
+        np.testing.assert_array_equal(arr, want[name])
+        assert arr.sharding.spec == specs[name].spec, name
 
 
 @pytest.mark.parametrize("shape", MESH_SHAPES, ids=MESH_IDS)

@@ -1,10 +1,10 @@
 """LoRA adapter bookkeeping on plain param trees.
 
-The adapters live inside the model (``Proj`` in model.py: ``lora_a`` [in, r] he-uniform,
+The adapters live inside the model (``Proj`` in llada.py: ``lora_a`` [in, r] he-uniform,
 ``lora_b`` [r, out] zeros, output ``x W + (alpha / r) (x A) B``, dropout on the adapter
 input); ``use_lora=False`` runs the base weights alone, which is d1's reference policy
 (PEFT's ``disable_adapter()``) with no second copy of the model. This module splits a param
-tree into (base, adapters), joins them back, gives optax a trainable mask, counts params and
+tree into (base, adapters), joins them back, freezes the base for optax, counts params and
 merges adapters into the kernels for export.
 
 Why not qwix: qwix (PyPI ``qwix`` 0.1.8, the library Tunix uses) adds LoRA by intercepting
@@ -24,9 +24,8 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
-from d1jax.model import LoraConfig
-
-ADAPTER_NAMES = ("lora_a", "lora_b")
+from d1jax.model.config import LoraConfig
+from d1jax.model.llada import ADAPTER_NAMES
 
 Params = dict[str, Any]
 
@@ -57,21 +56,14 @@ def join(base: Params, adapters: Params | None) -> Params:
     return traverse_util.unflatten_dict(flat)
 
 
-def trainable_mask(params: Params, lora_enabled: bool = True) -> Params:
-    """Pytree of bools, True where the optimizer updates: the adapters under LoRA, every leaf
-    for full fine-tuning. (``optax.masked`` passes masked-out updates through unchanged: to
-    freeze the rest, use ``freeze_base``.)"""
-    flat = traverse_util.flatten_dict(params)
-    return traverse_util.unflatten_dict({k: (is_adapter(k) or not lora_enabled) for k in flat})
-
-
 def freeze_base(optimizer: optax.GradientTransformation, params: Params,
                 lora_enabled: bool = True) -> optax.GradientTransformation:
     """``optimizer`` on the adapters and zero updates (no optimizer state) for the base, for
     users who keep one param tree. d1jax's TrainState instead splits the tree, so the base
     gets neither gradients nor optimizer state."""
-    labels = jax.tree.map(lambda t: "trainable" if t else "frozen",
-                          trainable_mask(params, lora_enabled))
+    flat = traverse_util.flatten_dict(params)
+    labels = traverse_util.unflatten_dict(
+        {k: "trainable" if is_adapter(k) or not lora_enabled else "frozen" for k in flat})
     return optax.multi_transform({"trainable": optimizer, "frozen": optax.set_to_zero()}, labels)
 
 

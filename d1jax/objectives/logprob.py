@@ -75,8 +75,9 @@ def head_logps(hidden_bcd: Array, head_dv: Array, targets_bc: Array, *,
         raise ValueError(f"head {head_dv.shape} does not match hidden size {d}")
 
     def chunk(h_bkd, t_bk):
-        logits = jnp.einsum("bkd,dv->bkv", h_bkd, head_dv.astype(h_bkd.dtype),
-                            preferred_element_type=jnp.float32)
+        # One token axis: the head gradient is then one plain matmul on XLA CPU.
+        logits = jnp.einsum("td,dv->tv", h_bkd.reshape(-1, d), head_dv.astype(h_bkd.dtype),
+                            preferred_element_type=jnp.float32).reshape(*h_bkd.shape[:2], -1)
         if scale is not None:
             logits = logits * scale
         logits = nn.with_logical_constraint(logits, (shd.BATCH, shd.LENGTH, shd.ACT_VOCAB))
