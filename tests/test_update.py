@@ -264,3 +264,40 @@ def test_update_compiled_from_abstract_inputs_is_the_one_training_calls(tiny_con
 def test_unknown_objective_is_refused():
     with pytest.raises(ValueError, match="objective='spg'"):
         update.GRPOConfig(objective="spg")
+
+
+def test_bfloat16_model_with_gradient_accumulation(tiny_config):
+    """A bfloat16 model (the 8B setting) with two micro-batches: the update traces, the
+    adapters and their Adam moments stay float32, and the adapters move like those of the
+    float32 model (to bfloat16 forward precision)."""
+    lora = LoraConfig(rank=4, alpha=8.0, dropout=0.0)
+    opt = optim.make_optimizer(optim.OptimConfig(learning_rate=1e-2))
+    cfg = update.GRPOConfig(num_iterations=1, beta=0.0, grad_accum=2)
+    moved = {}
+    params32 = d1jax.init_params(d1jax.LLaDA(tiny_config, lora=lora), jax.random.key(0))
+    for dtype in (jnp.float32, jnp.bfloat16):
+        model = d1jax.LLaDA(tiny_config, dtype=dtype, param_dtype=dtype, lora=lora)
+        base, adapters = lora_lib.split(params32)  # the same weights, base rounded to dtype
+        params = lora_lib.join(jax.tree.map(lambda x: x.astype(dtype), base), adapters)
+        steps = steps_lib.make_jitted_steps(model, None, opt, lora=True, grpo=cfg)
+        state = steps.init(params)
+        before = jax.device_get(state.params)
+        state, m = steps.grpo_update(state, rollout_batch(mu=1), jax.random.key(1))
+        assert np.isfinite(float(m["loss"])) and int(m["update_skipped"]) == 0
+        dtypes = {x.dtype for x in jax.tree.leaves((state.params, state.opt_state))
+                  if jnp.issubdtype(x.dtype, jnp.floating) and x.ndim > 0}
+        assert dtypes == {jnp.dtype(jnp.float32)}
+        moved[dtype] = jax.tree.map(lambda a, b: np.asarray(a, np.float32)
+                                    - np.asarray(b, np.float32),
+                                    jax.device_get(state.params), before)
+    # Adam's first step is lr * sign(g): every lora_b entry (the only ones with a gradient
+    # while lora_b is zero) moves, mostly in the float32 run's direction (bfloat16
+    # activations flip the sign of the smallest gradients).
+    b32, b16 = (lora_lib.split(moved[d])[1] for d in (jnp.float32, jnp.bfloat16))
+    agree = []
+    for (path, a), (_, b) in zip(jax.tree_util.tree_leaves_with_path(b32),
+                                 jax.tree_util.tree_leaves_with_path(b16), strict=True):
+        if "lora_b" in jax.tree_util.keystr(path):
+            assert np.mean(b != 0) > 0.99
+            agree.append(np.mean(np.sign(a) == np.sign(b)))
+    assert len(agree) == 7 and np.mean(agree) > 0.8, agree

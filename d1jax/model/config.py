@@ -134,6 +134,9 @@ class LoraConfig:
     alpha: float = 64.0
     dropout: float = 0.05
     targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")
+    # Storage dtype of lora_a / lora_b, whatever the model's param_dtype: a bfloat16 adapter
+    # drops every update smaller than ~1/256 of its magnitude (PEFT keeps adapters float32).
+    param_dtype: str = "float32"
 
     @property
     def scale(self) -> float:

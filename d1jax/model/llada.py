@@ -88,11 +88,11 @@ class Proj(nn.Module):
         y = token_matmul(x.astype(self.dtype), kernel.astype(self.dtype))
         if self.lora is None:
             return y
-        r = self.lora.rank
+        r, adapter_dtype = self.lora.rank, jnp.dtype(self.lora.param_dtype)
         a = self.param("lora_a", nn.with_logical_partitioning(
-            nn.initializers.he_uniform(), (self.axes[0], shd.LORA)), (x.shape[-1], r), self.param_dtype)
+            nn.initializers.he_uniform(), (self.axes[0], shd.LORA)), (x.shape[-1], r), adapter_dtype)
         b = self.param("lora_b", nn.with_logical_partitioning(
-            nn.initializers.zeros, (shd.LORA, self.axes[1])), (r, self.features), self.param_dtype)
+            nn.initializers.zeros, (shd.LORA, self.axes[1])), (r, self.features), adapter_dtype)
         if not use_lora:
             return y
         h = nn.Dropout(self.lora.dropout)(x, deterministic=deterministic)

@@ -108,7 +108,7 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: dict, n_micro: int
     """(loss, grads, metrics), each the mean over ``n_micro`` micro-batches of ``batch``.
 
     Gradients accumulate in float32 inside a ``lax.scan``, so only one micro-batch's
-    activations are live at a time.
+    activations are live at a time; their mean is returned in the params' dtype.
     """
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if n_micro == 1:
@@ -126,7 +126,11 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: dict, n_micro: int
     (loss_s, metrics_s), grads_s = shapes
     zero = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), (loss_s, grads_s, metrics_s))
     (loss, grads, metrics), _ = jax.lax.scan(body, zero, (jnp.arange(n_micro), micro))
-    return jax.tree.map(lambda x: x / n_micro, (loss, grads, metrics))
+    # Back to each gradient's own dtype (the params'), as with one micro-batch: a bfloat16
+    # adapter's update and optimizer state keep their dtype.
+    grads = jax.tree.map(lambda g, s: (g / n_micro).astype(s.dtype), grads, grads_s)
+    loss, metrics = jax.tree.map(lambda x: x / n_micro, (loss, metrics))
+    return loss, grads, metrics
 
 
 def apply_gradients(optimizer: optax.GradientTransformation, params: Any, opt_state: Any,
