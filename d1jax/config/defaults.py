@@ -70,6 +70,7 @@ def sampler_fields(tiny: bool, rollout: bool = True) -> mlc.ConfigDict:
     s.use_attention_mask = True  # Honour prompt padding; False attends to padding like d1.
     s.kv_cache = "none"  # "none" (exact, d1's protocol), "prefix" or "dual" block KV cache (Fast-dLLM).
     s.threshold = 1.0  # Parallel decoding: also unmask every token with confidence > tau (>= 1: off).
+    s.parallel_rule = "budget"  # With threshold < 1: "budget" unmasks at least the exact schedule's tokens per step; "fast_dllm" at least one (Fast-dLLM, no step cap).
     s.recompute = "block"  # Dual cache steps recompute the whole block (Fast-dLLM) or only "masked" positions.
     s.cache_refresh = 0  # With kv_cache: refresh it once this many block tokens were decoded (0: at block starts only).
     return s
@@ -104,7 +105,9 @@ def base(stage: str, task: str, tiny: bool, steps: int = 1000) -> mlc.ConfigDict
     c.task.prompt = "d1"  # "d1": d1's prompt; "compact" (sudoku): the question alone (CPU demo).
     c.task.num_train = 256 if tiny else 0  # Use only the first N training examples (0: all).
     c.mesh = mlc.ConfigDict()
-    c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); one -1 takes the remaining devices.
+    # (data, fsdp, tensor); one -1 takes the remaining devices. 8B: weights sharded over all
+    # chips (replicated bf16 weights alone are 16 GB a chip; docs/tpu_plan.md).
+    c.mesh.shape = (-1, 1, 1) if tiny else (1, -1, 1)
     c.mesh.rules = ()  # Logical-axis rule overrides, e.g. (("embed", None),); () keeps the defaults.
     c.max_prompt_length = 192 if tiny else 200  # Prompts are left-truncated to this many tokens.
     return c

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+from jax.sharding import Mesh, SingleDeviceSharding
 
 from d1jax import sharding as shd
 from d1jax.model import LLaDA, LLaDAConfig, LoraConfig, hf_files

@@ -85,7 +85,8 @@ def export_hf(workdir: Path, setup, state, source_dir: str | None) -> Path:
     """
     out = workdir / "hf"
     params = lora_lib.merge(state.policy_params(), setup.model.lora)
-    weights.save_hf_checkpoint(out, setup.model_config, params, max_shard_size="2GB")
+    weights.save_hf_checkpoint(out, setup.model_config, params, max_shard_size="2GB",
+                               source_dir=source_dir)
     if jax.process_index() == 0:
         setup.tokenizer.save_pretrained(str(out))
         (out / "d1jax_export.json").write_text(json.dumps({"time": time.time()}))

@@ -6,12 +6,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
-from d1jax import sharding
-from d1jax.model import LLaDA, LLaDAConfig, preset, weights
+from d1jax.model import LLaDA, LLaDAConfig, init_params, preset, weights
 from d1jax.model import lora as lora_lib
 from d1jax.model.tokenizer import load_tokenizer, special_ids, train_tiny_tokenizer
 from d1jax.train.spec import ModelSpec, RunSpec
@@ -80,27 +77,16 @@ def build(spec: RunSpec, workdir: str | Path, mesh: jax.sharding.Mesh,
     if m.random:
         mcfg = random_model_config(m, tok)
         model = make_model(m, mcfg)
-        params = _init(model, rng, mesh, rules, only_lora=False)
+        params = init_params(model, rng, mesh, rules)
     else:
         mcfg, params = weights.load_hf_checkpoint(m.path, mesh=mesh, dtype=m.param_dtype,
                                                   rules=rules)
         model = make_model(m, mcfg)
         if m.lora is not None:
-            params = lora_lib.join(params, _init(model, rng, mesh, rules, only_lora=True))
+            params = lora_lib.join(params, init_params(model, rng, mesh, rules,
+                                                      adapters_only=True))
     ids = special_ids(tok)
     if ids["mask"] != mcfg.mask_token_id:
         raise ValueError(f"tokenizer mask id {ids['mask']} != model mask_token_id "
                          f"{mcfg.mask_token_id}: tokenizer and model do not belong together")
     return Setup(mesh, rules, tok, model, mcfg, params, ids)
-
-
-def _init(model: LLaDA, rng, mesh, rules, only_lora: bool) -> dict:
-    """Params born sharded; with only_lora, just the adapters (XLA drops the rest)."""
-    def init(k):
-        p = model.init(k, jnp.zeros((1, 8), jnp.int32))["params"]
-        return lora_lib.split(p)[1] if only_lora else p
-    abstract = jax.eval_shape(init, rng)
-    shardings = sharding.logical_to_sharding(abstract, mesh, rules)
-    with sharding.activate(mesh, rules):
-        boxed = jax.jit(init, out_shardings=shardings)(rng)
-    return nn.meta.unbox(boxed)

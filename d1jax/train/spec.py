@@ -179,7 +179,7 @@ def sampler_config(group, prefix: str, gen_length: int, steps: int) -> smp.Sampl
             temperature=group.temperature, cfg_scale=group.cfg_scale,
             remasking=group.remasking, use_attention_mask=group.use_attention_mask,
             kv_cache=group.kv_cache, threshold=group.threshold, recompute=group.recompute,
-            cache_refresh=group.cache_refresh)
+            cache_refresh=group.cache_refresh, parallel_rule=group.parallel_rule)
     except ValueError as e:
         raise ConfigError(f"{prefix}{e}") from None
 

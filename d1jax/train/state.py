@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import flax.core
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -99,12 +98,6 @@ def init_train_state(params: Params, optimizer: optax.GradientTransformation, *,
                       ref=copy(trainable_in) if keep_reference else None, skipped=zero())
 
 
-def abstract_params(model: LLaDA) -> Params:
-    """ShapeDtypeStructs of ``model``'s plain params (no compute, no memory)."""
-    ids = jnp.zeros((1, 8), jnp.int32)
-    return flax.core.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), ids)["params"])
-
-
 def state_shardings(model: LLaDA, mesh: Mesh, optimizer: optax.GradientTransformation, *,
                     lora: bool, keep_reference: bool, rules=shd.DEFAULT_RULES) -> TrainState:
     """A TrainState of NamedShardings: params by the model's logical axes, optimizer
@@ -112,7 +105,7 @@ def state_shardings(model: LLaDA, mesh: Mesh, optimizer: optax.GradientTransform
     full = shd.param_shardings(model, mesh, rules)
     frozen, trainable = lora_lib.split(full) if lora else ({}, full)
     rep = shd.replicated(mesh)
-    params = abstract_params(model)
+    params = shd.abstract_params(model)
     opt_abstract = jax.eval_shape(optimizer.init, lora_lib.split(params)[1] if lora else params)
     opt = optax.tree_map_params(optimizer, lambda _, s: s, opt_abstract, trainable,
                                 transform_non_params=lambda _: rep,
@@ -125,7 +118,7 @@ def abstract_state(model: LLaDA, optimizer: optax.GradientTransformation, *, lor
                    keep_reference: bool, shardings: TrainState | None = None) -> TrainState:
     """The TrainState as ShapeDtypeStructs (with ``shardings`` when given): what a compile
     for a topology needs, with no weights loaded."""
-    params = abstract_params(model)
+    params = shd.abstract_params(model)
     state = jax.eval_shape(lambda p: init_train_state(p, optimizer, lora=lora,
                                                       keep_reference=keep_reference), params)
     if shardings is None:
