@@ -167,6 +167,21 @@ def test_cli_exits_nonzero_when_a_program_does_not_fit():
     assert "| eval_sampler_16 | 4,1,1 |" in out.stdout
 
 
+@needs_tpu
+@pytest.mark.parametrize("stage, names", [
+    ("grpo", ["rollout", "rollout_logps", "grpo_update"]), ("sft", ["sft_update"])])
+def test_training_programs_compile_and_match_the_analytic_count(stage, names):
+    from d1jax.plan import compile as plan_lib
+    c = config_lib.grpo("gsm8k", "tiny") if stage == "grpo" else config_lib.sft("tiny")
+    # bfloat16 params with accumulated micro-batches: the default 8B run's update path
+    c.model.dtype, c.model.param_dtype, c.optim.grad_accum = "bfloat16", "bfloat16", 2
+    estimates = plan_lib.plan(c, "v5e:2x2", (1, 4, 1))
+    assert [e.program for e in estimates] == names
+    for e in estimates:
+        assert e.fits and e.flops_hardware > 0
+        assert e.flops_xla == pytest.approx(e.flops_hardware, rel=0.01), e.program
+
+
 def test_topology_names():
     assert chips.parse_topology("v5p-8")[1:] == ("v5p:2x2x1", (2, 2, 1))
     assert chips.parse_topology("v5litepod-16")[1:] == ("v5e:4x4", (4, 4))

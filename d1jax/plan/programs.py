@@ -119,15 +119,16 @@ def build_programs(spec: PlanSpec, mesh: Mesh) -> list[Program]:
     return builders[spec.run.stage](spec.run, model, mesh)
 
 
-def _sampler_program(name: str, steps: steps_lib.JittedSteps, mesh: Mesh, rules,
-                     rows: int, prompt: int) -> Program:
+def _sampler_program(name: str, steps: steps_lib.JittedSteps, rows: int, prompt: int
+                     ) -> Program:
+    """The run's rollout / eval sampler on [rows, prompt] prompts."""
     model, scfg = steps.model, steps.sampler
     params = steps.abstract_state().policy_params()
     ids, mask = steps.prompts_like(rows, prompt)
     args = (params, ids, mask, steps.rng_like())
 
     def lower():
-        with shd.activate(mesh, rules):  # as the run calls it
+        with shd.activate(steps.mesh, steps.rules):  # as the run calls it
             return steps.generate.lower(*args)
     fwd = fl.sampler(model.config, scfg, rows, prompt, model.lora).total
     length = prompt + scfg.gen_length
@@ -139,6 +140,7 @@ def _sampler_program(name: str, steps: steps_lib.JittedSteps, mesh: Mesh, rules,
 
 def _step_program(name: str, steps: steps_lib.JittedSteps, args: tuple, batch, **figures
                   ) -> Program:
+    """``steps.program(name)`` lowered on ``args`` (``batch`` among them)."""
     return Program(name, lambda: steps.program(name, batch).lower(*args), args, **figures)
 
 
@@ -156,14 +158,15 @@ def _grpo_programs(run: spec_lib.RunSpec, model: LLaDA, mesh: Mesh) -> list[Prog
 
     est = functools.partial(fl.estimator, mcfg, rows, prompt, comp, cfg_scale=cfg.cfg_scale)
     ref_lora = model.lora if run.keep_reference else None  # LoRA without a copy: base is ref
-    logps_flops = mu * ((mu > 1) * est(lora=model.lora).total + (cfg.beta != 0) * est(lora=ref_lora).total)
+    logps_flops = mu * ((mu > 1) * est(lora=model.lora).total
+                        + (cfg.beta != 0) * est(lora=ref_lora).total)
     chunk = update_steps.grpo.seq_chunk
     model_f, hw_f = fl.train_step(est(lora=model.lora), lora=model.lora is not None,
                                   remat=run.model.remat, head_remat=chunk < comp)
     r = logps_steps.grpo_batch_like(rows, prompt, comp, for_update=False)
     b = update_steps.grpo_batch_like(rows, prompt, comp)
     return [
-        _sampler_program("rollout", update_steps, mesh, run.mesh.rules, rows, prompt),
+        _sampler_program("rollout", update_steps, rows, prompt),
         _step_program("rollout_logps", logps_steps, (state, r), r, flops_model=logps_flops,
                       flops_hardware=logps_flops, loop_bound=1, weight_bytes=weights,
                       logits_bytes=logits),
@@ -191,8 +194,7 @@ def _sft_programs(run: spec_lib.RunSpec, model: LLaDA, mesh: Mesh) -> list[Progr
 def _eval_programs(run: spec_lib.RunSpec, model: LLaDA, mesh: Mesh) -> list[Program]:
     """One sampler per eval length; ``steps.generate`` is the function the eval run builds
     (``make_generate_fn`` of the model's fns for that sampler config)."""
-    e = run.eval
     return [_sampler_program(f"eval_sampler_{scfg.gen_length}",
-                             _steps(dataclasses.replace(run, sampler=scfg), model, mesh), mesh,
-                             run.mesh.rules, e.batch_size, run.max_prompt_length)
-            for scfg in e.samplers]
+                             _steps(dataclasses.replace(run, sampler=scfg), model, mesh),
+                             run.eval.batch_size, run.max_prompt_length)
+            for scfg in run.eval.samplers]
