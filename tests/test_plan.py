@@ -111,7 +111,7 @@ def _eval_config(batch: int = 8, vocab: int = 0):
     c = config_lib.eval_config("sudoku-tiny")
     # width 512: sharded four ways, kernels keep a 128-wide minor dimension (no tile padding)
     c.model.width, c.model.n_layers, c.model.vocab_size = 512, 1, vocab
-    c.eval.gen_lengths, c.eval.block_length = (16,), 8
+    c.eval.gen_lengths, c.sampler.block_length = (16,), 8
     c.eval.batch_size = batch
     c.max_prompt_length = 16
     return c
@@ -159,12 +159,27 @@ def test_cli_exits_nonzero_when_a_program_does_not_fit():
            "--topology=v5e:2x2", "--mesh=4,1,1", "--config.eval.batch_size=32768",
            "--config.model.vocab_size=65536",
            "--config.eval.gen_lengths=(16,)", "--config.max_prompt_length=16",
-           "--config.eval.block_length=8", "--config.model.n_layers=1"]
+           "--config.sampler.block_length=8", "--config.model.n_layers=1"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 1, out.stderr[-2000:]
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("eval_sampler_16 does not fit") and "--mesh=1,4,1" in last
     assert "| eval_sampler_16 | 4,1,1 |" in out.stdout
+
+
+@needs_tpu
+@pytest.mark.parametrize("stage, names", [
+    ("grpo", ["rollout", "rollout_logps", "grpo_update"]), ("sft", ["sft_update"])])
+def test_training_programs_compile_and_match_the_analytic_count(stage, names):
+    from d1jax.plan import compile as plan_lib
+    c = config_lib.grpo("gsm8k", "tiny") if stage == "grpo" else config_lib.sft("tiny")
+    # bfloat16 params with accumulated micro-batches: the default 8B run's update path
+    c.model.dtype, c.model.param_dtype, c.optim.grad_accum = "bfloat16", "bfloat16", 2
+    estimates = plan_lib.plan(c, "v5e:2x2", (1, 4, 1))
+    assert [e.program for e in estimates] == names
+    for e in estimates:
+        assert e.fits and e.flops_hardware > 0
+        assert e.flops_xla == pytest.approx(e.flops_hardware, rel=0.01), e.program
 
 
 def test_topology_names():

@@ -20,9 +20,6 @@ _TOPOLOGY = flags.DEFINE_string("topology", "v5p:2x2x1",
 _MESH = flags.DEFINE_string("mesh", "", "data,fsdp,tensor sizes (one may be -1); default: "
                                         "config.mesh.shape.")
 _JSON = flags.DEFINE_string("json", "", "Also write the figures to this JSON file.")
-_TRAINABLE_F32 = flags.DEFINE_bool(
-    "trainable_f32", False, "Plan with the trainable leaves (LoRA adapters) and their "
-    "optimizer state in float32 instead of model.param_dtype.")
 
 
 def _mesh_shape(text: str) -> tuple[int, ...] | None:
@@ -49,7 +46,7 @@ def main(argv):
         raise app.UsageError("--config is required, e.g. --config=configs/grpo_gsm8k.py")
     try:
         estimates = plan_lib.plan(config, _TOPOLOGY.value, _mesh_shape(_MESH.value),
-                                  _TRAINABLE_F32.value, on_estimate=_progress)
+                                  on_estimate=_progress)
     except (ValueError, ImportError) as e:
         sys.exit(f"error: {e}")
     print(report.table(estimates))

@@ -16,7 +16,6 @@ import time
 
 import jax
 
-from d1jax import sharding as shd
 from d1jax.plan import chips, hlo
 from d1jax.plan.programs import PlanSpec, Program, build_programs
 
@@ -117,20 +116,18 @@ def estimate(program: Program, spec: PlanSpec, mesh, chip: chips.Chip, topology:
              ) -> Estimate:
     """Lowers and compiles ``program`` on ``mesh``; its per-chip figures."""
     t0 = time.perf_counter()
-    with shd.activate(mesh, spec.rules):
-        try:
-            lowered = jax.jit(program.fn, out_shardings=program.out_shardings,
-                              donate_argnums=program.donate_argnums).lower(*program.args)
-        except (TypeError, ValueError) as e:  # the run itself would fail the same way
-            first = str(e).strip().splitlines()[0]
-            raise ValueError(f"{program.name} does not trace on {topology}: {first}") from e
-        mem, cost = _compile(lowered)
+    try:
+        lowered = program.lower()
+    except (TypeError, ValueError) as e:  # the run itself would fail the same way
+        first = str(e).strip().splitlines()[0]
+        raise ValueError(f"{program.name} does not trace on {topology}: {first}") from e
+    mem, cost = _compile(lowered)
     compile_s = time.perf_counter() - t0
     walk = hlo.LoopFlops(lowered.as_text(dialect="hlo"), default_trips=program.loop_bound)
     n, by_rules = math.prod(mesh.shape.values()), _per_chip_bytes(program.args)
     return Estimate(
         program=program.name, topology=topology, chip=chip.name, mesh=dict(mesh.shape),
-        remat=bool(spec.config.model.remat), compile_s=compile_s,
+        remat=bool(spec.run.model.remat), compile_s=compile_s,
         argument_bytes=mem.argument_size_in_bytes or by_rules,
         output_bytes=mem.output_size_in_bytes,
         alias_bytes=mem.alias_size_in_bytes, temp_bytes=mem.temp_size_in_bytes,
@@ -169,14 +166,16 @@ def _compile(lowered) -> tuple:
 
 
 def plan(config, topology: str, mesh_shape: tuple[int, ...] | None = None,
-         trainable_f32: bool = False, on_estimate=None) -> list[Estimate]:
+         on_estimate=None) -> list[Estimate]:
     """Estimates for every program of ``config`` on ``topology`` ("v5p:2x2x1", "v5e-8", ...);
-    ``mesh_shape`` (data, fsdp, tensor) overrides config.mesh.shape; ``trainable_f32``
-    stores the trainable leaves and their optimizer state in float32. ``on_estimate`` is
+    ``mesh_shape`` (data, fsdp, tensor) overrides config.mesh.shape. ``on_estimate`` is
     called with each estimate as soon as it is ready (8B programs take minutes)."""
     chip, devices = chips.topology_devices(topology)
-    spec = PlanSpec.from_config(config, trainable_f32)
-    mesh = shd.make_mesh(tuple(mesh_shape or config.mesh.shape), devices=devices)
+    spec = PlanSpec.from_config(config)
+    mesh_spec = spec.run.mesh
+    if mesh_shape is not None:
+        mesh_spec = dataclasses.replace(mesh_spec, shape=tuple(mesh_shape))
+    mesh = mesh_spec.build(devices)
     out = []
     for program in build_programs(spec, mesh):
         out.append(estimate(program, spec, mesh, chip, topology))

@@ -22,6 +22,7 @@ import dataclasses
 
 import numpy as np
 
+from d1jax import sampling as smp
 from d1jax.model import LLaDAConfig, LoraConfig
 
 
@@ -98,17 +99,15 @@ def sampler(cfg: LLaDAConfig, scfg, batch: int, prompt: int,
     recompute the block ("dual"), the block and what follows ("prefix") or the masked
     positions ("masked"), attending to all keys, with the head on the still-masked ones.
     """
-    from d1jax.sampling import core  # the sampler's own static widths
-
     rows = batch * (2 if scfg.cfg_scale > 0 else 1)
     total = prompt + scfg.gen_length
     blk = scfg.block_length
-    budget = core.num_transfer_tokens(blk, scfg.steps_per_block)[:scfg.loop_steps]
+    budget = scfg.min_transfer()
     if scfg.kv_cache == "none":
         return forward(cfg, rows, total, total, blk, lora).scale(
             scfg.num_blocks * scfg.loop_steps)
-    head_which, head_w = core.head_sizes(scfg)
-    rec_which, rec_w = core.recompute_sizes(scfg)
+    head_which, head_w = smp.head_sizes(scfg)
+    rec_which, rec_w = smp.recompute_sizes(scfg)
     out = Forward()
     for block in range(scfg.num_blocks):
         decoded = np.concatenate([[0], np.cumsum(budget)])
