@@ -205,6 +205,7 @@ class JittedSteps:
         """A GRPOBatch of ShapeDtypeStructs, shaped as this run's update receives it."""
         cfg = self._need("grpo")
         mu, i32 = cfg.num_iterations, jnp.int32
+        ratio = upd.OBJECTIVES[cfg.objective].logps is not None  # old/ref passes exist
         b = GRPOBatch(
             prompt_ids=jax.ShapeDtypeStruct((rows, prompt_len), i32),
             prompt_mask=jax.ShapeDtypeStruct((rows, prompt_len), i32),
@@ -213,7 +214,7 @@ class JittedSteps:
             advantages=jax.ShapeDtypeStruct((rows,), jnp.float32),
             mask_seeds=jax.ShapeDtypeStruct((mu,), i32),
             old_logps=(jax.ShapeDtypeStruct((mu, rows, completion_len), jnp.float32)
-                       if mu > 1 else None),
+                       if mu > 1 and ratio else None),
             ref_logps=(jax.ShapeDtypeStruct((mu, rows, completion_len), jnp.float32)
                        if cfg.beta != 0.0 else None),
             iteration=jax.ShapeDtypeStruct((), i32))
