@@ -196,6 +196,6 @@ def test_config_is_translated_once_into_typed_configs():
     assert not spec_lib.from_config(c).keep_reference  # the base model is the reference
     c.lora.enabled = False
     assert spec_lib.from_config(c).keep_reference  # full fine-tuning needs a copy
-    c.grpo.objective = "spg"
-    with pytest.raises(config_lib.ConfigError, match="objective='spg'"):
+    c.grpo.objective = "ppo"
+    with pytest.raises(config_lib.ConfigError, match="objective='ppo'"):
         spec_lib.from_config(c)
