@@ -125,7 +125,8 @@ def iteration_rows(cfg: GRPOConfig, state: TrainState, batch: GRPOBatch
     The iteration is ``batch.iteration``, or d1's ``step % num_iterations`` when absent.
     """
     it = batch.iteration if batch.iteration is not None else state.step % cfg.num_iterations
-    if cfg.num_iterations > 1 and batch.old_logps is None and OBJECTIVES[cfg.objective].logps:
+    has_old = OBJECTIVES[cfg.objective].logps is not None  # ratio-free objectives: none
+    if cfg.num_iterations > 1 and batch.old_logps is None and has_old:
         raise ValueError("mu > 1 needs old_logps [mu, B, C] from rollout_logps in the batch")
     if cfg.beta != 0.0 and batch.ref_logps is None:
         raise ValueError("beta != 0 needs ref_logps [mu, B, C] from rollout_logps in the batch")
@@ -174,10 +175,12 @@ def grpo_update_step(model: LLaDA, optimizer: optax.GradientTransformation, cfg:
                      ) -> tuple[TrainState, dict]:
     """One optimizer step of the configured objective on one inner iteration of a rollout.
 
-    The objective's draws for this iteration are made on the whole batch; the loss is averaged over ``cfg.grad_accum`` micro-batches; then clipping and AdamW,
-    skipped on a non-finite gradient. ``rng`` only drives LoRA dropout. Returns (new state,
-    metrics: loss, kl, clip_ratio, ratio_mean/min/max, grad_norm, grad_norm_clipped, lr,
-    update_skipped, skipped_updates; the losses' own metrics for wd1 and SPG).
+    The objective's draws for this iteration are made on the whole batch; the loss is
+    averaged over ``cfg.grad_accum`` micro-batches; then clipping and AdamW, skipped on a
+    non-finite gradient. ``rng`` only drives LoRA dropout. Returns (new state, metrics: loss,
+    grad_norm, grad_norm_clipped, lr, update_skipped, skipped_updates, and the objective's
+    own: kl, clip_ratio, ratio_mean/min/max for diffu-GRPO and coupled-GRPO, see
+    ``d1jax.objectives`` for wd1 and SPG).
     """
     seed_1, rows = iteration_rows(cfg, state, batch)
     objective = OBJECTIVES[cfg.objective]
