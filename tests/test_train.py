@@ -85,6 +85,8 @@ def test_killed_and_resumed_grpo_matches_uninterrupted(grpo_run, tmp_path):
     ("--config.sampler.recompute=masked", "sampler.recompute='masked' needs kv_cache='dual'"),
     ("--config.grpo.prompts_per_step=3", "not divisible by the data-parallel size"),
     ("--config.model.random_init=", "config.model.path is not set"),
+    ("--config.grpo.objective=ppo", "objective='ppo': choose one of"),
+    ("--config.grpo.objective=wd1", "beta=0.04: wd1 has no reference term; set beta=0"),
 ])
 def test_bad_config_fails_with_one_clear_line(tmp_path, override, message):
     r = main("--config=configs/grpo_sudoku.py:tiny", f"--workdir={tmp_path}", override,
@@ -196,6 +198,6 @@ def test_config_is_translated_once_into_typed_configs():
     assert not spec_lib.from_config(c).keep_reference  # the base model is the reference
     c.lora.enabled = False
     assert spec_lib.from_config(c).keep_reference  # full fine-tuning needs a copy
-    c.grpo.objective = "spg"
-    with pytest.raises(config_lib.ConfigError, match="objective='spg'"):
+    c.grpo.objective = "ppo"
+    with pytest.raises(config_lib.ConfigError, match="objective='ppo'"):
         spec_lib.from_config(c)

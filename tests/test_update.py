@@ -8,7 +8,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import d1jax
-from d1jax.objectives import logprob
+from d1jax.objectives import coupled_grpo, logprob, masking, wd1
 from d1jax.model import lora as lora_lib
 from d1jax.train import optim, update
 from d1jax.train import state as state_lib
@@ -261,11 +261,6 @@ def test_update_compiled_from_abstract_inputs_is_the_one_training_calls(tiny_con
     assert not np.isclose(float(want["kl"]), 0.0) or float(want["grad_norm"]) > 0
 
 
-def test_unknown_objective_is_refused():
-    with pytest.raises(ValueError, match="objective='spg'"):
-        update.GRPOConfig(objective="spg")
-
-
 def test_bfloat16_model_with_gradient_accumulation(tiny_config):
     """A bfloat16 model (the 8B setting) with two micro-batches: the update traces, the
     adapters and their Adam moments stay float32, and the adapters move like those of the
@@ -301,3 +296,53 @@ def test_bfloat16_model_with_gradient_accumulation(tiny_config):
             assert np.mean(b != 0) > 0.99
             agree.append(np.mean(np.sign(a) == np.sign(b)))
     assert len(agree) == 7 and np.mean(agree) > 0.8, agree
+
+
+def test_unknown_objective_and_mismatched_hparams_are_refused():
+    with pytest.raises(ValueError, match="objective='ppo'"):
+        update.GRPOConfig(objective="ppo")
+    with pytest.raises(ValueError, match="takes hparams of type WD1Config, got NoneType"):
+        update.GRPOConfig(objective="wd1", beta=0.0)
+    with pytest.raises(ValueError, match="differ from the GRPO config's beta=0.04"):
+        update.GRPOConfig(objective="coupled_grpo", hparams=coupled_grpo.CoupledGRPOConfig())
+
+
+def test_wd1_update_weights_whole_groups_under_strided_micro_batches(full_ft):
+    """Strided micro-batches hold no whole group of G = 4: the loss still equals wd1's on the
+    whole batch (independent call: prompt noise from the mask seed, softmax per group)."""
+    model, params, opt = full_ft
+    batch = rollout_batch(mu=1)
+    seed = batch.mask_seeds
+    logps_bc = logprob.per_token_logps(
+        model, params, jnp.asarray(batch.prompt_ids), jnp.asarray(batch.completion_ids), seed,
+        p_mask_prompt=0.15, attention_mask_bl=jnp.concatenate(
+            [batch.prompt_mask, np.ones_like(batch.completion_ids)], axis=1))[0]
+    want, _ = wd1.wd1_objective(logps_bc, batch.completion_mask, batch.advantages, group_size=4)
+    for accum in (1, 2):
+        cfg = update.GRPOConfig(num_iterations=1, beta=0.0, grad_accum=accum, objective="wd1",
+                                hparams=wd1.WD1Config(group_size=4))
+        state = state_lib.init_train_state(params, opt, lora=False)
+        _, m = update.grpo_update_step(model, opt, cfg, state, batch, jax.random.key(0))
+        np.testing.assert_allclose(float(m["loss"]), float(want), rtol=1e-5, err_msg=accum)
+        assert update.rollout_logps(model, cfg, state, batch) == {}  # no old/ref pass
+
+
+def test_coupled_old_and_reference_passes_score_the_update_masks(full_ft):
+    """Coupled-GRPO's rollout pass equals ``coupled_logps`` on the seed's mask draw, and the
+    first update (policy = old policy) sees ratio exactly 1 under grad accumulation."""
+    model, params, opt = full_ft
+    cfg = update.GRPOConfig(num_iterations=2, beta=0.04, grad_accum=2, objective="coupled_grpo",
+                            hparams=coupled_grpo.CoupledGRPOConfig(beta=0.04))
+    state = state_lib.init_train_state(params, opt, lora=False, keep_reference=True)
+    batch = rollout_batch(mu=2)
+    out = update.rollout_logps(model, cfg, state, batch)
+    for it in range(2):
+        is_mask_bc, t_b = masking.coupled_masks(logprob.mask_key(batch.mask_seeds[it]), 8, 5)
+        want = coupled_grpo.coupled_logps(model, params, batch.prompt_ids, batch.prompt_mask,
+                                          batch.completion_ids, is_mask_bc, t_b, cfg.hparams)
+        np.testing.assert_allclose(out["old_logps"][it], want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(out["ref_logps"][it], want, rtol=1e-5, atol=1e-5)
+        rows = batch.replace(iteration=np.int32(it), **out)
+        _, m = update.grpo_update_step(model, opt, cfg, state, rows, jax.random.key(0))
+        assert abs(float(m["ratio_min"]) - 1) < 1e-5 and abs(float(m["ratio_max"]) - 1) < 1e-5
+        np.testing.assert_allclose(float(m["mask_ratio"]), float(t_b[0]), rtol=1e-6)

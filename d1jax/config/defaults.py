@@ -143,8 +143,13 @@ def check_batch(global_batch: int, group: int, data_parallel: int, what: str) ->
 _MU = {"gsm8k": 12, "math500": 12, "sudoku": 8, "countdown": 8}
 
 
-def grpo(task: str, arg: str | None) -> mlc.ConfigDict:
-    """diffu-GRPO on ``task``; ``arg`` "tiny" shrinks it for CPU."""
+# Objectives without a reference term (config.grpo.beta must be 0 for them).
+_RATIO_FREE = ("wd1", "spg")
+
+
+def grpo(task: str, arg: str | None, objective: str = "diffu_grpo") -> mlc.ConfigDict:
+    """GRPO-style RL on ``task`` with ``objective`` (diffu_grpo, wd1, spg, coupled_grpo),
+    every other knob d1's; ``arg`` "tiny" shrinks it for CPU."""
     tiny = _variant(arg)
     c = base("grpo", task, tiny, steps=5000)
     c.sampler = sampler_fields(tiny)
@@ -152,12 +157,23 @@ def grpo(task: str, arg: str | None) -> mlc.ConfigDict:
     g.num_generations = 4 if tiny else 6  # G: completions per prompt.
     g.prompts_per_step = 2 if tiny else 16  # Prompts per optimizer step, all hosts (8 GPUs x 6 x 2 accum / G in d1).
     g.num_iterations = 2 if tiny else _MU.get(task, 12)  # mu: inner updates per rollout, each with a fresh mask seed.
-    g.beta = 0.04  # beta: weight of the k3 KL to the reference policy.
+    g.beta = 0.0 if objective in _RATIO_FREE else 0.04  # beta: weight of the k3 KL to the reference policy (wd1, spg: 0, they have none).
     g.epsilon = 0.5  # epsilon: PPO ratio clipping.
     g.p_mask_prompt = 0.15  # Probability of masking each prompt token in the log-prob estimator.
     g.random_masking = True  # Fresh random mask seed per inner iteration (False: seed 42 for all, as d1).
     g.advantage = "group_mean"  # group_mean (d1), grpo (std-normalised) or dr_grpo.
-    g.objective = "diffu_grpo"  # Policy loss (d1jax.train.update.OBJECTIVES).
+    g.objective = objective  # Policy loss: diffu_grpo, wd1, spg or coupled_grpo (d1jax.train.update.OBJECTIVES); knobs of each below.
+    g.wd1 = mlc.ConfigDict()  # wd1 (arXiv 2507.08838); its group is G = num_generations.
+    g.wd1.negative = True  # Keep the negative-advantage term - sum w- log pi (False: the authors' positive-only variant).
+    g.spg = mlc.ConfigDict()  # SPG (arXiv 2510.09541); block masks use sampler.block_length.
+    g.spg.num_t = 2  # J: block-masked noisy copies per sequence (Monte Carlo samples of the bounds).
+    g.spg.min_t = 0.0  # Masked share of the chosen block lies in [min_t, max_t].
+    g.spg.max_t = 1.0  # Upper end of that share.
+    g.spg.eubo_beta = 1.5  # beta: power of the upper bound (EUBO).
+    g.spg.mix_weight = 0.5  # omega: EUBO share of the negative-advantage estimate (1: pure EUBO).
+    g.coupled_grpo = mlc.ConfigDict()  # coupled-GRPO (DiffuCoder, arXiv 2506.20639); beta and epsilon above.
+    g.coupled_grpo.t_min = 0.2  # t ~ U(t_min, t_max): mask ratio of the set M of the complementary pair.
+    g.coupled_grpo.t_max = 0.8  # Upper end of t.
     g.sync_ref_model = True  # Mix the reference toward the policy every ref_model_sync_steps.
     g.ref_model_sync_steps = 4 if tiny else 64  # Optimizer steps between reference syncs.
     g.ref_model_mixup_alpha = 0.6  # ref <- alpha * policy + (1 - alpha) * ref.

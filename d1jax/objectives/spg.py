@@ -139,10 +139,21 @@ def spg_loss(model: LLaDA, params: Any, prompt_ids_bp: Array, prompt_mask_bp: Ar
     Returns:
       (loss, metrics) of ``spg_objective``.
     """
-    b, c = completion_ids_bc.shape
-    j = cfg.num_t
     ids_bjl, is_mask_bjc = spg_inputs(rng, prompt_ids_bp, completion_ids_bc, completion_mask_bc,
                                       model.config.mask_token_id, cfg)
+    return spg_copies_loss(model, params, ids_bjl, is_mask_bjc, prompt_mask_bp,
+                           completion_ids_bc, completion_mask_bc, advantages_b, cfg,
+                           dropout_rng=dropout_rng)
+
+
+def spg_copies_loss(model: LLaDA, params: Any, ids_bjl: Array, is_mask_bjc: Array,
+                    prompt_mask_bp: Array, completion_ids_bc: Array, completion_mask_bc: Array,
+                    advantages_b: Array, cfg: SPGConfig, *, dropout_rng: Array | None = None
+                    ) -> tuple[Array, dict[str, Array]]:
+    """``spg_loss`` on a given draw (``spg_inputs``: noisy ids [B, J, L], masked completion
+    positions [B, J, C]), e.g. one drawn on a whole batch and sliced into micro-batches."""
+    b, c = completion_ids_bc.shape
+    j = cfg.num_t
     attn_bl = masking.attention_mask(prompt_mask_bp, c, cfg.use_attention_mask)
     attn_nl = None if attn_bl is None else jnp.repeat(attn_bl, j, axis=0)
     lp_nc = masking.masked_logps(model, params, ids_bjl.reshape(b * j, -1),

@@ -69,8 +69,20 @@ def wd1_objective(logps_bc: Array, completion_mask_bc: Array, advantages_b: Arra
         raise ValueError(f"logps {logps_bc.shape}, completion_mask {completion_mask_bc.shape} "
                          f"and advantages {advantages_b.shape} must be [B, C], [B, C], [B]")
     w_pos_b, w_neg_b = wd1_weights(advantages_b, group_size)
+    return wd1_weighted_loss(logps_bc, completion_mask_bc, w_pos_b, w_neg_b,
+                             logps_bc.shape[0] / group_size, negative=negative)
+
+
+def wd1_weighted_loss(logps_bc: Array, completion_mask_bc: Array, w_pos_b: Array,
+                      w_neg_b: Array, n_groups: float, *, negative: bool = True
+                      ) -> tuple[Array, dict[str, Array]]:
+    """``wd1_objective`` with the weights given: (- sum w+ l + sum w- l) / n_groups.
+
+    For rows that are not whole groups (a strided micro-batch): weights taken from the
+    whole batch (``wd1_weights``) and ``n_groups`` = rows / G, so the mean over micro-batches
+    equals the whole batch's loss.
+    """
     seq_b = jnp.sum(logps_bc * completion_mask_bc.astype(jnp.float32), axis=-1)
-    n_groups = seq_b.shape[0] // group_size
     pos = -jnp.sum(w_pos_b * seq_b) / n_groups
     neg = jnp.sum(w_neg_b * seq_b) / n_groups
     loss = pos + neg if negative else pos

@@ -69,7 +69,9 @@ class GRPOBatch(_Typed):
     completion_ids [B, C] int32; completion_mask [B, C] (1 up to and including the first
     EOS); advantages [B] float32; mask_seeds [mu] int32; old_logps / ref_logps [mu, B, C]
     from ``rollout_logps`` (old only when mu > 1, ref only when beta != 0); iteration []
-    int32: which of the mu seeds an update uses (None: ``state.step % mu``, as d1).
+    int32: which of the mu seeds an update uses (None: ``state.step % mu``, as d1);
+    per_row {name: [B, ...]}: draws and weights an objective makes on the whole batch inside
+    the update, before the micro-batch split (``objective_steps.Objective.prepare``).
     """
 
     prompt_ids: Array = _field(ROWS)
@@ -81,6 +83,7 @@ class GRPOBatch(_Typed):
     old_logps: Array | None = _field(SEED_ROWS, optional=True)
     ref_logps: Array | None = _field(SEED_ROWS, optional=True)
     iteration: Array | None = _field((), optional=True)
+    per_row: dict[str, Array] | None = _field((shd.BATCH,), optional=True)
 
 
 @flax.struct.dataclass

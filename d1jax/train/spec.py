@@ -19,6 +19,7 @@ from d1jax import sampling as smp
 from d1jax import sharding
 from d1jax.config import ConfigError
 from d1jax.model import LoraConfig
+from d1jax.objectives import coupled_grpo, spg, wd1
 from d1jax.tasks import Task, get_task
 from d1jax.train import optim
 from d1jax.train.update import GRPOConfig, SFTConfig
@@ -213,6 +214,30 @@ def _optim(o) -> OptimSpec:
     return OptimSpec(adamw, o.warmup_ratio, o.grad_accum)
 
 
+def _hparams(c) -> Any:
+    """The objective's own config from config.grpo.<objective>; shared knobs (G, prompt
+    noise, attention mask, block length, beta, epsilon) from the fields the loop uses."""
+    g, s = c.grpo, c.sampler
+    if g.objective == "wd1":
+        return wd1.WD1Config(group_size=g.num_generations, negative=g.wd1.negative,
+                             p_mask_prompt=g.p_mask_prompt,
+                             use_attention_mask=s.use_attention_mask)
+    if g.objective == "spg":
+        blocks = s.gen_length // s.block_length
+        if not 1 <= g.spg.num_t <= blocks:
+            raise ValueError(f"spg.num_t={g.spg.num_t} must be in [1, {blocks}] (the blocks of "
+                             "sampler.gen_length / sampler.block_length)")
+        return spg.SPGConfig(block_length=s.block_length, num_t=g.spg.num_t, min_t=g.spg.min_t,
+                             max_t=g.spg.max_t, p_mask_prompt=g.p_mask_prompt,
+                             eubo_beta=g.spg.eubo_beta, mix_weight=g.spg.mix_weight,
+                             use_attention_mask=s.use_attention_mask)
+    if g.objective == "coupled_grpo":
+        return coupled_grpo.CoupledGRPOConfig(
+            epsilon=g.epsilon, beta=g.beta, t_min=g.coupled_grpo.t_min,
+            t_max=g.coupled_grpo.t_max, use_attention_mask=s.use_attention_mask)
+    return None
+
+
 def _grpo(c, lora: bool) -> tuple[GRPOConfig, GRPORun]:
     g = c.grpo
     try:
@@ -220,7 +245,7 @@ def _grpo(c, lora: bool) -> tuple[GRPOConfig, GRPORun]:
                          p_mask_prompt=g.p_mask_prompt, cfg_scale=c.sampler.cfg_scale,
                          use_attention_mask=c.sampler.use_attention_mask,
                          grad_accum=c.optim.grad_accum, objective=g.objective,
-                         lora_dropout=lora and c.lora.dropout > 0)
+                         hparams=_hparams(c), lora_dropout=lora and c.lora.dropout > 0)
     except ValueError as e:
         raise ConfigError(f"grpo: {e}") from None
     run = GRPORun(g.num_generations, g.prompts_per_step, g.random_masking, g.advantage,

@@ -213,7 +213,9 @@ class JittedSteps:
         old/ref pass receives it (without them)."""
         cfg = self._need("grpo")
         mu, i32 = cfg.num_iterations, jnp.int32
-        with_old, with_ref = for_update and mu > 1, for_update and cfg.beta != 0.0
+        ratio = upd.OBJECTIVES[cfg.objective].logps is not None  # old/ref passes exist
+        with_old = for_update and ratio and mu > 1
+        with_ref = for_update and ratio and cfg.beta != 0.0
         b = GRPOBatch(
             prompt_ids=jax.ShapeDtypeStruct((rows, prompt_len), i32),
             prompt_mask=jax.ShapeDtypeStruct((rows, prompt_len), i32),

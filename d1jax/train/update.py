@@ -6,14 +6,15 @@ A rollout (prompts, G completions each, advantages) is used for mu optimizer ste
 ``grpo_update_step`` mu times; every ``ref_model_sync_steps`` steps it may call
 ``sync_reference``. ``d1jax.train.steps`` jits them for a mesh.
 
-The GRPO loss is chosen by name (``GRPOConfig.objective``, see ``OBJECTIVES``); every
-objective shares the rollout, advantages, optimizer, LoRA and sharding around it.
+The GRPO loss is chosen by name (``GRPOConfig.objective``, see ``OBJECTIVES``: d1's
+diffu-GRPO, wd1, SPG, coupled-GRPO); every objective shares the rollout, advantages,
+optimizer, LoRA and sharding around it, and its own knobs ride in ``GRPOConfig.hparams``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,7 @@ from d1jax.model import LLaDA
 from d1jax.model import lora as lora_lib
 from d1jax.objectives import logprob, losses
 from d1jax.train import optim
+from d1jax.train.objective_steps import SUCCESSORS, Objective, check_hparams, mask_prompt_rows
 from d1jax.train.batch import GRPOBatch, SFTBatch
 from d1jax.train.state import Params, TrainState
 
@@ -44,6 +46,10 @@ class GRPOConfig:
     seq_chunk: int | None = None  # Completion positions per head chunk (None: automatic).
     max_tokens: int | None = None  # None: d1's token mean; int: Dr. GRPO constant normaliser.
     objective: str = "diffu_grpo"  # The policy loss, a key of OBJECTIVES.
+    # The objective's own knobs: wd1.WD1Config, spg.SPGConfig or
+    # coupled_grpo.CoupledGRPOConfig (its beta and epsilon equal to the fields above); None
+    # for diffu_grpo.
+    hparams: Any = None
 
     def __post_init__(self):
         if self.num_iterations < 1 or self.grad_accum < 1 or not 0 <= self.p_mask_prompt <= 1:
@@ -51,6 +57,8 @@ class GRPOConfig:
                              "0 <= p_mask_prompt <= 1 are required")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective={self.objective!r}: choose one of {sorted(OBJECTIVES)}")
+        check_hparams(self.objective, OBJECTIVES[self.objective], self.hparams, self.beta,
+                      self.epsilon)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,20 +97,24 @@ def rollout_logps(model: LLaDA, cfg: GRPOConfig, state: TrainState, batch: GRPOB
 
     Returns {"old_logps": [mu, B, C]} when mu > 1 (d1 uses the detached current log-probs
     when mu == 1) and {"ref_logps": [mu, B, C]} when beta != 0 (no reference pass at all
-    when beta == 0): the fields to ``batch.replace(**...)``. No gradient flows.
+    when beta == 0): the fields to ``batch.replace(**...)``. No gradient flows. Ratio-free
+    objectives (wd1, SPG) get {}: they have neither pass.
     """
     seeds = batch.mask_seeds
     if seeds.shape != (cfg.num_iterations,):
         raise ValueError(f"mask_seeds {seeds.shape} must be [num_iterations={cfg.num_iterations}]")
+    estimator = OBJECTIVES[cfg.objective].logps
     out: dict[str, Array] = {}
+    if estimator is None:
+        return out
     if cfg.num_iterations > 1:
-        out["old_logps"] = estimate_logps(model, cfg, state.policy_params(), batch, seeds)
+        out["old_logps"] = estimator(model, cfg, state.policy_params(), batch, seeds, True)
     if cfg.beta != 0.0:
         ref = state.reference_params()
         if ref is None:
             raise ValueError("beta != 0 with full fine-tuning needs a reference copy: "
                              "init_train_state(..., keep_reference=True)")
-        out["ref_logps"] = estimate_logps(model, cfg, ref[0], batch, seeds, use_lora=ref[1])
+        out["ref_logps"] = estimator(model, cfg, ref[0], batch, seeds, ref[1])
     return jax.lax.stop_gradient(out)
 
 
@@ -113,7 +125,8 @@ def iteration_rows(cfg: GRPOConfig, state: TrainState, batch: GRPOBatch
     The iteration is ``batch.iteration``, or d1's ``step % num_iterations`` when absent.
     """
     it = batch.iteration if batch.iteration is not None else state.step % cfg.num_iterations
-    if cfg.num_iterations > 1 and batch.old_logps is None:
+    has_old = OBJECTIVES[cfg.objective].logps is not None  # ratio-free objectives: none
+    if cfg.num_iterations > 1 and batch.old_logps is None and has_old:
         raise ValueError("mu > 1 needs old_logps [mu, B, C] from rollout_logps in the batch")
     if cfg.beta != 0.0 and batch.ref_logps is None:
         raise ValueError("beta != 0 needs ref_logps [mu, B, C] from rollout_logps in the batch")
@@ -137,11 +150,15 @@ def diffu_grpo_loss(model: LLaDA, cfg: GRPOConfig, params: Params, rows: GRPOBat
                             max_tokens=cfg.max_tokens)
 
 
-# objective(model, cfg, full params, rows of one micro-batch, mask seed [1], dropout rng)
-#   -> (loss, metrics). Rows carry old/ref log-probs [B, C] when the config computes them.
-Objective = Callable[[LLaDA, GRPOConfig, Params, GRPOBatch, Array, Array | None],
-                     tuple[Array, dict]]
-OBJECTIVES: dict[str, Objective] = {"diffu_grpo": diffu_grpo_loss}
+def _diffu_grpo_logps(model: LLaDA, cfg: GRPOConfig, params: Params, batch: GRPOBatch,
+                      seeds_s: Array, use_lora: bool) -> Array:
+    return estimate_logps(model, cfg, params, batch, seeds_s, use_lora=use_lora)
+
+
+# Rows of a loss carry old/ref log-probs [B, C] when the config computes them.
+OBJECTIVES: dict[str, Objective] = {
+    "diffu_grpo": Objective(diffu_grpo_loss, mask_prompt_rows, _diffu_grpo_logps, None),
+    **SUCCESSORS}
 
 
 def _finish(optimizer, state: TrainState, loss, grads, metrics):
@@ -158,23 +175,23 @@ def grpo_update_step(model: LLaDA, optimizer: optax.GradientTransformation, cfg:
                      ) -> tuple[TrainState, dict]:
     """One optimizer step of the configured objective on one inner iteration of a rollout.
 
-    The loss is averaged over ``cfg.grad_accum`` micro-batches; then clipping and AdamW,
-    skipped on a non-finite gradient. ``rng`` only drives LoRA dropout. Returns (new state,
-    metrics: loss, kl, clip_ratio, ratio_mean/min/max, grad_norm, grad_norm_clipped, lr,
-    update_skipped, skipped_updates).
+    The objective's draws for this iteration are made on the whole batch; the loss is
+    averaged over ``cfg.grad_accum`` micro-batches; then clipping and AdamW, skipped on a
+    non-finite gradient. ``rng`` only drives LoRA dropout. Returns (new state, metrics: loss,
+    grad_norm, grad_norm_clipped, lr, update_skipped, skipped_updates, and the objective's
+    own: kl, clip_ratio, ratio_mean/min/max for diffu-GRPO and coupled-GRPO, see
+    ``d1jax.objectives`` for wd1 and SPG).
     """
     seed_1, rows = iteration_rows(cfg, state, batch)
-    # The prompt mask is drawn for the whole batch, as in rollout_logps, so a row's mask does
-    # not depend on how the batch is split into micro-batches.
-    rows = rows.replace(prompt_ids=logprob.mask_prompt(
-        logprob.mask_key(seed_1[0]), rows.prompt_ids, cfg.p_mask_prompt,
-        model.config.mask_token_id))
     objective = OBJECTIVES[cfg.objective]
+    # Masks are drawn for the whole batch, as in rollout_logps, so a row's mask does not
+    # depend on how the batch is split into micro-batches.
+    rows = objective.prepare(model, cfg, rows, logprob.mask_key(seed_1[0]))
 
     def loss_fn(trainable, mb, i):
         params = lora_lib.join(state.frozen, trainable) if state.lora else trainable
         drop = jax.random.fold_in(rng, i) if cfg.lora_dropout else None
-        return objective(model, cfg, params, mb, seed_1, drop)
+        return objective.loss(model, cfg, params, mb, seed_1, drop)
 
     loss, grads, metrics = optim.accumulate_gradients(loss_fn, state.params, rows,
                                                       cfg.grad_accum)

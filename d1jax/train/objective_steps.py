@@ -1,0 +1,141 @@
+"""The GRPO loop's objectives: each pure loss of ``d1jax.objectives`` wired to the update.
+
+An ``Objective`` says what the loop does around a loss: ``prepare`` makes the update's random
+draws (prompt masks, coupled masks, SPG's noisy copies) and per-group weights on the whole
+batch, from the inner iteration's mask key, before ``optim.accumulate_gradients`` splits the
+rows into strided micro-batches; so a row's draw and weight do not depend on ``grad_accum``.
+``logps`` is the estimator of the rollout's old and reference passes (None: ratio-free, no
+such pass). ``update.OBJECTIVES`` holds them by name, ``diffu_grpo`` included.
+
+``cfg`` is the run's ``update.GRPOConfig``; ``cfg.hparams`` the objective's own config.
+Shape letters: S mask seeds, B rows, J noisy copies, P prompt, C completion, L = P + C.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+
+from d1jax.model import LLaDA
+from d1jax.objectives import coupled_grpo, logprob, masking, spg, wd1
+from d1jax.train.batch import GRPOBatch
+
+Array = jax.Array
+Params = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """One policy loss of the GRPO loop and what it needs around it."""
+
+    # (model, cfg, params, rows of one micro-batch, mask seed [1], dropout rng) -> (loss, metrics)
+    loss: Callable[..., tuple[Array, dict]]
+    # (model, cfg, rows of the whole batch, mask key) -> rows with the update's draws.
+    prepare: Callable[[LLaDA, Any, GRPOBatch, Array], GRPOBatch]
+    # (model, cfg, params, batch, mask seeds [S], use_lora) -> [S, B, C] old/ref log-probs;
+    # None: the loss has no ratio and no reference term (beta must be 0).
+    logps: Callable[..., Array] | None
+    hparams: type | None  # class of ``cfg.hparams`` (None: the objective has no own knobs)
+
+
+def mask_prompt_rows(model: LLaDA, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
+    """d1's prompt noise (each token masked with probability ``cfg.p_mask_prompt``)."""
+    return rows.replace(prompt_ids=logprob.mask_prompt(
+        key, rows.prompt_ids, cfg.p_mask_prompt, model.config.mask_token_id))
+
+
+# ---------------------------------------------------------------------------- wd1
+def _wd1_prepare(model: LLaDA, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
+    """Prompt noise, and w+/w- [B] from the softmax over each group of G contiguous rows:
+    a strided micro-batch holds no whole group."""
+    w_pos_b, w_neg_b = wd1.wd1_weights(rows.advantages, cfg.hparams.group_size)
+    return mask_prompt_rows(model, cfg, rows, key).replace(
+        per_row={"w_pos": w_pos_b, "w_neg": w_neg_b})
+
+
+def _wd1_loss(model: LLaDA, cfg, params: Params, rows: GRPOBatch, seed_1: Array,
+              dropout_rng: Array | None) -> tuple[Array, dict]:
+    """``wd1.wd1_loss`` on prepared rows (prompt already noised, weights of whole groups)."""
+    h: wd1.WD1Config = cfg.hparams
+    attn_bl = masking.attention_mask(rows.prompt_mask, rows.completion_ids.shape[1],
+                                     h.use_attention_mask)
+    logps_bc = logprob.per_token_logps(
+        model, params, rows.prompt_ids, rows.completion_ids, seed_1, p_mask_prompt=0.0,
+        attention_mask_bl=attn_bl, seq_chunk=h.seq_chunk, dropout_rng=dropout_rng)[0]
+    n_groups = rows.advantages.shape[0] / h.group_size
+    return wd1.wd1_weighted_loss(logps_bc, rows.completion_mask, rows.per_row["w_pos"],
+                                 rows.per_row["w_neg"], n_groups, negative=h.negative)
+
+
+# ---------------------------------------------------------------------------- SPG
+def _spg_prepare(model: LLaDA, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
+    """SPG's J block-masked noisy copies per row (their prompts noised independently)."""
+    ids_bjl, is_mask_bjc = spg.spg_inputs(key, rows.prompt_ids, rows.completion_ids,
+                                          rows.completion_mask, model.config.mask_token_id,
+                                          cfg.hparams)
+    return rows.replace(per_row={"ids": ids_bjl, "is_mask": is_mask_bjc})
+
+
+def _spg_loss(model: LLaDA, cfg, params: Params, rows: GRPOBatch, seed_1: Array,
+              dropout_rng: Array | None) -> tuple[Array, dict]:
+    return spg.spg_copies_loss(model, params, rows.per_row["ids"], rows.per_row["is_mask"],
+                               rows.prompt_mask, rows.completion_ids, rows.completion_mask,
+                               rows.advantages, cfg.hparams, dropout_rng=dropout_rng)
+
+
+# ---------------------------------------------------------------------------- coupled-GRPO
+def _coupled_draw(cfg, key: Array, rows: int, completion_len: int) -> tuple[Array, Array]:
+    h: coupled_grpo.CoupledGRPOConfig = cfg.hparams
+    return masking.coupled_masks(key, rows, completion_len, t_min=h.t_min, t_max=h.t_max)
+
+
+def _coupled_prepare(model: LLaDA, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
+    """The iteration's complementary masks, the same draw as ``_coupled_logps`` made."""
+    is_mask_bc, t_b = _coupled_draw(cfg, key, *rows.completion_ids.shape)
+    return rows.replace(per_row={"is_mask": is_mask_bc, "t": t_b})
+
+
+def _coupled_logps(model: LLaDA, cfg, params: Params, batch: GRPOBatch, seeds_s: Array,
+                   use_lora: bool) -> Array:
+    """[S, B, C] coupled log-probs, one mask draw per seed over the whole batch."""
+    def one(seed):
+        is_mask_bc, t_b = _coupled_draw(cfg, logprob.mask_key(seed), *batch.completion_ids.shape)
+        return coupled_grpo.coupled_logps(model, params, batch.prompt_ids, batch.prompt_mask,
+                                          batch.completion_ids, is_mask_bc, t_b, cfg.hparams,
+                                          use_lora=use_lora)
+    return jax.lax.map(one, seeds_s)
+
+
+def _coupled_loss(model: LLaDA, cfg, params: Params, rows: GRPOBatch, seed_1: Array,
+                  dropout_rng: Array | None) -> tuple[Array, dict]:
+    return coupled_grpo.coupled_grpo_loss(
+        model, params, rows.prompt_ids, rows.prompt_mask, rows.completion_ids,
+        rows.completion_mask, rows.advantages, rows.per_row["is_mask"], rows.per_row["t"],
+        cfg.hparams, old_logps_bc=rows.old_logps, ref_logps_bc=rows.ref_logps,
+        dropout_rng=dropout_rng)
+
+
+SUCCESSORS: dict[str, Objective] = {
+    "wd1": Objective(_wd1_loss, _wd1_prepare, None, wd1.WD1Config),
+    "spg": Objective(_spg_loss, _spg_prepare, None, spg.SPGConfig),
+    "coupled_grpo": Objective(_coupled_loss, _coupled_prepare, _coupled_logps,
+                              coupled_grpo.CoupledGRPOConfig),
+}
+
+
+def check_hparams(objective: str, entry: Objective, hparams: Any, beta: float,
+                  epsilon: float) -> None:
+    """ValueError unless ``hparams`` fits ``entry`` and shared knobs agree with them."""
+    want = entry.hparams
+    if (want is None and hparams is not None) or (want is not None
+                                                   and not isinstance(hparams, want)):
+        raise ValueError(f"objective={objective!r} takes hparams of type "
+                         f"{getattr(want, '__name__', None)}, got {type(hparams).__name__}")
+    if entry.logps is None and beta != 0.0:
+        raise ValueError(f"beta={beta}: {objective} has no reference term; set beta=0")
+    if isinstance(hparams, coupled_grpo.CoupledGRPOConfig) and (
+            (hparams.beta, hparams.epsilon) != (beta, epsilon)):
+        raise ValueError(f"coupled_grpo hparams beta={hparams.beta}, epsilon={hparams.epsilon} "
+                         f"differ from the GRPO config's beta={beta}, epsilon={epsilon}")
