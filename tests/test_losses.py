@@ -137,4 +137,5 @@ def test_tiny_model_overfits_eight_sequences():
         first = float(m["loss"]) if first is None else first
     evaluate = jax.jit(lambda p, k: losses.sft_loss(model, p, ids, batch["prompt_len"], k)[0])
     evals = [float(evaluate(state.params, jax.random.key(10_000 + i))) for i in range(8)]
-    assert first > 3.0 and np.mean(evals) < 0.02, (first, evals)
+    # Memorised: the masked tokens' mean probability above 0.95 (from ~1/128 at the start).
+    assert first > 3.0 and np.mean(evals) < 0.05, (first, evals)

@@ -30,8 +30,7 @@ def get_config(arg: str | None) -> mlc.ConfigDict:
     c.workdir = ""  # Run directory (--workdir overrides); one sub-directory per stage.
     d = c.demo = mlc.ConfigDict()
     d.seed = 0  # Seed of the data, the base model's init and the SFT stage.
-    # One diffu-GRPO run per seed from each starting model. ci: one run, seed 1 (on the ci
-    # variant's SFT model seed 0 gains +0.009 held-out reward, under the test's 0.01).
+    # One diffu-GRPO run per seed from each starting model; ci: one run (seed 1) from SFT.
     d.seeds = (1,) if ci else (0, 1, 2)
     d.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor) for every stage.
     # The rollout sampler of every GRPO stage (fields: d1jax/config/defaults.py); evaluations
