@@ -9,19 +9,13 @@ import pytest
 
 from d1jax import sampling as smp
 
-
-def prompts(c, b=3, lp=10, pad=(0, 3, 6)):
-    ids = np.random.RandomState(0).randint(0, c.vocab_size - 8, (b, lp)).astype(np.int32)
-    mask = np.ones((b, lp), np.int32)
-    for r, n in enumerate(pad[:b]):
-        ids[r, :n], mask[r, :n] = c.pad_token_id, 0
-    return ids, mask
+import test_fast_sampler as fast_tests  # noqa: E402  (tests/ is on sys.path)
+from test_fast_sampler import prompts  # noqa: E402
 
 
 def sampler_cfg(c, **kw):
-    base = dict(gen_length=16, block_length=8, steps=4, mask_id=c.mask_token_id,
-                eos_id=c.eos_token_id, eot_id=c.eos_token_id - 1)
-    return smp.SamplerConfig(**{**base, **kw})
+    """test_fast_sampler's config with blocks of 8 and 4 steps in all."""
+    return fast_tests.sampler_cfg(c, **{"block_length": 8, "steps": 4, **kw})
 
 
 MODES = {"no_cache": dict(), "dual": dict(kv_cache="dual"),
