@@ -18,7 +18,7 @@ from d1jax.config import ConfigError
 def get_config(arg: str | None) -> mlc.ConfigDict:
     """base -> SFT -> diffu-GRPO on 4x4 Sudoku (d1jax/demo/run.py).
 
-    ``arg``: None (the README's run, about 13 minutes on 2 cores) or "ci" (a shortened
+    ``arg``: None (the README's run, 24 minutes measured on 2 shared cores) or "ci" (a shortened
     run for the test suite: fewer pretraining steps, one 60-step diffu-GRPO run from the SFT
     model with exact rollouts).
     """
