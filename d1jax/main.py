@@ -25,6 +25,10 @@ STAGES = {
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (.py), ':variant' allowed.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics); default config.workdir.")
+_CHECK_FITS = flags.DEFINE_string(
+    "check_fits", "", "Before loading weights, compile the run's programs for this TPU topology "
+    "('v5p-8', 'v5p:2x2x1'; 'attached': this TPU VM's slice) and stop with one line per program "
+    "that does not fit in HBM (d1jax.plan; needs libtpu, not a TPU).")
 
 
 def maybe_initialize_distributed() -> None:
@@ -57,9 +61,24 @@ def main(argv):
     if not workdir:
         sys.exit("error: no workdir: pass --workdir=DIR or set config.workdir")
     try:
+        if _CHECK_FITS.value:
+            check_fits(config, _CHECK_FITS.value)
         importlib.import_module(STAGES[stage]).run(config, workdir)
     except _user_errors() as e:  # a mistake in a config or a file: one clear line
         sys.exit(f"error: {e}")
+
+
+def check_fits(config, topology: str) -> None:
+    """``plan.check_fits`` for ``topology`` ('attached': the TPU this process runs on); a
+    program that does not fit ends the run with the planner's line, before any weights load."""
+    from d1jax import plan
+    if config.stage not in ("grpo", "sft", "eval"):
+        raise plan.DoesNotFit(f"--check_fits plans grpo, sft and eval runs, not stage={config.stage!r}")
+    estimates = plan.check_fits(config, None if topology == "attached" else topology)
+    worst = max(estimates, key=lambda e: e.total_bytes)
+    print(f"check_fits: {len(estimates)} programs fit on {worst.topology} (largest: {worst.program}, "
+          f"{worst.total_bytes / 2**30:.1f} of {worst.capacity_bytes / 2**30:.1f} GiB per chip)",
+          flush=True)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -114,7 +133,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from d1jax.tasks.sources import DataUnavailableError
     from d1jax.config import ConfigError
     from d1jax.model.weights import CheckpointError
-    return (ConfigError, CheckpointError, UnsupportedConfigError, DataUnavailableError)
+    from d1jax.plan.compile import DoesNotFit
+    return (ConfigError, CheckpointError, UnsupportedConfigError, DataUnavailableError,
+            DoesNotFit)
 
 
 if __name__ == "__main__":

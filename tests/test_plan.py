@@ -168,6 +168,23 @@ def test_cli_exits_nonzero_when_a_program_does_not_fit():
 
 
 @needs_tpu
+def test_main_check_fits_stops_before_the_run(tmp_path):
+    """``d1jax.main --check_fits`` refuses a run whose programs do not fit, with the
+    planner's line, before anything is written to its workdir."""
+    workdir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "d1jax.main", "--config=configs/eval.py:sudoku-tiny",
+           f"--workdir={workdir}", "--check_fits=v5e:2x2", "--config.mesh.shape=(4,1,1)",
+           "--config.eval.batch_size=32768", "--config.model.vocab_size=65536",
+           "--config.eval.gen_lengths=(16,)", "--config.max_prompt_length=16",
+           "--config.sampler.block_length=8", "--config.model.n_layers=1"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: eval_sampler_16 does not fit on v5e:2x2"), last
+    assert not workdir.exists()
+
+
+@needs_tpu
 @pytest.mark.parametrize("stage, names", [
     ("grpo", ["rollout", "rollout_logps", "grpo_update"]), ("sft", ["sft_update"])])
 def test_training_programs_compile_and_match_the_analytic_count(stage, names):

@@ -173,6 +173,10 @@ class Block(nn.Module):
         return x_bqd, (own if return_kv else None)
 
 
+# Depth up to which LLaDA(unroll_layers=None) unrolls its layers (bench-tiny, the demo and
+# test models; not LLaDA-8B, whose 32 layers stay one compiled loop).
+UNROLL_MAX_LAYERS = 8
+
 # Block.__call__ positions (self = 0) that are Python values, static under remat.
 _STATIC_BLOCK_ARGS = (4, 5, 10)
 
@@ -187,6 +191,11 @@ class LLaDA(nn.Module):
       param_dtype: storage dtype of the parameters.
       remat: rematerialise each block in the backward pass (saves activation memory).
       lora: optional LoRA adapters on the block projections.
+      unroll_layers: run the layers as straight-line code instead of a loop (params stay
+        stacked [n_layers, ...] either way). A loop compiles once for any depth, but its
+        backward stacks every layer's residuals into zero-filled buffers and reads them
+        back, which costs a small model a quarter of its gradient time on CPU. None:
+        unroll up to ``UNROLL_MAX_LAYERS`` layers, loop beyond (LLaDA-8B's 32 layers).
     """
 
     config: LLaDAConfig
@@ -194,6 +203,7 @@ class LLaDA(nn.Module):
     param_dtype: DType = jnp.float32
     remat: bool = False
     lora: LoraConfig | None = None
+    unroll_layers: bool | None = None
 
     def setup(self):
         c = self.config
@@ -210,16 +220,22 @@ class LLaDA(nn.Module):
             block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
             in_axes=(bc, bc, bc, bc, 0, 0, bc, bc, bc),
             length=c.n_layers, metadata_params={nn.PARTITION_NAME: shd.LAYERS},
+            unroll=c.n_layers if self._unrolled() else 1,
         )(c, self.dtype, self.param_dtype, self.lora)
         self.ln_f = RMSNorm(c.rms_norm_eps, self.dtype, self.param_dtype)
         if not c.weight_tying:
             self.ff_out = Proj(c.embedding_size, (shd.EMBED, shd.VOCAB), self.dtype, self.param_dtype)
 
+    def _unrolled(self) -> bool:
+        if self.unroll_layers is None:
+            return self.config.n_layers <= UNROLL_MAX_LAYERS
+        return self.unroll_layers
+
     def _stack(self, x_bqd: Array, positions_bq: Array, key_mask_bl: Array | None,
                use_lora: bool, deterministic: bool = True, cache: KVCache | None = None,
                window: KVCache | None = None, q_start: Array | int = 0,
                idx_bq: Array | None = None, return_kv: bool = False):
-        """Every layer on embedded rows at RoPE positions [B, Q]; (final-norm hidden
+        """Every layer on embedded rows at RoPE positions [B or 1, Q]; (final-norm hidden
         [B, Q, D], stacked keys/values [n_layers, ...] or None)."""
         rope = rope_tables(positions_bq, self.config.head_dim, self.config.rope_theta)
         x, kv = self.blocks(x_bqd, rope, key_mask_bl, use_lora, deterministic, cache, window,
@@ -241,7 +257,9 @@ class LLaDA(nn.Module):
           deterministic: disable LoRA dropout (needs a 'dropout' rng when False).
         """
         b, l = input_ids.shape
-        positions = jnp.broadcast_to(jnp.arange(l) if positions is None else positions, (b, l))
+        # Shared positions stay [1, L]: the RoPE tables are then computed once, not per row.
+        positions = jnp.arange(l) if positions is None else jnp.asarray(positions)
+        positions = positions[None] if positions.ndim == 1 else jnp.broadcast_to(positions, (b, l))
         h, _ = self._stack(self.wte(input_ids), positions, attention_mask, use_lora,
                            deterministic)
         return h
