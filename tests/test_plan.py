@@ -205,3 +205,37 @@ def test_topology_names():
     with pytest.raises(ValueError, match="unknown TPU topology 'v9:2x2'"):
         chips.parse_topology("v9:2x2")
     assert np.isclose(chips.V5P.peak_bf16_flops, 459e12)
+
+
+def test_grid_mesh_covers_every_chip_with_the_rows_it_has():
+    from d1jax.plan import grid
+    gsm8k, sft = config_lib.grpo("gsm8k", None), config_lib.sft(None)
+    assert grid.mesh_for(gsm8k, 4) == (1, 4, 1) and grid.mesh_for(gsm8k, 32) == (1, 32, 1)
+    assert grid.mesh_for(sft, 8) == (1, 8, 1)
+    assert grid.mesh_for(sft, 32) == (1, 8, 4)  # 8 rows: the rest on the tensor axis
+
+
+@needs_tpu
+def test_grid_compiles_each_distinct_program_once(tmp_path):
+    """Two configs with the same shapes: the second's rows reuse the first's compiles (same
+    lowered HLO), and the markdown table has a row per program of each."""
+    from d1jax.plan import grid
+    files = []
+    for task in ("gsm8k", "math"):
+        f = tmp_path / f"grpo_{task}.py"
+        f.write_text("from d1jax import config\n\n\ndef get_config(arg=None):\n"
+                     f"    c = config.grpo({task!r}, 'tiny')\n"
+                     "    c.model.width, c.model.n_layers = 128, 1\n"
+                     "    return c\n")
+        files.append(str(f))
+    seen: dict = {}
+    first = grid.plan_config(files[0], "v5e:2x2", seen)
+    second = grid.plan_config(files[1], "v5e:2x2", seen)
+    names = ["rollout", "rollout_logps", "grpo_update"]
+    assert [r["program"] for r in first] == names == [r["program"] for r in second]
+    assert all(r["fits"] and not r["remat"] and r["same_as"] == "" for r in first)
+    assert all(r["same_as"] == files[0] and r["config"] == files[1] for r in second)
+    assert [r["temp_bytes"] for r in first] == [r["temp_bytes"] for r in second]
+    table = grid.markdown(first + second).splitlines()
+    assert len(table) == 2 + 6 and "| grpo_math | v5e:2x2 | 1,4,1 | off | grpo_update |" \
+        in table[-1] and table[-1].endswith("| = grpo_gsm8k |")

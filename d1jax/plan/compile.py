@@ -112,15 +112,22 @@ def _per_chip_bytes(args) -> int:
     return total
 
 
-def estimate(program: Program, spec: PlanSpec, mesh, chip: chips.Chip, topology: str
-             ) -> Estimate:
-    """Lowers and compiles ``program`` on ``mesh``; its per-chip figures."""
-    t0 = time.perf_counter()
+def lower(program: Program, topology: str):
+    """``program.lower()``, a tracing error as one ValueError naming the program."""
     try:
-        lowered = program.lower()
+        return program.lower()
     except (TypeError, ValueError) as e:  # the run itself would fail the same way
         first = str(e).strip().splitlines()[0]
         raise ValueError(f"{program.name} does not trace on {topology}: {first}") from e
+
+
+def estimate(program: Program, spec: PlanSpec, mesh, chip: chips.Chip, topology: str,
+             lowered=None) -> Estimate:
+    """Compiles ``program`` (lowered here unless ``lowered`` is given) on ``mesh``; its
+    per-chip figures."""
+    t0 = time.perf_counter()
+    if lowered is None:
+        lowered = lower(program, topology)
     mem, cost = _compile(lowered)
     compile_s = time.perf_counter() - t0
     walk = hlo.LoopFlops(lowered.as_text(dialect="hlo"), default_trips=program.loop_bound)

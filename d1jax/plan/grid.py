@@ -1,0 +1,158 @@
+"""The planner over a grid of configs and TPU slices: docs/tpu_plan.md's table, one command.
+
+  python -m d1jax.plan.grid --json=plan_grid.json            # every d1 config x slice
+  python -m d1jax.plan.grid --configs=configs/grpo_sudoku.py --slices=v5p-8,v5e-16
+
+For each config and slice it compiles the run's programs (``d1jax.plan``) on the mesh of
+``mesh_for`` (the weights sharded over every chip; a tensor axis where the batch has fewer
+rows than chips). The update is compiled without remat first and, only if that does not
+fit, with remat: the row says which one fits. Programs whose lowered HLO is identical to one
+already compiled on the same slice and mesh (math500's are GSM8K's, Countdown's Sudoku's) are
+not compiled again; their rows name the config they equal. Rows are appended to the JSON
+file as they are measured, so an interrupted grid keeps what it has and resumes; ``--markdown``
+prints the table from such a file (a config and slice are written when all their
+programs are).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from absl import app, flags
+
+CONFIGS = ("configs/grpo_gsm8k.py", "configs/grpo_math.py", "configs/grpo_countdown.py",
+           "configs/grpo_sudoku.py", "configs/sft_s1k.py")
+SLICES = ("v4-8", "v5e-8", "v5e-16", "v5p-8", "v5p-64", "v6e-8")
+GIB = 2**30
+
+_CONFIGS = flags.DEFINE_list("configs", list(CONFIGS), "Config files (.py, ':variant' allowed).")
+_SLICES = flags.DEFINE_list("slices", list(SLICES), "TPU slices or topologies.")
+_JSON = flags.DEFINE_string("json", "plan_grid.json", "Rows are appended here as they finish.")
+_MARKDOWN = flags.DEFINE_string("markdown", "", "Print the table of this JSON file and exit.")
+
+
+def load_config(path: str):
+    """``get_config(variant)`` of a config file given as ``path[:variant]``."""
+    file, _, variant = path.partition(":")
+    spec = importlib.util.spec_from_file_location(f"_plan_config_{Path(file).stem}", file)
+    if spec is None or not Path(file).is_file():
+        raise ValueError(f"no config file {file!r}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(variant or None)
+
+
+def mesh_for(config, chips: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor): fsdp over every chip while the step's rows cover them, the
+    remaining factor on the tensor axis (SFT's 8 rows on 16 or 32 chips)."""
+    rows = config.sft.batch_size if config.stage == "sft" else \
+        config.grpo.prompts_per_step * config.grpo.num_generations
+    fsdp = math.gcd(rows, chips)
+    return 1, fsdp, chips // fsdp
+
+
+def _key(lowered, topology: str, mesh) -> str:
+    text = lowered.as_text(dialect="hlo")
+    return hashlib.sha1(f"{topology}|{mesh}|{text}".encode()).hexdigest()
+
+
+def plan_config(path: str, topology: str, seen: dict, progress=None) -> list[dict]:
+    """Rows of one config on one slice: every program, the update without remat and, when
+    that does not fit, with remat. ``seen`` maps lowered programs already compiled to their
+    rows (shared across calls); ``progress`` is called with each row."""
+    from d1jax.plan import chips as chips_lib
+    from d1jax.plan import compile as plan_lib
+    from d1jax.plan.programs import PlanSpec, build_programs
+
+    chip, devices = chips_lib.topology_devices(topology)
+    base = load_config(path)
+    mesh_shape = mesh_for(base, len(devices))
+    rows: list[dict] = []
+    for remat in (False, True):
+        config = copy.deepcopy(base)
+        config.model.remat = remat
+        spec = PlanSpec.from_config(config)
+        mesh = dataclasses.replace(spec.run.mesh, shape=mesh_shape).build(devices)
+        fits = True
+        for program in build_programs(spec, mesh):
+            updates = program.name.endswith("update")
+            if remat and not updates:  # remat changes only the gradient programs
+                continue
+            lowered = plan_lib.lower(program, topology)
+            key = _key(lowered, topology, mesh_shape)
+            row = {"config": path, "slice": topology, "remat_tried": remat}
+            if key in seen:
+                row.update(seen[key], config=path, same_as=seen[key]["config"])
+            else:
+                e = plan_lib.estimate(program, spec, mesh, chip, topology, lowered=lowered)
+                row.update(e.row(), same_as="")
+                seen[key] = dict(row)
+            rows.append(row)
+            if progress is not None:
+                progress(row)
+            fits &= (not updates) or bool(row["fits"])
+        if fits:
+            break
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    """docs/tpu_plan.md's grid table."""
+    cols = ("config", "slice", "mesh d,f,t", "remat", "program", "args GiB", "temp GiB",
+            "total / usable GiB", "fits", "est. s", "MFU", "tok/s/chip", "compile s")
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        m = r["mesh"]
+        chips = math.prod(m.values())
+        tok = f"{r['tokens'] / chips / r['seconds']:,.0f}" if r.get("tokens") else "-"
+        compile_s = f"= {Path(r['same_as']).stem}" if r.get("same_as") else \
+            f"{r['compile_s']:.0f}"
+        out.append("| " + " | ".join([
+            Path(r["config"]).stem, r["slice"],
+            f"{m.get('data', 1)},{m.get('fsdp', 1)},{m.get('tensor', 1)}",
+            "on" if r["remat"] else "off", r["program"],
+            f"{r['argument_bytes'] / GIB:.1f}", f"{r['temp_bytes'] / GIB:.1f}",
+            f"{r['total_bytes'] / GIB:.1f} / {r['capacity_bytes'] / GIB:.1f}",
+            "yes" if r["fits"] else "NO", f"{r['seconds']:.3g}" if r["fits"] else "-",
+            f"{100 * r['mfu']:.1f}%" if r["fits"] else "-", tok, compile_s]) + " |")
+    return "\n".join(out)
+
+
+def main(argv):
+    del argv
+    if _MARKDOWN.value:
+        print(markdown(json.loads(Path(_MARKDOWN.value).read_text())))
+        return
+    out = Path(_JSON.value)
+    rows: list[dict] = json.loads(out.read_text()) if out.is_file() else []
+    done = {(r["config"], r["slice"]) for r in rows}
+    seen: dict = {}
+
+    def progress(row: dict) -> None:
+        fits = "fits" if row["fits"] else "DOES NOT FIT"
+        print(f"{Path(row['config']).stem} {row['slice']} {row['program']} remat="
+              f"{'on' if row['remat'] else 'off'}: {row['total_bytes'] / GIB:.1f} GiB, {fits}, "
+              f"MFU {100 * row['mfu']:.1f}%", file=sys.stderr, flush=True)
+
+    for topology in _SLICES.value:
+        for path in _CONFIGS.value:
+            if (path, topology) in done:  # an earlier, interrupted grid measured it
+                continue
+            t0 = time.perf_counter()
+            rows.extend(plan_config(path, topology, seen, progress))
+            out.write_text(json.dumps(rows, indent=1, default=float))
+            print(f"{path} on {topology}: {time.perf_counter() - t0:.0f} s", file=sys.stderr,
+                  flush=True)
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    app.run(main)
