@@ -175,6 +175,45 @@ def test_remat_gives_the_same_gradients(tiny_config, tiny_params):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), plain, remat)
 
 
+def test_attention_matches_a_float64_softmax_and_its_gradient():
+    """Grouped-query attention with padding keys against numpy in float64, and its gradient
+    against ``jax.nn.dot_product_attention``'s."""
+    from d1jax.model.llada import attention
+    rs = np.random.RandomState(7)
+    b, q, n, k, h = 2, 5, 4, 2, 8
+    qx, kx, vx = (rs.normal(size=s).astype(np.float32)
+                  for s in [(b, q, n, h), (b, q, k, h), (b, q, k, h)])
+    mask = np.ones((b, q), np.int32)
+    mask[1, :2] = 0  # left padding in row 1
+    got = np.asarray(attention(qx, kx, vx, mask, h ** -0.5))
+    kr, vr = np.repeat(kx, n // k, axis=2), np.repeat(vx, n // k, axis=2)  # head i uses kv i // 2
+    s = np.einsum("bqnh,blnh->bnql", qx.astype(np.float64), kr) * h ** -0.5
+    s = np.where(mask[:, None, None, :] > 0, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = np.einsum("bnql,blnh->bqnh", p / p.sum(-1, keepdims=True), vr)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+    w = rs.normal(size=(b, q, n, h)).astype(np.float32)
+    mine = jax.grad(lambda *a: (attention(*a, mask, h ** -0.5) * w).sum(), (0, 1, 2))
+    theirs = jax.grad(lambda *a: (jax.nn.dot_product_attention(
+        *a, mask=mask[:, None, None, :] > 0, scale=h ** -0.5) * w).sum(), (0, 1, 2))
+    for a, c in zip(mine(qx, kx, vx), theirs(qx, kx, vx)):
+        np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-5)
+
+
+def test_unrolled_layers_equal_the_scanned_ones(tiny_config, tiny_params):
+    """unroll_layers changes how the layers are compiled, not what they compute."""
+    ids = np.random.RandomState(8).randint(0, 128, (2, 10))
+
+    def loss_and_grads(model):
+        f = lambda p: model.apply({"params": p}, ids).astype(jnp.float32).std()  # noqa: E731
+        return jax.jit(jax.value_and_grad(f))(tiny_params)
+    (l1, g1), (l2, g2) = (loss_and_grads(d1jax.LLaDA(tiny_config, unroll_layers=u))
+                          for u in (False, True))
+    np.testing.assert_allclose(l1, l2, rtol=1e-6)
+    jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-7), g1, g2)
+
+
 def test_remat_model_decodes_like_the_plain_one(tiny_config, tiny_model, tiny_params):
     """The cached modes run through the same scanned (here rematerialised) blocks."""
     ids = np.random.RandomState(6).randint(0, 128, (2, 12))

@@ -117,6 +117,33 @@ def apply_rope(x_blnh: Array, sin_blh: Array, cos_blh: Array) -> Array:
     return out.astype(x_blnh.dtype)
 
 
+def attention(q_bqnh: Array, k_blkh: Array, v_blkh: Array, key_mask_bl: Array | None,
+              scale: float) -> Array:
+    """Bidirectional softmax attention [B, Q, N, H]: scores and softmax statistics in float32,
+    grouped-query heads (N a multiple of K), padding keys (``key_mask`` 0) ignored.
+
+    The softmax is normalised after the value product (as flash attention does): one divide
+    per output element instead of one per score, which makes the gradient of bench-tiny's
+    attention 1.5x faster on CPU than ``jax.nn.dot_product_attention``'s XLA path; same
+    result to float rounding. A row whose keys are all masked gives 0.
+    """
+    b, q, n, h = q_bqnh.shape
+    k = k_blkh.shape[2]
+    f32 = jnp.float32
+    qg = q_bqnh.reshape(b, q, k, n // k, h)
+    s = jnp.einsum("bqkgh,blkh->bkgql", qg, k_blkh, preferred_element_type=f32) * scale
+    if key_mask_bl is not None:
+        s = jnp.where(key_mask_bl[:, None, None, None, :].astype(bool), s, -jnp.inf)
+    top = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    p = jnp.exp(s - top)
+    den = jnp.maximum(jnp.sum(p, axis=-1), 1e-30)  # [b, k, g, q]
+    out = jnp.einsum("bkgql,blkh->bqkgh", p.astype(v_blkh.dtype), v_blkh,
+                     preferred_element_type=f32)
+    out = out / den.transpose(0, 3, 1, 2)[..., None]
+    return out.reshape(b, q, n, h).astype(q_bqnh.dtype)
+
+
 class Block(nn.Module):
     """One LLaDALlamaBlock: x + Attn(RMSNorm(x)), then + SwiGLU-MLP(RMSNorm(.)).
 
@@ -157,8 +184,7 @@ class Block(nn.Module):
         q = apply_rope(q.reshape(b, q_len, n, h), *rope)
         fresh = KVCache(apply_rope(kk.reshape(b, q_len, k, h), *rope), v.reshape(b, q_len, k, h))
         if cache is None:
-            mask = None if key_mask_bl is None else key_mask_bl[:, None, None, :].astype(bool)
-            att = jax.nn.dot_product_attention(q, fresh.k, fresh.v, mask=mask, scale=h ** -0.5)
+            att = attention(q, fresh.k, fresh.v, key_mask_bl, h ** -0.5)
             own = fresh
         else:
             att, own = attend_cached(q, fresh, cache, q_start, key_mask_bl, window, idx_bq)
