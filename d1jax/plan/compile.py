@@ -76,8 +76,13 @@ class Estimate:
     @property
     def seconds(self) -> float:
         """XLA's estimate scaled by the loops' trip counts (its loop-once estimate times the
-        loop-aware over loop-once matmul FLOPs of the same program)."""
-        return self.xla_seconds_once * self.flops_xla / max(self.flops_xla_once, 1.0)
+        loop-aware over loop-once matmul FLOPs of the same program); NaN where XLA's cost
+        model gives no usable time (libtpu's v4 model answers ~0 s: a rate above the chip's
+        peak)."""
+        s = self.xla_seconds_once * self.flops_xla / max(self.flops_xla_once, 1.0)
+        if not s > 0 or self.flops_xla / self.chips / s > self.peak_flops:
+            return math.nan
+        return s
 
     @property
     def mfu(self) -> float:

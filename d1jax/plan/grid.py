@@ -112,7 +112,11 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         m = r["mesh"]
         chips = math.prod(m.values())
-        tok = f"{r['tokens'] / chips / r['seconds']:,.0f}" if r.get("tokens") else "-"
+        # A time only where XLA's cost model gives a usable one (not libtpu's v4 model).
+        timed = r["fits"] and r["seconds"] > 0 and \
+            r["flops_xla"] / chips / r["seconds"] <= r["peak_flops"]
+        tok = f"{r['tokens'] / chips / r['seconds']:,.0f}" if r.get("tokens") and timed \
+            else "-"
         compile_s = f"= {Path(r['same_as']).stem}" if r.get("same_as") else \
             f"{r['compile_s']:.0f}"
         out.append("| " + " | ".join([
@@ -121,8 +125,8 @@ def markdown(rows: list[dict]) -> str:
             "on" if r["remat"] else "off", r["program"],
             f"{r['argument_bytes'] / GIB:.1f}", f"{r['temp_bytes'] / GIB:.1f}",
             f"{r['total_bytes'] / GIB:.1f} / {r['capacity_bytes'] / GIB:.1f}",
-            "yes" if r["fits"] else "NO", f"{r['seconds']:.3g}" if r["fits"] else "-",
-            f"{100 * r['mfu']:.1f}%" if r["fits"] else "-", tok, compile_s]) + " |")
+            "yes" if r["fits"] else "NO", f"{r['seconds']:.3g}" if timed else "-",
+            f"{100 * r['mfu']:.1f}%" if timed else "-", tok, compile_s]) + " |")
     return "\n".join(out)
 
 

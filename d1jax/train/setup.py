@@ -61,8 +61,10 @@ def random_model_config(m: ModelSpec, tok) -> LLaDAConfig:
 
 
 def make_model(m: ModelSpec, mcfg: LLaDAConfig) -> LLaDA:
-    """The flax module of architecture ``mcfg`` with the spec's dtypes, remat and LoRA."""
-    return LLaDA(mcfg, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, lora=m.lora)
+    """The flax module of architecture ``mcfg`` with the spec's dtypes, remat, layer
+    unrolling and LoRA."""
+    return LLaDA(mcfg, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, lora=m.lora,
+                 unroll_layers=m.unroll_layers)
 
 
 def build(spec: RunSpec, workdir: str | Path, mesh: jax.sharding.Mesh,

@@ -43,6 +43,7 @@ class ModelSpec:
     param_dtype: Any
     remat: bool
     lora: LoraConfig | None
+    unroll_layers: bool | None = None  # None: LLaDA's default (unrolled up to 8 layers)
 
     @property
     def random(self) -> bool:
@@ -203,7 +204,7 @@ def _model(c) -> ModelSpec:
             if c.lora.enabled else None)
     return ModelSpec(m.path, m.tokenizer_path, m.random_init, m.width, m.n_layers, m.vocab_size,
                      m.tokenizer_vocab, _DTYPES[m.dtype], _DTYPES[m.param_dtype],
-                     bool(m.remat), lora)
+                     bool(m.remat), lora, m.get("unroll_layers"))
 
 
 def _optim(o) -> OptimSpec:
