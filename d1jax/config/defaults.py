@@ -193,7 +193,7 @@ def sft(arg: str | None) -> mlc.ConfigDict:
     # The tiny variant trains on generated Sudoku trajectories: s1K needs the Hub.
     c = base("sft", "sudoku" if tiny else "s1k", tiny, steps=0)
     c.optim.learning_rate = 1e-3 if tiny else 1e-5  # d1 SFT: 1e-5.
-    c.optim.grad_accum = 1 if tiny else 4  # d1 SFT: 4.
+    c.optim.grad_accum = 1  # One step of all 8 rows (d1: 4 micro-batches of 2, each its own token mean; 4 also leaves half of a v5p-8's chips without a row: 8% estimated MFU against 33%, docs/tpu_plan.md).
     c.optim.max_grad_norm = 1.0  # d1 SFT: the Trainer's default 1.0.
     c.optim.warmup_ratio = 0.0 if tiny else 0.05  # Linear warmup fraction, then constant.
     c.sft = mlc.ConfigDict()
