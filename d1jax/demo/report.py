@@ -6,15 +6,21 @@ from pathlib import Path
 
 import numpy as np
 
-ROWS = (("base", "LLaDA-tiny (base)"), ("sft", "+SFT"), ("grpo_base", "+diffu-GRPO"),
-        ("d1", "d1 (SFT + diffu-GRPO)"))
+from d1jax.demo.config import OBJECTIVES, row_kind
+
+NAMES = {"diffu_grpo": "diffu-GRPO", "wd1": "wd1", "spg": "SPG", "coupled_grpo": "coupled-GRPO"}
+# Table order: the two starting models, then each objective from the base and from SFT.
+ROWS = (("base", "LLaDA-tiny (base)"), ("sft", "+SFT")) + tuple(
+    (row_kind(o, start), f"+{NAMES[o]}" if start == "base" else
+     ("d1 (SFT + diffu-GRPO)" if o == "diffu_grpo" else f"SFT + {NAMES[o]}"))
+    for start in ("base", "sft") for o in OBJECTIVES)
 
 
 def summarize(runs: dict[str, list[Path]], evals: dict, set_names: list[str]) -> dict:
     """Mean and spread (std over seeds, and min..max) per row and evaluation set."""
     rows = {}
     for kind, _ in ROWS:
-        if not runs[kind]:  # a GRPO start the config left out
+        if not runs.get(kind):  # a GRPO start or objective the config left out
             continue
         rows[kind] = {}
         for name in set_names:
@@ -54,50 +60,63 @@ def results_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_rewards(wd: Path, seeds, out: Path, evals: dict | None = None) -> None:
-    """Left: mean rollout reward per optimizer step of every GRPO run (one line per seed,
-    running mean over 40 steps, drawn from step 11). Right (with ``evals``): held-out greedy
-    cell accuracy of each starting model and of every GRPO run started from it."""
+_COLORS = {"diffu_grpo": "tab:red", "wd1": "tab:blue", "spg": "tab:green",
+           "coupled_grpo": "tab:purple"}
+
+
+def plot_rewards(wd: Path, runs: dict[str, list[Path]], out: Path, evals: dict | None = None,
+                 smooth: int = 40) -> None:
+    """Left: rollout reward per optimizer step of each GRPO row (objective x start), mean over
+    its seeds, running mean over ``smooth`` steps (drawn once 10 steps are in it). Right (with
+    ``evals``): held-out greedy cell accuracy of every GRPO run (dots: seeds, bar: mean) and of
+    its starting model (dashed line)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from d1jax.metrics import read_jsonl
-    kinds = (("grpo_base", "base", "tab:blue", "diffu-GRPO from base"),
-             ("d1", "sft", "tab:red", "d1: diffu-GRPO from SFT"))
-    fig, axes = plt.subplots(1, 2 if evals else 1, figsize=(11 if evals else 7, 4),
-                             squeeze=False, gridspec_kw={"width_ratios": [2, 1]} if evals else None)
+    grpo_rows = [(o, start) for start in ("base", "sft") for o in OBJECTIVES
+                 if runs.get(row_kind(o, start))]
+    fig, axes = plt.subplots(1, 2 if evals else 1, figsize=(13 if evals else 7, 4.5),
+                             squeeze=False, gridspec_kw={"width_ratios": [3, 2]} if evals else None)
     ax = axes[0, 0]
-    for kind, _, color, title in kinds:
-        for i, seed in enumerate(seeds):
-            path = wd / f"{kind}_s{seed}" / "metrics.jsonl"
-            if not path.exists():  # a GRPO start the config left out
-                continue
-            rows = [r for r in read_jsonl(path) if "reward" in r]
-            steps = [r["step"] for r in rows]
-            smooth = _smooth([r["reward"] for r in rows], 40)
-            smooth[:10] = np.nan  # a mean of a few rollouts: not drawn
-            ax.plot(steps, smooth, color=color, alpha=0.8, label=title if i == 0 else None)
+    for o, start in grpo_rows:
+        curves = []
+        for d in runs[row_kind(o, start)]:
+            path = d / "metrics.jsonl"
+            rows = [r for r in read_jsonl(path) if "reward" in r] if path.exists() else []
+            if rows:
+                curves.append(_smooth([r["reward"] for r in rows], smooth))
+        if not curves:
+            continue
+        n = min(len(c) for c in curves)
+        mean = np.mean([c[:n] for c in curves], axis=0)
+        mean[:min(10, n)] = np.nan  # a mean of a few rollouts: not drawn
+        ax.plot(np.arange(1, n + 1), mean, color=_COLORS[o], ls="-" if start == "sft" else "--",
+                label=f"{NAMES[o]} from {'SFT' if start == 'sft' else 'base'}")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("rollout reward (running mean, 40 steps)")
-    ax.set_title("reward on training prompts during diffu-GRPO")
+    ax.set_ylabel(f"rollout reward (mean of seeds, running mean over {smooth} steps)")
+    ax.set_title("reward on training prompts during GRPO")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     if evals:
         ax = axes[0, 1]
-        for x, (kind, start, color, _) in enumerate(kinds):
-            runs = [evals[f"{kind}_s{seed}"]["heldout"]["accuracy"] for seed in seeds
-                    if f"{kind}_s{seed}" in evals]
-            if start not in evals or not runs:
+        for x, (o, start) in enumerate(grpo_rows):
+            accs = [evals[d.name]["heldout"]["accuracy"] for d in runs[row_kind(o, start)]
+                    if d.name in evals]
+            if not accs:
                 continue
-            before = evals[start]["heldout"]["accuracy"]
-            ax.plot([2 * x, 2 * x + 1], [before, np.mean(runs)], color=color, lw=2)
-            ax.scatter([2 * x], [before], color=color, marker="s", zorder=3)
-            ax.scatter([2 * x + 1] * len(runs), runs, color=color, zorder=3)
-        ax.set_xticks(range(4), ["base", "+GRPO", "SFT", "d1"])
+            ax.bar(x, np.mean(accs), color=_COLORS[o], alpha=0.35 if start == "base" else 0.7)
+            ax.scatter([x] * len(accs), accs, color="k", s=12, zorder=3)
+            if start in evals:
+                before = evals[start]["heldout"]["accuracy"]
+                ax.hlines(before, x - 0.4, x + 0.4, color="k", ls="--", lw=1)
+        ax.set_xticks(range(len(grpo_rows)),
+                      [f"{NAMES[o]}\n{'SFT' if s == 'sft' else 'base'}" for o, s in grpo_rows],
+                      fontsize=7)
         ax.set_ylabel("held-out greedy cell accuracy %")
-        ax.set_title("before / after diffu-GRPO (dots: seeds)")
-        ax.grid(alpha=0.3)
+        ax.set_title("after GRPO (dots: seeds; dashed: its start)")
+        ax.grid(alpha=0.3, axis="y")
     fig.suptitle("4x4 Sudoku, tiny LLaDA on CPU")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
