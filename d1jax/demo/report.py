@@ -16,13 +16,40 @@ ROWS = (("base", "LLaDA-tiny (base)"), ("sft", "+SFT")) + tuple(
     for start in ("base", "sft") for o in OBJECTIVES)
 
 
-def summarize(runs: dict[str, list[Path]], evals: dict, set_names: list[str]) -> dict:
-    """Mean and spread (std over seeds, and min..max) per row and evaluation set."""
+def rollout_rewards(stage_dir: Path, mu: int) -> np.ndarray:
+    """Mean reward of each rollout of a GRPO run (its mu optimizer steps log the same one)."""
+    from d1jax.metrics import read_jsonl
+    rows = [r for r in read_jsonl(stage_dir / "metrics.jsonl") if "reward" in r]
+    return np.array([r["reward"] for r in rows if (r["step"] - 1) % mu == 0], float)
+
+
+def reward_rise(runs: list[Path], mu: int, frac: float = 0.25) -> dict:
+    """Rollout reward of the last ``frac`` of the rollouts minus the first ``frac``, mean over
+    the runs, with its standard error from the rollout-to-rollout spread (each rollout holds
+    new prompts, so their difficulty is the noise a rise has to clear)."""
+    diffs, vars_ = [], []
+    for d in runs:
+        r = rollout_rewards(d, mu)
+        k = max(1, int(len(r) * frac))
+        first, last = r[:k], r[-k:]
+        diffs.append(float(last.mean() - first.mean()))
+        vars_.append(float(first.var(ddof=1) / k + last.var(ddof=1) / k) if k > 1 else np.nan)
+    return {"mean": float(np.mean(diffs)), "values": diffs,
+            "se": float(np.sqrt(np.sum(vars_)) / len(runs))}
+
+
+def summarize(runs: dict[str, list[Path]], evals: dict, set_names: list[str],
+              mu: int = 1) -> dict:
+    """Mean and spread (std over seeds, and min..max) per row and evaluation set; for the
+    GRPO rows the rise of the rollout reward over training (``reward_rise``, ``mu`` optimizer
+    steps per rollout)."""
     rows = {}
     for kind, _ in ROWS:
         if not runs.get(kind):  # a GRPO start or objective the config left out
             continue
         rows[kind] = {}
+        if kind not in ("base", "sft"):
+            rows[kind]["reward_rise"] = reward_rise(runs[kind], mu)
         for name in set_names:
             vals = [evals[d.name][name]["accuracy"] for d in runs[kind]]
             solved = [evals[d.name][name]["solved"] for d in runs[kind]]
@@ -47,7 +74,10 @@ def results_table(results: dict) -> str:
         cols.append((s, "", f"{_SET_TITLES[s]}: greedy (d1 protocol)"))
         if "sampled_mean" in rows["base"][s]:
             cols.append((s, "sampled_", f"{_SET_TITLES[s]}: sampled, T=0.9"))
-    lines = ["| model | " + " | ".join(t for *_, t in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    rise = any("reward_rise" in r for r in rows.values())
+    lines = ["| model | " + " | ".join(t for *_, t in cols) + (
+        " | rollout reward, last - first quarter (± s.e.) |" if rise else " |"),
+        "|---" * (len(cols) + 1 + rise) + "|"]
     for kind, title in ROWS:
         if kind not in rows:
             continue
@@ -56,6 +86,9 @@ def results_table(results: dict) -> str:
             r = rows[kind][s]
             many = len(r["values"]) > 1
             cells.append(f"{r[pre + 'mean']:.1f}" + (f" ± {r[pre + 'std']:.1f}" if many else ""))
+        if rise:
+            r = rows[kind].get("reward_rise")
+            cells.append(f"{r['mean']:+.3f} ± {r['se']:.3f}" if r else "")
         lines.append(f"| {title} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
