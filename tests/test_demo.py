@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from d1jax.demo import config as demo_config
@@ -243,3 +244,28 @@ def test_compare_variant_runs_every_objective_on_one_budget(tmp_path):
         names |= {demo_config.stage_name(objective, s, 0) for s in ("base", "sft")}
     assert len(budgets) == 1
     assert len(names) == 2 * len(OBJECTIVES) and {"d1_s0", "grpo_base_s0"} <= names
+
+
+def test_reward_rise_reads_one_reward_per_rollout(tmp_path):
+    """Each rollout logs its reward on its mu optimizer steps; the rise compares the last
+    quarter of the rollouts with the first, its error from their spread (numpy by hand)."""
+    from d1jax.demo import report
+    rng = np.random.default_rng(0)
+    runs, diffs, var = [], [], 0.0
+    for seed in range(2):
+        rollout = 0.3 + 0.002 * np.arange(40) + 0.05 * rng.standard_normal(40)
+        d = tmp_path / f"run{seed}"
+        d.mkdir()
+        with open(d / "metrics.jsonl", "w") as f:
+            for step in range(1, 81):  # mu = 2: steps 2k+1 and 2k+2 share rollout k
+                f.write(json.dumps({"step": step, "reward": float(rollout[(step - 1) // 2]),
+                                    "loss": float(step)}) + "\n")
+        runs.append(d)
+        diffs.append(rollout[30:].mean() - rollout[:10].mean())
+        var += rollout[30:].var(ddof=1) / 10 + rollout[:10].var(ddof=1) / 10
+    r = report.reward_rise(runs, mu=2)
+    assert r["values"] == pytest.approx(diffs)
+    assert r["mean"] == pytest.approx(np.mean(diffs))
+    assert r["se"] == pytest.approx(np.sqrt(var) / 2)
+    report.plot_rewards(tmp_path, {"d1": runs, "wd1_sft": runs}, tmp_path / "p.png", mu=2)
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

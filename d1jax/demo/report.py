@@ -98,11 +98,12 @@ _COLORS = {"diffu_grpo": "tab:red", "wd1": "tab:blue", "spg": "tab:green",
 
 
 def plot_rewards(wd: Path, runs: dict[str, list[Path]], out: Path, evals: dict | None = None,
-                 smooth: int = 40) -> None:
-    """Left: rollout reward per optimizer step of each GRPO row (objective x start), mean over
-    its seeds, running mean over ``smooth`` steps (drawn once 10 steps are in it). Right (with
-    ``evals``): held-out greedy cell accuracy of every GRPO run (dots: seeds, bar: mean) and of
-    its starting model (dashed line)."""
+                 mu: int = 1, window: int = 16) -> None:
+    """One panel per starting model: rollout reward per optimizer step of each objective, mean
+    over its seeds and a trailing window of ``window`` rollouts (``mu`` optimizer steps each),
+    with a band of ± one standard error of that mean (the rollouts' spread). Right (with
+    ``evals``): each GRPO run's held-out greedy cell accuracy minus its starting model's
+    (dots: seeds, bar: their mean)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -110,60 +111,50 @@ def plot_rewards(wd: Path, runs: dict[str, list[Path]], out: Path, evals: dict |
     from d1jax.metrics import read_jsonl
     grpo_rows = [(o, start) for start in ("base", "sft") for o in OBJECTIVES
                  if runs.get(row_kind(o, start))]
-    fig, axes = plt.subplots(1, 2 if evals else 1, figsize=(13 if evals else 7, 4.5),
-                             squeeze=False, gridspec_kw={"width_ratios": [3, 2]} if evals else None)
-    ax = axes[0, 0]
-    for o, start in grpo_rows:
-        curves = []
-        for d in runs[row_kind(o, start)]:
-            path = d / "metrics.jsonl"
-            rows = [r for r in read_jsonl(path) if "reward" in r] if path.exists() else []
-            if rows:
-                curves.append(_smooth([r["reward"] for r in rows], smooth))
-        if not curves:
-            continue
-        n = min(len(c) for c in curves)
-        mean = np.mean([c[:n] for c in curves], axis=0)
-        mean[:min(10, n)] = np.nan  # a mean of a few rollouts: not drawn
-        ax.plot(np.arange(1, n + 1), mean, color=_COLORS[o], ls="-" if start == "sft" else "--",
-                label=f"{NAMES[o]} from {'SFT' if start == 'sft' else 'base'}")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel(f"rollout reward (mean of seeds, running mean over {smooth} steps)")
-    ax.set_title("reward on training prompts during GRPO")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    starts = [s for s in ("base", "sft") if any(st == s for _, st in grpo_rows)]
+    n_ax = len(starts) + bool(evals)
+    fig, axes = plt.subplots(1, n_ax, figsize=(5 * n_ax, 4.5), squeeze=False)
+    for ax, start in zip(axes[0], starts):
+        for o, st in grpo_rows:
+            if st != start:
+                continue
+            # [seeds, rollouts]: each rollout's mean reward over its fresh prompts.
+            r = [rollout_rewards(d, mu) for d in runs[row_kind(o, st)]
+                 if (d / "metrics.jsonl").exists()]
+            n = min((len(x) for x in r), default=0)
+            if n < window:
+                continue
+            r = np.stack([x[:n] for x in r])
+            kernel = np.ones(window) / window
+            mean = np.convolve(r.mean(0), kernel, "valid")  # trailing window of rollouts
+            # s.e. of a window's mean: rollout-to-rollout spread over window x seeds rollouts
+            se = r.std(ddof=1) / np.sqrt(window * r.shape[0])
+            x = (np.arange(window, n + 1)) * mu
+            ax.plot(x, mean, color=_COLORS[o], label=NAMES[o])
+            ax.fill_between(x, mean - se, mean + se, color=_COLORS[o], alpha=0.15)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(f"rollout reward (mean of seeds and of {window} rollouts)")
+        ax.set_title(f"GRPO from {'SFT' if start == 'sft' else 'the base'}: training prompts")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     if evals:
-        ax = axes[0, 1]
+        ax = axes[0, -1]
         for x, (o, start) in enumerate(grpo_rows):
             accs = [evals[d.name]["heldout"]["accuracy"] for d in runs[row_kind(o, start)]
                     if d.name in evals]
-            if not accs:
+            if not accs or start not in evals:
                 continue
-            ax.bar(x, np.mean(accs), color=_COLORS[o], alpha=0.35 if start == "base" else 0.7)
-            ax.scatter([x] * len(accs), accs, color="k", s=12, zorder=3)
-            if start in evals:
-                before = evals[start]["heldout"]["accuracy"]
-                ax.hlines(before, x - 0.4, x + 0.4, color="k", ls="--", lw=1)
+            gain = np.asarray(accs) - evals[start]["heldout"]["accuracy"]
+            ax.bar(x, gain.mean(), color=_COLORS[o], alpha=0.35 if start == "base" else 0.75)
+            ax.scatter([x] * len(gain), gain, color="k", s=12, zorder=3)
+        ax.axhline(0.0, color="k", lw=0.8)
         ax.set_xticks(range(len(grpo_rows)),
                       [f"{NAMES[o]}\n{'SFT' if s == 'sft' else 'base'}" for o, s in grpo_rows],
                       fontsize=7)
-        ax.set_ylabel("held-out greedy cell accuracy %")
-        ax.set_title("after GRPO (dots: seeds; dashed: its start)")
+        ax.set_ylabel("held-out greedy accuracy change (points)")
+        ax.set_title("change over the starting model (dots: seeds)")
         ax.grid(alpha=0.3, axis="y")
     fig.suptitle("4x4 Sudoku, tiny LLaDA on CPU")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
-
-
-def _smooth(values: list[float], width: int = 8) -> np.ndarray:
-    v = np.asarray(values, float)
-    if len(v) < 2:
-        return v
-    k = min(width, len(v))
-    c = np.cumsum(np.insert(v, 0, 0.0))
-    out = np.empty_like(v)
-    for i in range(len(v)):
-        lo = max(0, i - k + 1)
-        out[i] = (c[i + 1] - c[lo]) / (i + 1 - lo)
-    return out

@@ -122,7 +122,8 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict:
         (wd / "results.json").write_text(json.dumps(results, indent=2))
         table = report.results_table(results)
         (wd / "results.md").write_text(table + "\n")
-        report.plot_rewards(wd, runs, wd / "reward_curves.png", evals)
+        report.plot_rewards(wd, runs, wd / "reward_curves.png", evals,
+                            mu=demo.grpo.num_iterations)
         log(table)
         log(f"[demo] wall time {results['wall_time_s']:.0f} s; workdir {wd}")
     return results
