@@ -222,14 +222,14 @@ def test_stage_configs_take_the_sampler_from_the_demo(tmp_path):
 
 
 def test_compare_variant_runs_every_objective_on_one_budget(tmp_path):
-    """configs/demo_sudoku.py:compare: one GRPO-loop run per objective, start and seed, the
-    rollout and update budget identical across objectives; beta only where the objective has
-    a reference term (wd1 and SPG refuse one)."""
+    """configs/demo_sudoku.py:compare: one GRPO-loop run per objective and seed from SFT, the
+    rollout and update budget identical across objectives (the learning rate is each
+    objective's); beta only where the objective has a reference term (wd1 and SPG refuse one)."""
     from d1jax.train import spec as spec_lib
     from d1jax.train.update import OBJECTIVES
     d = demo_config.get_config("compare").demo
     assert set(d.grpo.objectives) == set(OBJECTIVES)
-    assert tuple(d.grpo.starts) == ("base", "sft") and tuple(d.seeds) == (0, 1, 2)
+    assert tuple(d.grpo.starts) == ("sft",) and tuple(d.seeds) == (0, 1, 2)
     data = {"prompt_length": 43, "train": "", "tokenizer": ""}
     start = tmp_path / "sft"
     (start / "hf").mkdir(parents=True)
@@ -240,7 +240,9 @@ def test_compare_variant_runs_every_objective_on_one_budget(tmp_path):
         assert spec.grpo.beta == (0.0 if objective in ("wd1", "spg") else d.grpo.beta)
         g = spec.grpo_run
         budgets.add((g.prompts_per_step, g.num_generations, spec.grpo.num_iterations,
-                     spec.train.num_steps, spec.optim.adamw, spec.model.lora, spec.sampler))
+                     spec.train.num_steps, spec.model.lora, spec.sampler))
+        lr = d.grpo.objective_learning_rate[objective] or d.grpo.learning_rate
+        assert spec.optim.adamw.learning_rate == pytest.approx(lr)
         names |= {demo_config.stage_name(objective, s, 0) for s in ("base", "sft")}
     assert len(budgets) == 1
     assert len(names) == 2 * len(OBJECTIVES) and {"d1_s0", "grpo_base_s0"} <= names

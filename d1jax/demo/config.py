@@ -48,8 +48,9 @@ def get_config(arg: str | None) -> mlc.ConfigDict:
     d.pretrain = _pretrain(ci)
     d.sft = _sft()
     d.grpo = _grpo(ci)
-    if arg == "compare":  # every objective of the GRPO loop on the same budget
+    if arg == "compare":  # every objective of the GRPO loop on the same budget, from SFT
         d.grpo.objectives = OBJECTIVES
+        d.grpo.starts = ("sft",)
     d.eval = _eval()
     c.lock()
     return c
@@ -97,6 +98,7 @@ def _sft() -> mlc.ConfigDict:
 
 # The GRPO loop's objectives (d1jax/train/update.py OBJECTIVES) in the demo's table order.
 OBJECTIVES = ("diffu_grpo", "wd1", "spg", "coupled_grpo")
+LR_RATIO_FREE = 1e-4  # The learning rate of wd1 and SPG (docs/demo.md: their lr scan).
 
 
 def _grpo(ci: bool) -> mlc.ConfigDict:
@@ -115,6 +117,10 @@ def _grpo(ci: bool) -> mlc.ConfigDict:
     # in the first updates; 0 keeps GRPO stable (README, CPU demo).
     g.p_mask_prompt = 0.0
     g.learning_rate = 1e-3  # AdamW learning rate (of the LoRA adapters).
+    # Per-objective learning rate (0: learning_rate). wd1 and SPG have no KL term and no
+    # ratio clip: at 1e-3 their rollout reward collapsed (docs/demo.md).
+    g.objective_learning_rate = mlc.ConfigDict({"diffu_grpo": 0.0, "wd1": LR_RATIO_FREE,
+                                                "spg": LR_RATIO_FREE, "coupled_grpo": 0.0})
     g.adam_eps = 1e-8  # Adam epsilon (torch default).
     g.warmup_ratio = 0.0001  # Linear warmup over this fraction of the steps (d1: 0.0001).
     g.lora_rank = 16  # LoRA rank (0: full fine-tuning).
@@ -239,7 +245,7 @@ def grpo_config(demo: mlc.ConfigDict, data: dict, start: Path, seed: int,
     # completion is one block (block_length 32), so J = 1.
     c.grpo.spg.num_t = min(c.grpo.spg.num_t, demo.sampler.gen_length // demo.sampler.block_length)
     c.grpo.ref_model_sync_steps = 64
-    c.optim.learning_rate = g.learning_rate
+    c.optim.learning_rate = g.objective_learning_rate[objective] or g.learning_rate
     c.optim.eps = g.adam_eps
     c.optim.warmup_ratio = g.warmup_ratio
     c.optim.weight_decay = 0.0

@@ -53,9 +53,12 @@ def summarize(runs: dict[str, list[Path]], evals: dict, set_names: list[str],
         for name in set_names:
             vals = [evals[d.name][name]["accuracy"] for d in runs[kind]]
             solved = [evals[d.name][name]["solved"] for d in runs[kind]]
+            reward = [100.0 * evals[d.name][name]["reward"] for d in runs[kind]]
             rows[kind][name] = {"mean": float(np.mean(vals)), "std": float(np.std(vals)),
                                 "min": float(np.min(vals)), "max": float(np.max(vals)),
-                                "values": vals, "solved_mean": float(np.mean(solved))}
+                                "values": vals, "solved_mean": float(np.mean(solved)),
+                                "reward_mean": float(np.mean(reward)),
+                                "reward_std": float(np.std(reward)), "reward_values": reward}
             if "sampled_accuracy" in evals[runs[kind][0].name][name]:
                 sampled = [evals[d.name][name]["sampled_accuracy"] for d in runs[kind]]
                 rows[kind][name].update(sampled_mean=float(np.mean(sampled)),
@@ -72,6 +75,9 @@ def results_table(results: dict) -> str:
     cols = []  # (set, key of the mean, title)
     for s in results["sets"]:
         cols.append((s, "", f"{_SET_TITLES[s]}: greedy (d1 protocol)"))
+        if s == "heldout":  # the GRPO reward on the same completions: where the two part,
+            # the policy has learned a format one of them misreads (docs/demo.md)
+            cols.append((s, "reward_", f"{_SET_TITLES[s]}: greedy, Sudoku reward x 100"))
         if "sampled_mean" in rows["base"][s]:
             cols.append((s, "sampled_", f"{_SET_TITLES[s]}: sampled, T=0.9"))
     rise = any("reward_rise" in r for r in rows.values())
@@ -85,6 +91,9 @@ def results_table(results: dict) -> str:
         for s, pre, _ in cols:
             r = rows[kind][s]
             many = len(r["values"]) > 1
+            if pre + "mean" not in r:  # a results.json written before the column existed
+                cells.append("")
+                continue
             cells.append(f"{r[pre + 'mean']:.1f}" + (f" ± {r[pre + 'std']:.1f}" if many else ""))
         if rise:
             r = rows[kind].get("reward_rise")
