@@ -18,9 +18,10 @@ from d1jax.config import ConfigError
 def get_config(arg: str | None) -> mlc.ConfigDict:
     """base -> SFT -> diffu-GRPO on 4x4 Sudoku (d1jax/demo/run.py).
 
-    ``arg``: None (the README's run, 24 minutes measured on 2 shared cores) or "ci" (a shortened
-    run for the test suite: fewer pretraining steps, one 60-step diffu-GRPO run from the SFT
-    model with exact rollouts).
+    ``arg``: None (the README's run, 705 s measured on one shared core), "compare" (the same,
+    plus wd1, SPG and coupled-GRPO from the SFT model on diffu-GRPO's budget; it reuses a
+    default run's workdir) or "ci" (a shortened run for the test suite: fewer pretraining
+    steps, one 60-step diffu-GRPO run from the SFT model with exact rollouts).
     """
     if arg not in (None, "", "ci", "compare"):
         raise ConfigError(f"unknown demo variant {arg!r}: use nothing, ':ci' or ':compare'")
@@ -30,7 +31,7 @@ def get_config(arg: str | None) -> mlc.ConfigDict:
     c.workdir = ""  # Run directory (--workdir overrides); one sub-directory per stage.
     d = c.demo = mlc.ConfigDict()
     d.seed = 0  # Seed of the data, the base model's init and the SFT stage.
-    # One diffu-GRPO run per seed from each starting model; ci: one run (seed 1) from SFT.
+    # One GRPO run per seed, objective and starting model; ci: one run (seed 1) from SFT.
     d.seeds = (1,) if ci else (0, 1, 2)
     d.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor) for every stage.
     # The rollout sampler of every GRPO stage (fields: d1jax/config/defaults.py); evaluations

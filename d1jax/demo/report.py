@@ -66,7 +66,7 @@ def summarize(runs: dict[str, list[Path]], evals: dict, set_names: list[str],
     return {"rows": rows, "sets": set_names, "per_run": evals}
 
 
-_SET_TITLES = {"heldout": "held-out generated", "d1_test": "d1's 4x4 test set"}
+_SET_TITLES = {"heldout": "held-out", "d1_test": "d1's 4x4 test set"}
 
 
 def results_table(results: dict) -> str:
@@ -74,15 +74,15 @@ def results_table(results: dict) -> str:
     rows = results["rows"]
     cols = []  # (set, key of the mean, title)
     for s in results["sets"]:
-        cols.append((s, "", f"{_SET_TITLES[s]}: greedy (d1 protocol)"))
+        cols.append((s, "", f"{_SET_TITLES[s]}: greedy" + (" (d1 protocol)" if s == "heldout" else "")))
         if s == "heldout":  # the GRPO reward on the same completions: where the two part,
             # the policy has learned a format one of them misreads (docs/demo.md)
-            cols.append((s, "reward_", f"{_SET_TITLES[s]}: greedy, Sudoku reward x 100"))
+            cols.append((s, "reward_", f"{_SET_TITLES[s]}: greedy, GRPO reward x 100"))
         if "sampled_mean" in rows["base"][s]:
             cols.append((s, "sampled_", f"{_SET_TITLES[s]}: sampled, T=0.9"))
     rise = any("reward_rise" in r for r in rows.values())
     lines = ["| model | " + " | ".join(t for *_, t in cols) + (
-        " | rollout reward, last - first quarter (± s.e.) |" if rise else " |"),
+        " | rollout reward rise (± s.e.) |" if rise else " |"),
         "|---" * (len(cols) + 1 + rise) + "|"]
     for kind, title in ROWS:
         if kind not in rows:
