@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from d1jax.demo import config as demo_config
@@ -111,7 +112,8 @@ def test_eval_cli_scores_the_exported_d1_model(demo_run, tmp_path):
 @pytest.mark.parametrize("flag,field", [
     ("--config.demo.grpo.starts=('sft', 'rl')", "demo.grpo.starts"),
     ("--config.demo.sampler.kv_cache=dual2", "demo.sampler.kv_cache='dual2'"),
-    ("--config.demo.eval.sampled_sets=('heldout', 'test')", "demo.eval.sampled_sets")])
+    ("--config.demo.eval.sampled_sets=('heldout', 'test')", "demo.eval.sampled_sets"),
+    ("--config.demo.grpo.objectives=('wd1', 'ppo')", "demo.grpo.objectives")])
 def test_bad_demo_switches_fail_before_any_stage_runs(tmp_path, flag, field):
     wd = tmp_path / "wd"
     r = run_main("--config=configs/demo_sudoku.py:ci", flag, f"--workdir={wd}")
@@ -217,3 +219,55 @@ def test_stage_configs_take_the_sampler_from_the_demo(tmp_path):
     greedy = spec_lib.from_config(demo_config.eval_config(d, start / "hf")).eval.samplers
     assert [(s.gen_length, s.steps, s.kv_cache, s.temperature) for s in greedy] == [
         (32, 16, "none", 0.0)]
+
+
+def test_compare_variant_runs_every_objective_on_one_budget(tmp_path):
+    """configs/demo_sudoku.py:compare: one GRPO-loop run per objective and seed from SFT, the
+    rollout and update budget identical across objectives (the learning rate is each
+    objective's); beta only where the objective has a reference term (wd1 and SPG refuse one)."""
+    from d1jax.train import spec as spec_lib
+    from d1jax.train.update import OBJECTIVES
+    d = demo_config.get_config("compare").demo
+    assert set(d.grpo.objectives) == set(OBJECTIVES)
+    assert tuple(d.grpo.starts) == ("sft",) and tuple(d.seeds) == (0, 1, 2)
+    data = {"prompt_length": 43, "train": "", "tokenizer": ""}
+    start = tmp_path / "sft"
+    (start / "hf").mkdir(parents=True)
+    budgets, names = set(), set()
+    for objective in d.grpo.objectives:
+        spec = spec_lib.from_config(demo_config.grpo_config(d, data, start, 0, objective))
+        assert spec.grpo.objective == objective
+        assert spec.grpo.beta == (0.0 if objective in ("wd1", "spg") else d.grpo.beta)
+        g = spec.grpo_run
+        budgets.add((g.prompts_per_step, g.num_generations, spec.grpo.num_iterations,
+                     spec.train.num_steps, spec.model.lora, spec.sampler))
+        lr = d.grpo.objective_learning_rate[objective] or d.grpo.learning_rate
+        assert spec.optim.adamw.learning_rate == pytest.approx(lr)
+        names |= {demo_config.stage_name(objective, s, 0) for s in ("base", "sft")}
+    assert len(budgets) == 1
+    assert len(names) == 2 * len(OBJECTIVES) and {"d1_s0", "grpo_base_s0"} <= names
+
+
+def test_reward_rise_reads_one_reward_per_rollout(tmp_path):
+    """Each rollout logs its reward on its mu optimizer steps; the rise compares the last
+    quarter of the rollouts with the first, its error from their spread (numpy by hand)."""
+    from d1jax.demo import report
+    rng = np.random.default_rng(0)
+    runs, diffs, var = [], [], 0.0
+    for seed in range(2):
+        rollout = 0.3 + 0.002 * np.arange(40) + 0.05 * rng.standard_normal(40)
+        d = tmp_path / f"run{seed}"
+        d.mkdir()
+        with open(d / "metrics.jsonl", "w") as f:
+            for step in range(1, 81):  # mu = 2: steps 2k+1 and 2k+2 share rollout k
+                f.write(json.dumps({"step": step, "reward": float(rollout[(step - 1) // 2]),
+                                    "loss": float(step)}) + "\n")
+        runs.append(d)
+        diffs.append(rollout[30:].mean() - rollout[:10].mean())
+        var += rollout[30:].var(ddof=1) / 10 + rollout[:10].var(ddof=1) / 10
+    r = report.reward_rise(runs, mu=2)
+    assert r["values"] == pytest.approx(diffs)
+    assert r["mean"] == pytest.approx(np.mean(diffs))
+    assert r["se"] == pytest.approx(np.sqrt(var) / 2)
+    report.plot_rewards(tmp_path, {"d1": runs, "wd1_sft": runs}, tmp_path / "p.png", mu=2)
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

@@ -18,19 +18,20 @@ from d1jax.config import ConfigError
 def get_config(arg: str | None) -> mlc.ConfigDict:
     """base -> SFT -> diffu-GRPO on 4x4 Sudoku (d1jax/demo/run.py).
 
-    ``arg``: None (the README's run, 24 minutes measured on 2 shared cores) or "ci" (a shortened
-    run for the test suite: fewer pretraining steps, one 60-step diffu-GRPO run from the SFT
-    model with exact rollouts).
+    ``arg``: None (the README's run, 705 s measured on one shared core), "compare" (the same,
+    plus wd1, SPG and coupled-GRPO from the SFT model on diffu-GRPO's budget; it reuses a
+    default run's workdir) or "ci" (a shortened run for the test suite: fewer pretraining
+    steps, one 60-step diffu-GRPO run from the SFT model with exact rollouts).
     """
-    if arg not in (None, "", "ci"):
-        raise ConfigError(f"unknown demo variant {arg!r}: use nothing or ':ci'")
+    if arg not in (None, "", "ci", "compare"):
+        raise ConfigError(f"unknown demo variant {arg!r}: use nothing, ':ci' or ':compare'")
     ci = arg == "ci"
     c = mlc.ConfigDict()
     c.stage = "demo"  # d1jax.main runs d1jax.demo.run.
     c.workdir = ""  # Run directory (--workdir overrides); one sub-directory per stage.
     d = c.demo = mlc.ConfigDict()
     d.seed = 0  # Seed of the data, the base model's init and the SFT stage.
-    # One diffu-GRPO run per seed from each starting model; ci: one run (seed 1) from SFT.
+    # One GRPO run per seed, objective and starting model; ci: one run (seed 1) from SFT.
     d.seeds = (1,) if ci else (0, 1, 2)
     d.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor) for every stage.
     # The rollout sampler of every GRPO stage (fields: d1jax/config/defaults.py); evaluations
@@ -48,6 +49,9 @@ def get_config(arg: str | None) -> mlc.ConfigDict:
     d.pretrain = _pretrain(ci)
     d.sft = _sft()
     d.grpo = _grpo(ci)
+    if arg == "compare":  # every objective of the GRPO loop on the same budget, from SFT
+        d.grpo.objectives = OBJECTIVES
+        d.grpo.starts = ("sft",)
     d.eval = _eval()
     c.lock()
     return c
@@ -93,19 +97,31 @@ def _sft() -> mlc.ConfigDict:
     return g
 
 
+# The GRPO loop's objectives (d1jax/train/update.py OBJECTIVES) in the demo's table order.
+OBJECTIVES = ("diffu_grpo", "wd1", "spg", "coupled_grpo")
+
+
 def _grpo(ci: bool) -> mlc.ConfigDict:
     g = mlc.ConfigDict()
-    g.steps = 60 if ci else 160  # Optimizer steps per diffu-GRPO run.
+    # Policy losses, one run per (objective, start, seed), each on the same rollout and update
+    # budget below; ':compare' runs all of OBJECTIVES.
+    g.objectives = ("diffu_grpo",)
+    g.steps = 60 if ci else 128  # Optimizer steps per GRPO run (the default demo fits in 15 minutes).
     g.starts = ("sft",) if ci else ("base", "sft")  # Starting models: "base" (+diffu-GRPO row), "sft" (d1).
     g.num_generations = 8  # G.
     g.prompts_per_step = 4  # Prompts per rollout.
     g.num_iterations = 2  # mu: optimizer steps per rollout (each with a fresh mask seed).
-    g.beta = 0.04  # KL weight (d1).
+    g.beta = 0.04  # KL weight (d1) of the objectives with a reference term (wd1 and SPG have none).
     # Prompt-token mask rate of the log-prob estimator (d1: 0.15). The 43-token prompt's 16
     # puzzle digits are the whole problem: masking them sends the k3 KL to 20-200 per token
     # in the first updates; 0 keeps GRPO stable (README, CPU demo).
     g.p_mask_prompt = 0.0
     g.learning_rate = 1e-3  # AdamW learning rate (of the LoRA adapters).
+    # Per-objective learning rate (0: learning_rate). wd1 and SPG have no KL term and no
+    # ratio clip: at 1e-3 their rollout reward collapsed; these are the best of a 3-point
+    # scan, seed 0 (docs/demo.md).
+    g.objective_learning_rate = mlc.ConfigDict({"diffu_grpo": 0.0, "wd1": 1e-4, "spg": 3e-5,
+                                                "coupled_grpo": 0.0})
     g.adam_eps = 1e-8  # Adam epsilon (torch default).
     g.warmup_ratio = 0.0001  # Linear warmup over this fraction of the steps (d1: 0.0001).
     g.lora_rank = 16  # LoRA rank (0: full fine-tuning).
@@ -127,6 +143,9 @@ def check(demo: mlc.ConfigDict) -> None:
     starts = tuple(demo.grpo.starts)
     if not starts or set(starts) - {"base", "sft"}:
         raise ConfigError(f"demo.grpo.starts={starts!r}: a non-empty subset of ('base', 'sft')")
+    objectives = tuple(demo.grpo.objectives)
+    if not objectives or set(objectives) - set(OBJECTIVES) or len(set(objectives)) < len(objectives):
+        raise ConfigError(f"demo.grpo.objectives={objectives!r}: distinct names from {OBJECTIVES}")
     if set(demo.eval.sampled_sets) - {"heldout", "d1_test"}:
         raise ConfigError(f"demo.eval.sampled_sets={tuple(demo.eval.sampled_sets)!r}: "
                           "a subset of ('heldout', 'd1_test')")
@@ -189,9 +208,25 @@ def sft_config(demo: mlc.ConfigDict, data: dict, base: Path) -> mlc.ConfigDict:
     return c
 
 
-def grpo_config(demo: mlc.ConfigDict, data: dict, start: Path, seed: int) -> mlc.ConfigDict:
+def row_kind(objective: str, start: str) -> str:
+    """The results row of GRPO runs of ``objective`` from ``start`` (diffu-GRPO keeps the
+    names of the demo's first version: ``grpo_base``, ``d1``)."""
+    if objective == "diffu_grpo":
+        return "d1" if start == "sft" else "grpo_base"
+    return f"{objective}_{start}"
+
+
+def stage_name(objective: str, start: str, seed: int) -> str:
+    """Sub-workdir of one GRPO run."""
+    return f"{row_kind(objective, start)}_s{seed}"
+
+
+def grpo_config(demo: mlc.ConfigDict, data: dict, start: Path, seed: int,
+                objective: str = "diffu_grpo") -> mlc.ConfigDict:
+    """One GRPO-loop run of ``objective`` from the exported model in ``start``; every knob but
+    the objective (and its own defaults, d1jax/config/defaults.py) is the demo's."""
     g = demo.grpo
-    c = config_lib.grpo("sudoku", "tiny")
+    c = config_lib.grpo("sudoku", "tiny", objective=objective)
     _common(c, demo, data)
     c.sampler.update(demo.sampler)
     c.seed = seed
@@ -204,10 +239,14 @@ def grpo_config(demo: mlc.ConfigDict, data: dict, start: Path, seed: int) -> mlc
     c.grpo.num_generations = g.num_generations
     c.grpo.prompts_per_step = g.prompts_per_step
     c.grpo.num_iterations = g.num_iterations
-    c.grpo.beta = g.beta
+    # wd1 and SPG have no reference term: their defaults hold beta = 0.
+    c.grpo.beta = g.beta if c.grpo.beta > 0 else 0.0
     c.grpo.p_mask_prompt = g.p_mask_prompt
+    # SPG draws its J noisy copies from distinct blocks of the completion; the demo's 32-token
+    # completion is one block (block_length 32), so J = 1.
+    c.grpo.spg.num_t = min(c.grpo.spg.num_t, demo.sampler.gen_length // demo.sampler.block_length)
     c.grpo.ref_model_sync_steps = 64
-    c.optim.learning_rate = g.learning_rate
+    c.optim.learning_rate = g.objective_learning_rate[objective] or g.learning_rate
     c.optim.eps = g.adam_eps
     c.optim.warmup_ratio = g.warmup_ratio
     c.optim.weight_decay = 0.0

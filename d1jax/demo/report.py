@@ -6,23 +6,59 @@ from pathlib import Path
 
 import numpy as np
 
-ROWS = (("base", "LLaDA-tiny (base)"), ("sft", "+SFT"), ("grpo_base", "+diffu-GRPO"),
-        ("d1", "d1 (SFT + diffu-GRPO)"))
+from d1jax.demo.config import OBJECTIVES, row_kind
+
+NAMES = {"diffu_grpo": "diffu-GRPO", "wd1": "wd1", "spg": "SPG", "coupled_grpo": "coupled-GRPO"}
+# Table order: the two starting models, then each objective from the base and from SFT.
+ROWS = (("base", "LLaDA-tiny (base)"), ("sft", "+SFT")) + tuple(
+    (row_kind(o, start), f"+{NAMES[o]}" if start == "base" else
+     ("d1 (SFT + diffu-GRPO)" if o == "diffu_grpo" else f"SFT + {NAMES[o]}"))
+    for start in ("base", "sft") for o in OBJECTIVES)
 
 
-def summarize(runs: dict[str, list[Path]], evals: dict, set_names: list[str]) -> dict:
-    """Mean and spread (std over seeds, and min..max) per row and evaluation set."""
+def rollout_rewards(stage_dir: Path, mu: int) -> np.ndarray:
+    """Mean reward of each rollout of a GRPO run (its mu optimizer steps log the same one)."""
+    from d1jax.metrics import read_jsonl
+    rows = [r for r in read_jsonl(stage_dir / "metrics.jsonl") if "reward" in r]
+    return np.array([r["reward"] for r in rows if (r["step"] - 1) % mu == 0], float)
+
+
+def reward_rise(runs: list[Path], mu: int, frac: float = 0.25) -> dict:
+    """Rollout reward of the last ``frac`` of the rollouts minus the first ``frac``, mean over
+    the runs, with its standard error from the rollout-to-rollout spread (each rollout holds
+    new prompts, so their difficulty is the noise a rise has to clear)."""
+    diffs, vars_ = [], []
+    for d in runs:
+        r = rollout_rewards(d, mu)
+        k = max(1, int(len(r) * frac))
+        first, last = r[:k], r[-k:]
+        diffs.append(float(last.mean() - first.mean()))
+        vars_.append(float(first.var(ddof=1) / k + last.var(ddof=1) / k) if k > 1 else np.nan)
+    return {"mean": float(np.mean(diffs)), "values": diffs,
+            "se": float(np.sqrt(np.sum(vars_)) / len(runs))}
+
+
+def summarize(runs: dict[str, list[Path]], evals: dict, set_names: list[str],
+              mu: int = 1) -> dict:
+    """Mean and spread (std over seeds, and min..max) per row and evaluation set; for the
+    GRPO rows the rise of the rollout reward over training (``reward_rise``, ``mu`` optimizer
+    steps per rollout)."""
     rows = {}
     for kind, _ in ROWS:
-        if not runs[kind]:  # a GRPO start the config left out
+        if not runs.get(kind):  # a GRPO start or objective the config left out
             continue
         rows[kind] = {}
+        if kind not in ("base", "sft"):
+            rows[kind]["reward_rise"] = reward_rise(runs[kind], mu)
         for name in set_names:
             vals = [evals[d.name][name]["accuracy"] for d in runs[kind]]
             solved = [evals[d.name][name]["solved"] for d in runs[kind]]
+            reward = [100.0 * evals[d.name][name]["reward"] for d in runs[kind]]
             rows[kind][name] = {"mean": float(np.mean(vals)), "std": float(np.std(vals)),
                                 "min": float(np.min(vals)), "max": float(np.max(vals)),
-                                "values": vals, "solved_mean": float(np.mean(solved))}
+                                "values": vals, "solved_mean": float(np.mean(solved)),
+                                "reward_mean": float(np.mean(reward)),
+                                "reward_std": float(np.std(reward)), "reward_values": reward}
             if "sampled_accuracy" in evals[runs[kind][0].name][name]:
                 sampled = [evals[d.name][name]["sampled_accuracy"] for d in runs[kind]]
                 rows[kind][name].update(sampled_mean=float(np.mean(sampled)),
@@ -30,7 +66,7 @@ def summarize(runs: dict[str, list[Path]], evals: dict, set_names: list[str]) ->
     return {"rows": rows, "sets": set_names, "per_run": evals}
 
 
-_SET_TITLES = {"heldout": "held-out generated", "d1_test": "d1's 4x4 test set"}
+_SET_TITLES = {"heldout": "held-out", "d1_test": "d1's 4x4 test set"}
 
 
 def results_table(results: dict) -> str:
@@ -38,10 +74,16 @@ def results_table(results: dict) -> str:
     rows = results["rows"]
     cols = []  # (set, key of the mean, title)
     for s in results["sets"]:
-        cols.append((s, "", f"{_SET_TITLES[s]}: greedy (d1 protocol)"))
+        cols.append((s, "", f"{_SET_TITLES[s]}: greedy" + (" (d1 protocol)" if s == "heldout" else "")))
+        if s == "heldout":  # the GRPO reward on the same completions: where the two part,
+            # the policy has learned a format one of them misreads (docs/demo.md)
+            cols.append((s, "reward_", f"{_SET_TITLES[s]}: greedy, GRPO reward x 100"))
         if "sampled_mean" in rows["base"][s]:
             cols.append((s, "sampled_", f"{_SET_TITLES[s]}: sampled, T=0.9"))
-    lines = ["| model | " + " | ".join(t for *_, t in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    rise = any("reward_rise" in r for r in rows.values())
+    lines = ["| model | " + " | ".join(t for *_, t in cols) + (
+        " | rollout reward rise (± s.e.) |" if rise else " |"),
+        "|---" * (len(cols) + 1 + rise) + "|"]
     for kind, title in ROWS:
         if kind not in rows:
             continue
@@ -49,69 +91,79 @@ def results_table(results: dict) -> str:
         for s, pre, _ in cols:
             r = rows[kind][s]
             many = len(r["values"]) > 1
+            if pre + "mean" not in r:  # a results.json written before the column existed
+                cells.append("")
+                continue
             cells.append(f"{r[pre + 'mean']:.1f}" + (f" ± {r[pre + 'std']:.1f}" if many else ""))
+        if rise:
+            r = rows[kind].get("reward_rise")
+            cells.append(f"{r['mean']:+.3f} ± {r['se']:.3f}" if r else "")
         lines.append(f"| {title} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def plot_rewards(wd: Path, seeds, out: Path, evals: dict | None = None) -> None:
-    """Left: mean rollout reward per optimizer step of every GRPO run (one line per seed,
-    running mean over 40 steps, drawn from step 11). Right (with ``evals``): held-out greedy
-    cell accuracy of each starting model and of every GRPO run started from it."""
+_COLORS = {"diffu_grpo": "tab:red", "wd1": "tab:blue", "spg": "tab:green",
+           "coupled_grpo": "tab:purple"}
+
+
+def plot_rewards(wd: Path, runs: dict[str, list[Path]], out: Path, evals: dict | None = None,
+                 mu: int = 1, window: int = 16) -> None:
+    """One panel per starting model: rollout reward per optimizer step of each objective, mean
+    over its seeds and a trailing window of ``window`` rollouts (``mu`` optimizer steps each),
+    with a band of ± one standard error of that mean (the rollouts' spread). Right (with
+    ``evals``): each GRPO run's held-out greedy cell accuracy minus its starting model's
+    (dots: seeds, bar: their mean)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from d1jax.metrics import read_jsonl
-    kinds = (("grpo_base", "base", "tab:blue", "diffu-GRPO from base"),
-             ("d1", "sft", "tab:red", "d1: diffu-GRPO from SFT"))
-    fig, axes = plt.subplots(1, 2 if evals else 1, figsize=(11 if evals else 7, 4),
-                             squeeze=False, gridspec_kw={"width_ratios": [2, 1]} if evals else None)
-    ax = axes[0, 0]
-    for kind, _, color, title in kinds:
-        for i, seed in enumerate(seeds):
-            path = wd / f"{kind}_s{seed}" / "metrics.jsonl"
-            if not path.exists():  # a GRPO start the config left out
+    grpo_rows = [(o, start) for start in ("base", "sft") for o in OBJECTIVES
+                 if runs.get(row_kind(o, start))]
+    starts = [s for s in ("base", "sft") if any(st == s for _, st in grpo_rows)]
+    n_ax = len(starts) + bool(evals)
+    fig, axes = plt.subplots(1, n_ax, figsize=(5 * n_ax, 4.5), squeeze=False)
+    for ax, start in zip(axes[0], starts):
+        for o, st in grpo_rows:
+            if st != start:
                 continue
-            rows = [r for r in read_jsonl(path) if "reward" in r]
-            steps = [r["step"] for r in rows]
-            smooth = _smooth([r["reward"] for r in rows], 40)
-            smooth[:10] = np.nan  # a mean of a few rollouts: not drawn
-            ax.plot(steps, smooth, color=color, alpha=0.8, label=title if i == 0 else None)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("rollout reward (running mean, 40 steps)")
-    ax.set_title("reward on training prompts during diffu-GRPO")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    if evals:
-        ax = axes[0, 1]
-        for x, (kind, start, color, _) in enumerate(kinds):
-            runs = [evals[f"{kind}_s{seed}"]["heldout"]["accuracy"] for seed in seeds
-                    if f"{kind}_s{seed}" in evals]
-            if start not in evals or not runs:
+            # [seeds, rollouts]: each rollout's mean reward over its fresh prompts.
+            r = [rollout_rewards(d, mu) for d in runs[row_kind(o, st)]
+                 if (d / "metrics.jsonl").exists()]
+            n = min((len(x) for x in r), default=0)
+            if n < window:
                 continue
-            before = evals[start]["heldout"]["accuracy"]
-            ax.plot([2 * x, 2 * x + 1], [before, np.mean(runs)], color=color, lw=2)
-            ax.scatter([2 * x], [before], color=color, marker="s", zorder=3)
-            ax.scatter([2 * x + 1] * len(runs), runs, color=color, zorder=3)
-        ax.set_xticks(range(4), ["base", "+GRPO", "SFT", "d1"])
-        ax.set_ylabel("held-out greedy cell accuracy %")
-        ax.set_title("before / after diffu-GRPO (dots: seeds)")
+            r = np.stack([x[:n] for x in r])
+            kernel = np.ones(window) / window
+            mean = np.convolve(r.mean(0), kernel, "valid")  # trailing window of rollouts
+            # s.e. of a window's mean: rollout-to-rollout spread over window x seeds rollouts
+            se = r.std(ddof=1) / np.sqrt(window * r.shape[0])
+            x = (np.arange(window, n + 1)) * mu
+            ax.plot(x, mean, color=_COLORS[o], label=NAMES[o])
+            ax.fill_between(x, mean - se, mean + se, color=_COLORS[o], alpha=0.15)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(f"rollout reward (mean of seeds and of {window} rollouts)")
+        ax.set_title(f"GRPO from {'SFT' if start == 'sft' else 'the base'}: training prompts")
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if evals:
+        ax = axes[0, -1]
+        for x, (o, start) in enumerate(grpo_rows):
+            accs = [evals[d.name]["heldout"]["accuracy"] for d in runs[row_kind(o, start)]
+                    if d.name in evals]
+            if not accs or start not in evals:
+                continue
+            gain = np.asarray(accs) - evals[start]["heldout"]["accuracy"]
+            ax.bar(x, gain.mean(), color=_COLORS[o], alpha=0.35 if start == "base" else 0.75)
+            ax.scatter([x] * len(gain), gain, color="k", s=12, zorder=3)
+        ax.axhline(0.0, color="k", lw=0.8)
+        ax.set_xticks(range(len(grpo_rows)),
+                      [f"{NAMES[o]}\n{'SFT' if s == 'sft' else 'base'}" for o, s in grpo_rows],
+                      fontsize=7)
+        ax.set_ylabel("held-out greedy accuracy change (points)")
+        ax.set_title("change over the starting model (dots: seeds)")
+        ax.grid(alpha=0.3, axis="y")
     fig.suptitle("4x4 Sudoku, tiny LLaDA on CPU")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
-
-
-def _smooth(values: list[float], width: int = 8) -> np.ndarray:
-    v = np.asarray(values, float)
-    if len(v) < 2:
-        return v
-    k = min(width, len(v))
-    c = np.cumsum(np.insert(v, 0, 0.0))
-    out = np.empty_like(v)
-    for i in range(len(v)):
-        lo = max(0, i - k + 1)
-        out[i] = (c[i + 1] - c[lo]) / (i + 1 - lo)
-    return out

@@ -13,7 +13,9 @@ a Hugging Face export in ``<stage>/hf``), so every one can be resumed, evaluated
    the stand-in base model.
 3. ``sft/``: masked SFT on clean solution trajectories (d1's stage 1).
 4. ``grpo_base_s{seed}/`` and ``d1_s{seed}/``: diffu-GRPO with the Sudoku reward from the
-   base and from the SFT model (d1's stage 2), one run per seed.
+   base and from the SFT model (d1's stage 2), one run per seed; with more
+   ``demo.grpo.objectives``, ``{objective}_{base,sft}_s{seed}/`` for each (wd1, SPG,
+   coupled-GRPO), on the same rollout and update budget.
 5. ``results.json``, ``results.md`` (the table) and ``reward_curves.png``: accuracy by d1's
    rule (correct empty cells / empty cells) on the held-out puzzles and on d1's official
    4x4 test set, greedy decoding.
@@ -68,17 +70,18 @@ def _train_stages(demo: mlc.ConfigDict, data: dict, wd: Path, log
                                 demo_config.pretrain_config(demo, data), wd / "base", log)}
     times["sft"] = _run_stage("SFT", sft.run, demo_config.sft_config(demo, data, wd / "base"),
                               wd / "sft", log)
-    runs: dict[str, list[Path]] = {"base": [wd / "base"], "sft": [wd / "sft"],
-                                   "grpo_base": [], "d1": []}
+    runs: dict[str, list[Path]] = {"base": [wd / "base"], "sft": [wd / "sft"]}
     for seed in demo.seeds:
-        for kind, start in (("grpo_base", wd / "base"), ("d1", wd / "sft")):
-            if start.name not in demo.grpo.starts:
-                continue
-            stage_dir = wd / f"{kind}_s{seed}"
-            times[stage_dir.name] = _run_stage(
-                f"diffu-GRPO from {start.name}, seed {seed}", grpo.run,
-                demo_config.grpo_config(demo, data, start, seed), stage_dir, log)
-            runs[kind].append(stage_dir)
+        for objective in demo.grpo.objectives:
+            for start in ("base", "sft"):
+                if start not in demo.grpo.starts:
+                    continue
+                stage_dir = wd / demo_config.stage_name(objective, start, seed)
+                times[stage_dir.name] = _run_stage(
+                    f"{objective} from {start}, seed {seed}", grpo.run,
+                    demo_config.grpo_config(demo, data, wd / start, seed, objective),
+                    stage_dir, log)
+                runs.setdefault(demo_config.row_kind(objective, start), []).append(stage_dir)
     return runs, times
 
 
@@ -112,14 +115,15 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict:
     data = demo_data.prepare_data(demo, wd)
     runs, times = _train_stages(demo, data, wd, log)
     evals, set_names = evaluation.evaluate_all(demo, data, runs, wd, log)
-    results = report.summarize(runs, evals, set_names)
+    results = report.summarize(runs, evals, set_names, demo.grpo.num_iterations)
     results["wall_time_s"] = time.perf_counter() - t_start  # this invocation
     results = _with_times(results, times, wd)
     if jax.process_index() == 0:
         (wd / "results.json").write_text(json.dumps(results, indent=2))
         table = report.results_table(results)
         (wd / "results.md").write_text(table + "\n")
-        report.plot_rewards(wd, demo.seeds, wd / "reward_curves.png", evals)
+        report.plot_rewards(wd, runs, wd / "reward_curves.png", evals,
+                            mu=demo.grpo.num_iterations)
         log(table)
         log(f"[demo] wall time {results['wall_time_s']:.0f} s; workdir {wd}")
     return results
