@@ -178,7 +178,7 @@ def test_remat_gives_the_same_gradients(tiny_config, tiny_params):
 def test_attention_matches_a_float64_softmax_and_its_gradient():
     """Grouped-query attention with padding keys against numpy in float64, and its gradient
     against ``jax.nn.dot_product_attention``'s."""
-    from d1jax.model.llada import attention
+    from d1jax.model.attention import attention
     rs = np.random.RandomState(7)
     b, q, n, k, h = 2, 5, 4, 2, 8
     qx, kx, vx = (rs.normal(size=s).astype(np.float32)
@@ -212,6 +212,35 @@ def test_unrolled_layers_equal_the_scanned_ones(tiny_config, tiny_params):
                           for u in (False, True))
     np.testing.assert_allclose(l1, l2, rtol=1e-6)
     jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-7), g1, g2)
+
+
+@pytest.mark.parametrize("remat", [False, True])
+@pytest.mark.parametrize("unroll", [False, True])
+def test_rows_of_the_last_layer_equal_the_full_forward(tiny_config, unroll, remat):
+    """``hidden(keep_last=C)`` and sliced logits run the last layer on C rows only (when
+    unrolled): the same values and gradients as slicing the full forward, with LoRA and
+    padding."""
+    lora = d1jax.LoraConfig(rank=4, alpha=8.0, dropout=0.0)
+    model = d1jax.LLaDA(tiny_config, lora=lora, unroll_layers=unroll, remat=remat)
+    full_model = d1jax.LLaDA(tiny_config, lora=lora, unroll_layers=False)
+    params = jax.tree.map(lambda a: a + 0.01, d1jax.init_params(model, jax.random.key(3)))
+    rs = np.random.RandomState(9)
+    ids = rs.randint(0, tiny_config.vocab_size, (3, 12))
+    mask = np.ones((3, 12), np.int32)
+    mask[0, :3] = 0
+
+    def hidden(p, m, keep):
+        h = m.apply({"params": p}, ids, mask, method=d1jax.LLaDA.hidden, keep_last=keep)
+        return h[:, -5:]
+    np.testing.assert_allclose(hidden(params, model, 5), hidden(params, full_model, None),
+                               rtol=1e-5, atol=1e-6)
+    sliced = model.apply({"params": params}, ids, mask, slice_start=jnp.int32(4), slice_len=3)
+    np.testing.assert_allclose(sliced, full_model.apply({"params": params}, ids, mask)[:, 4:7],
+                               rtol=1e-5, atol=1e-5)
+    w = rs.normal(size=(3, 5, tiny_config.d_model)).astype(np.float32)
+    grads = [jax.grad(lambda p, m=m, k=k: (hidden(p, m, k) * w).sum())(params)
+             for m, k in ((model, 5), (full_model, None))]
+    jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-5), *grads)
 
 
 def test_remat_model_decodes_like_the_plain_one(tiny_config, tiny_model, tiny_params):

@@ -117,7 +117,6 @@ def plot_rewards(wd: Path, runs: dict[str, list[Path]], out: Path, evals: dict |
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from d1jax.metrics import read_jsonl
     grpo_rows = [(o, start) for start in ("base", "sft") for o in OBJECTIVES
                  if runs.get(row_kind(o, start))]
     starts = [s for s in ("base", "sft") if any(st == s for _, st in grpo_rows)]

@@ -13,6 +13,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from d1jax.model.attention import attend_two_part
+
 Array = jax.Array
 
 
@@ -22,35 +24,6 @@ class KVCache(NamedTuple):
 
     k: Array
     v: Array
-
-
-def attend_two_part(q_bqnh: Array, k1_blkh: Array, v1_blkh: Array, mask1_bl: Array,
-                    k2_bskh: Array, v2_bskh: Array, mask2_bs: Array | None,
-                    scale: float) -> Array:
-    """Softmax attention over two key sets at once, as if concatenated: [B, Q, N, H].
-
-    Lets cached steps attend to a big cache (its stale part masked out by ``mask1``) and to
-    fresh keys/values without writing them into a copy of the cache. Scores and the
-    softmax in float32; grouped-query heads (N a multiple of K).
-    """
-    b, q, n, h = q_bqnh.shape
-    k = k1_blkh.shape[2]
-    qg = q_bqnh.reshape(b, q, k, n // k, h)
-    f32 = jnp.float32
-    s1 = jnp.einsum("bqkgh,blkh->bkgql", qg, k1_blkh, preferred_element_type=f32) * scale
-    s2 = jnp.einsum("bqkgh,bskh->bkgqs", qg, k2_bskh, preferred_element_type=f32) * scale
-    s1 = jnp.where(mask1_bl[:, None, None, None, :], s1, -jnp.inf)
-    if mask2_bs is not None:
-        s2 = jnp.where(mask2_bs[:, None, None, None, :], s2, -jnp.inf)
-    top = jnp.maximum(jnp.max(s1, axis=-1), jnp.max(s2, axis=-1))[..., None]
-    top = jnp.where(jnp.isfinite(top), top, 0.0)  # a row with every key masked: output 0
-    p1, p2 = jnp.exp(s1 - top), jnp.exp(s2 - top)
-    den = jnp.maximum(jnp.sum(p1, axis=-1) + jnp.sum(p2, axis=-1), 1e-30)  # [b, k, g, q]
-    out = (jnp.einsum("bkgql,blkh->bkgqh", p1.astype(v1_blkh.dtype), v1_blkh,
-                      preferred_element_type=f32)
-           + jnp.einsum("bkgqs,bskh->bkgqh", p2.astype(v2_bskh.dtype), v2_bskh,
-                        preferred_element_type=f32)) / den[..., None]
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, q, n, h).astype(q_bqnh.dtype)
 
 
 def attend_cached(q_bqnh: Array, fresh: KVCache, cache: KVCache, q_start: Array | int,

@@ -24,124 +24,13 @@ from flax import traverse_util
 
 from d1jax import sharding as shd
 from d1jax.model.config import LLaDAConfig, LoraConfig
+from d1jax.model.attention import attention
+from d1jax.model.layers import (  # noqa: F401 (ADAPTER_NAMES: re-exported)
+    ADAPTER_NAMES, Proj, RMSNorm, apply_rope, rope_tables)
 from d1jax.model.kv_cache import KVCache, attend_cached
 
 Array = jax.Array
 DType = Any
-
-
-# Leaf names of the LoRA factors that ``Proj`` creates when LoRA targets it.
-ADAPTER_NAMES = ("lora_a", "lora_b")
-
-
-def _normal(std: float):
-    return nn.initializers.normal(stddev=std)
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm computed in float32, cast back, then scaled (as modeling_llada.RMSLayerNorm)."""
-
-    eps: float
-    dtype: DType
-    param_dtype: DType
-
-    @nn.compact
-    def __call__(self, x: Array) -> Array:
-        w = self.param("weight", nn.with_logical_partitioning(nn.initializers.ones, (shd.NORM,)),
-                       (x.shape[-1],), self.param_dtype)
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return w.astype(self.dtype) * y.astype(self.dtype)
-
-
-def token_matmul(x: Array, w_io: Array) -> Array:
-    """``x @ w_io`` for x [..., I]: [..., O], with x's leading axes merged into one.
-
-    With one token axis the weight gradient ``x^T g`` is a plain matmul; with two (batch,
-    length) XLA's CPU dot canonicalisation first copies g [tokens, O] into a transposed
-    layout, a strided copy that costs more than the matmul itself at the vocabulary head.
-    The merge is a free reshape on every backend (a batch-sharded leading axis stays
-    sharded).
-    """
-    x_ti = x.reshape(-1, x.shape[-1])
-    return (x_ti @ w_io).reshape(*x.shape[:-1], w_io.shape[-1])
-
-
-class Proj(nn.Module):
-    """A bias-free linear map ``x @ kernel`` with an optional LoRA branch.
-
-    kernel is [in, out] (torch weight transposed). LoRA params ``lora_a`` [in, r] (he-uniform)
-    and ``lora_b`` [r, out] (zeros) exist only when ``lora`` targets this projection.
-    """
-
-    features: int
-    axes: tuple[str, str]
-    dtype: DType
-    param_dtype: DType
-    init_std: float = 0.02
-    lora: LoraConfig | None = None
-
-    @nn.compact
-    def __call__(self, x: Array, use_lora: bool = True, deterministic: bool = True) -> Array:
-        kernel = self.param("kernel", nn.with_logical_partitioning(_normal(self.init_std), self.axes),
-                            (x.shape[-1], self.features), self.param_dtype)
-        y = token_matmul(x.astype(self.dtype), kernel.astype(self.dtype))
-        if self.lora is None:
-            return y
-        r, adapter_dtype = self.lora.rank, jnp.dtype(self.lora.param_dtype)
-        a = self.param("lora_a", nn.with_logical_partitioning(
-            nn.initializers.he_uniform(), (self.axes[0], shd.LORA)), (x.shape[-1], r), adapter_dtype)
-        b = self.param("lora_b", nn.with_logical_partitioning(
-            nn.initializers.zeros, (shd.LORA, self.axes[1])), (r, self.features), adapter_dtype)
-        if not use_lora:
-            return y
-        h = nn.Dropout(self.lora.dropout)(x, deterministic=deterministic)
-        h = token_matmul(h.astype(self.dtype), a.astype(self.dtype))
-        return y + self.lora.scale * token_matmul(h, b.astype(self.dtype))
-
-
-def rope_tables(positions: Array, head_dim: int, theta: float) -> tuple[Array, Array]:
-    """sin, cos [..., H] in float32 for integer positions [...] (half-split layout)."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
-    freqs = jnp.concatenate([freqs, freqs], axis=-1)
-    return jnp.sin(freqs), jnp.cos(freqs)
-
-
-def apply_rope(x_blnh: Array, sin_blh: Array, cos_blh: Array) -> Array:
-    """Rotary embedding in float32 (LLaDA's rope_full_precision), rotate-half layout."""
-    x = x_blnh.astype(jnp.float32)
-    x1, x2 = jnp.split(x, 2, axis=-1)
-    rot = jnp.concatenate([-x2, x1], axis=-1)
-    out = x * cos_blh[:, :, None, :] + rot * sin_blh[:, :, None, :]
-    return out.astype(x_blnh.dtype)
-
-
-def attention(q_bqnh: Array, k_blkh: Array, v_blkh: Array, key_mask_bl: Array | None,
-              scale: float) -> Array:
-    """Bidirectional softmax attention [B, Q, N, H]: scores and softmax statistics in float32,
-    grouped-query heads (N a multiple of K), padding keys (``key_mask`` 0) ignored.
-
-    The softmax is normalised after the value product (as flash attention does): one divide
-    per output element instead of one per score, which makes the gradient of bench-tiny's
-    attention 1.5x faster on CPU than ``jax.nn.dot_product_attention``'s XLA path; same
-    result to float rounding. A row whose keys are all masked gives 0.
-    """
-    b, q, n, h = q_bqnh.shape
-    k = k_blkh.shape[2]
-    f32 = jnp.float32
-    qg = q_bqnh.reshape(b, q, k, n // k, h)
-    s = jnp.einsum("bqkgh,blkh->bkgql", qg, k_blkh, preferred_element_type=f32) * scale
-    if key_mask_bl is not None:
-        s = jnp.where(key_mask_bl[:, None, None, None, :].astype(bool), s, -jnp.inf)
-    top = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
-    top = jnp.where(jnp.isfinite(top), top, 0.0)
-    p = jnp.exp(s - top)
-    den = jnp.maximum(jnp.sum(p, axis=-1), 1e-30)  # [b, k, g, q]
-    out = jnp.einsum("bkgql,blkh->bqkgh", p.astype(v_blkh.dtype), v_blkh,
-                     preferred_element_type=f32)
-    out = out / den.transpose(0, 3, 1, 2)[..., None]
-    return out.reshape(b, q, n, h).astype(q_bqnh.dtype)
 
 
 class Block(nn.Module):
@@ -169,7 +58,9 @@ class Block(nn.Module):
                  use_lora: bool, deterministic: bool, cache: KVCache | None = None,
                  window: KVCache | None = None, q_start: Array | int = 0,
                  idx_bq: Array | None = None,
-                 return_kv: bool = False) -> tuple[Array, KVCache | None]:
+                 return_kv: bool = False,
+                 out_rows: tuple[Array | int, int] | None = None
+                 ) -> tuple[Array, KVCache | None]:
         c = self.config
         n, k, h = c.n_heads, c.n_kv_heads, c.head_dim
         kw = dict(use_lora=use_lora, deterministic=deterministic)
@@ -178,11 +69,15 @@ class Block(nn.Module):
         b, q_len = x_bqd.shape[:2]
 
         xn = norm(name="attn_norm")(x_bqd)
-        q = self._proj("q_proj", n * h, (shd.EMBED, shd.Q_HEADS))(xn, **kw)
         kk = self._proj("k_proj", k * h, (shd.EMBED, shd.KV_HEADS))(xn, **kw)
         v = self._proj("v_proj", k * h, (shd.EMBED, shd.KV_HEADS))(xn, **kw)
-        q = apply_rope(q.reshape(b, q_len, n, h), *rope)
         fresh = KVCache(apply_rope(kk.reshape(b, q_len, k, h), *rope), v.reshape(b, q_len, k, h))
+        if out_rows is not None:  # only rows start:+n_out continue past the keys/values
+            start, q_len = out_rows
+            x_bqd, xn, *rope = (jax.lax.dynamic_slice_in_dim(a, start, q_len, axis=1)
+                                for a in (x_bqd, xn, *rope))
+        q = self._proj("q_proj", n * h, (shd.EMBED, shd.Q_HEADS))(xn, **kw)
+        q = apply_rope(q.reshape(b, q_len, n, h), *rope)
         if cache is None:
             att = attention(q, fresh.k, fresh.v, key_mask_bl, h ** -0.5)
             own = fresh
@@ -235,7 +130,8 @@ class LLaDA(nn.Module):
         c = self.config
         self.wte = nn.Embed(
             c.embedding_size, c.d_model, param_dtype=self.param_dtype, dtype=self.dtype,
-            embedding_init=nn.with_logical_partitioning(_normal(0.02), (shd.VOCAB, shd.EMBED)))
+            embedding_init=nn.with_logical_partitioning(
+                nn.initializers.normal(stddev=0.02), (shd.VOCAB, shd.EMBED)))
         block = Block
         if self.remat:
             block = nn.remat(Block, prevent_cse=False, static_argnums=_STATIC_BLOCK_ARGS,
@@ -260,18 +156,48 @@ class LLaDA(nn.Module):
     def _stack(self, x_bqd: Array, positions_bq: Array, key_mask_bl: Array | None,
                use_lora: bool, deterministic: bool = True, cache: KVCache | None = None,
                window: KVCache | None = None, q_start: Array | int = 0,
-               idx_bq: Array | None = None, return_kv: bool = False):
+               idx_bq: Array | None = None, return_kv: bool = False,
+               out_rows: tuple[Array | int, int] | None = None):
         """Every layer on embedded rows at RoPE positions [B or 1, Q]; (final-norm hidden
-        [B, Q, D], stacked keys/values [n_layers, ...] or None)."""
+        [B, Q, D], or [B, n_out, D] of rows start:+n_out with ``out_rows``; stacked
+        keys/values [n_layers, ...] or None)."""
         rope = rope_tables(positions_bq, self.config.head_dim, self.config.rope_theta)
+        if out_rows is not None and self._unrolled() and deterministic and cache is None \
+                and not return_kv and not self.is_initializing():
+            return self.ln_f(self._rows_of_last_layer(x_bqd, rope, key_mask_bl, use_lora,
+                                                      out_rows)), None
         x, kv = self.blocks(x_bqd, rope, key_mask_bl, use_lora, deterministic, cache, window,
                             q_start, idx_bq, return_kv)
+        if out_rows is not None:
+            x = jax.lax.dynamic_slice_in_dim(x, out_rows[0], out_rows[1], axis=1)
         return self.ln_f(x), kv
+
+    def _rows_of_last_layer(self, x_bqd: Array, rope: tuple[Array, Array],
+                            key_mask_bl: Array | None, use_lora: bool,
+                            out_rows: tuple[Array | int, int]) -> Array:
+        """The unrolled layers as straight-line code, the last one only for rows
+        start:+n_out [B, n_out, D]: the other rows feed it keys and values but no output
+        uses their queries, attention output or MLP (the head reads only the completion,
+        or the sampler's block). Same ops as the scan, on the same stacked params."""
+        stacked = self.blocks.variables["params"]
+        block = Block(self.config, self.dtype, self.param_dtype, self.lora, parent=None)
+        n = self.config.n_layers
+        for i in range(n):
+            def layer(params_i, x, rows=out_rows if i == n - 1 else None):
+                return block.apply({"params": params_i}, x, rope, key_mask_bl, use_lora, True,
+                                   out_rows=rows)[0]
+            if self.remat:
+                layer = jax.checkpoint(layer, prevent_cse=False,
+                                       policy=jax.checkpoint_policies.nothing_saveable)
+            x_bqd = layer(jax.tree.map(lambda a, i=i: a[i], stacked), x_bqd)
+        return x_bqd
 
     def hidden(self, input_ids: Array, attention_mask: Array | None = None, *,
                positions: Array | None = None, use_lora: bool = True,
-               deterministic: bool = True) -> Array:
-        """Final-norm hidden states [B, L, D] (compute dtype).
+               deterministic: bool = True, keep_last: int | None = None) -> Array:
+        """Final-norm hidden states [B, L, D] (compute dtype), or [B, keep_last, D] of the
+        last ``keep_last`` positions (the last layer then runs only those rows' queries and
+        MLP when the layers are unrolled: d1's estimator needs just the completion).
 
         Args:
           input_ids: [B, L] int token ids.
@@ -283,11 +209,10 @@ class LLaDA(nn.Module):
           deterministic: disable LoRA dropout (needs a 'dropout' rng when False).
         """
         b, l = input_ids.shape
-        # Shared positions stay [1, L]: the RoPE tables are then computed once, not per row.
-        positions = jnp.arange(l) if positions is None else jnp.asarray(positions)
-        positions = positions[None] if positions.ndim == 1 else jnp.broadcast_to(positions, (b, l))
+        positions = _positions(positions, b, l)
+        rows = None if keep_last is None else (l - keep_last, keep_last)
         h, _ = self._stack(self.wte(input_ids), positions, attention_mask, use_lora,
-                           deterministic)
+                           deterministic, out_rows=rows)
         return h
 
     def logits(self, hidden_bsd: Array) -> Array:
@@ -309,11 +234,12 @@ class LLaDA(nn.Module):
         slice_start may be traced (e.g. the current block inside a sampler loop);
         slice_len is static. Only the sliced positions go through the output head.
         """
-        h = self.hidden(input_ids, attention_mask, positions=positions, use_lora=use_lora,
-                        deterministic=deterministic)
-        if slice_len is not None:
-            h = jax.lax.dynamic_slice_in_dim(h, slice_start if slice_start is not None else 0,
-                                             slice_len, axis=1)
+        b, l = input_ids.shape
+        positions = _positions(positions, b, l)
+        rows = None if slice_len is None else (
+            slice_start if slice_start is not None else 0, slice_len)
+        h, _ = self._stack(self.wte(input_ids), positions, attention_mask, use_lora,
+                           deterministic, out_rows=rows)
         return self.logits(h)
 
     # Block-wise approximate KV cache (Fast-dLLM): additive entry points for the sampler.
@@ -368,6 +294,12 @@ class LLaDA(nn.Module):
         return self._stack(self.wte(ids), window_start + idx, attention_mask, use_lora,
                            cache=cache, window=window, q_start=window_start, idx_bq=idx,
                            return_kv=True)
+
+
+def _positions(positions: Array | None, b: int, l: int) -> Array:
+    """RoPE positions [1, L] (shared: the tables are computed once, not per row) or [B, L]."""
+    positions = jnp.arange(l) if positions is None else jnp.asarray(positions)
+    return positions[None] if positions.ndim == 1 else jnp.broadcast_to(positions, (b, l))
 
 
 def head_weight(params: Mapping[str, Any], config: LLaDAConfig) -> Array:

@@ -120,8 +120,8 @@ def completion_hidden(model: LLaDA, params: Any, ids_bl: Array, attention_mask_b
             attention_mask_bl = jnp.concatenate([attention_mask_bl] * 2, axis=0)
     rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
     h = model.apply({"params": params}, ids_bl, attention_mask_bl, method=LLaDA.hidden,
-                    use_lora=use_lora, deterministic=dropout_rng is None, rngs=rngs)
-    h = h[:, h.shape[1] - completion_len:]
+                    use_lora=use_lora, deterministic=dropout_rng is None, rngs=rngs,
+                    keep_last=completion_len)
     if cfg_scale <= 0:
         return h
     cond, un = h[:b].astype(jnp.float32), h[b:].astype(jnp.float32)
