@@ -30,22 +30,12 @@ import numpy as np  # noqa: E402
 
 import d1jax  # noqa: E402
 from d1jax.objectives import logprob  # noqa: E402
+from d1jax.plan import flops  # noqa: E402
 from d1jax.train import optim, update  # noqa: E402
 from d1jax.train import steps as steps_lib  # noqa: E402
 from d1jax.train.batch import GRPOBatch  # noqa: E402
 from d1jax.model import LoraConfig  # noqa: E402
 from bench import common  # noqa: E402
-
-
-def estimator_flops(c, batch: int, prompt: int, completion: int) -> float:
-    """Matmul FLOPs of one estimator pass: the blocks on every position, the head on the
-    completion only."""
-    d, h, n, k, f, seq = c.d_model, c.head_dim, c.n_heads, c.n_kv_heads, c.mlp_hidden_size, \
-        prompt + completion
-    linear = 2 * (2 * d * n * h + 2 * d * k * h + 3 * d * f)
-    attention = 2 * 2 * seq * n * h
-    return batch * (c.n_layers * seq * (linear + attention)
-                    + 2 * completion * d * c.embedding_size)
 
 
 def workload(c, batch: int, prompt: int, completion: int, mu: int, seed: int = 0) -> GRPOBatch:
@@ -112,7 +102,7 @@ def build_measurements(args) -> tuple[dict, dict]:
             jax.block_until_ready(one_update())
             facts["compile_s"]["update_mu1"] = time.perf_counter() - t0
             runs["update_mu1"] = one_update
-    facts["estimator_gflop"] = estimator_flops(c, b, p, cl) / 1e9
+    facts["estimator_gflop"] = flops.estimator(c, b, p, cl, unrolled=model.unrolled()).total / 1e9
     return runs, facts
 
 

@@ -44,6 +44,23 @@ def test_forward_flops_match_a_hand_count():
     assert lora.lora == 2 * (4 + 4) * 2 * 3
 
 
+def test_last_layer_rows_count_queries_and_mlp_only_for_those_rows():
+    # One layer of the hand count above: k and v (16 MACs a token) for all 3 positions, the
+    # rest (104 MACs) and attention for the last_rows = 1 position the output reads.
+    cfg = preset("test-tiny", d_model=4, n_heads=2, n_kv_heads=1, n_layers=1,
+                 mlp_hidden_size=6, vocab_size=8, embedding_size=8, mask_token_id=7,
+                 eos_token_id=6, pad_token_id=6)
+    f = flops.forward(cfg, batch=2, q_len=3, kv_len=3, head_positions=1, last_rows=1,
+                      lora=LoraConfig(rank=1, targets=("q_proj", "k_proj")))
+    assert f.base - f.head == 2 * 2 * (16 * 3 + 104 * 1)
+    assert f.attention == 2 * (2 * 1 * 3 * 4) * 2
+    assert f.lora == 2 * 2 * ((4 + 2) * 3 + (4 + 4) * 1)
+    deep = preset("test-tiny", n_layers=3)
+    full, trimmed = (flops.forward(deep, 2, 10, 10, 4, last_rows=r) for r in (None, 4))
+    assert trimmed.total < full.total
+    assert flops.forward(deep, 2, 10, 10, 4, last_rows=10) == full
+
+
 def test_train_step_counts_backward_and_recompute():
     f = flops.Forward(base=10.0, head=4.0, lora=1.0, attention=2.0)
     assert flops.train_step(f, lora=False, remat=False, head_remat=False) == (10 * 3 + 3 + 6,) * 2

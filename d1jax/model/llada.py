@@ -5,8 +5,9 @@ matches the Hugging Face ``modeling_llada.py`` (block_type "llama"). Parameter n
 follow the Hugging Face checkpoint (``wte``, ``blocks.{q,k,v}_proj``, ``attn_out``,
 ``ff_proj``, ``up_proj``, ``ff_out``, ``attn_norm``, ``ff_norm``, ``ln_f``); kernels are
 stored ``[in, out]`` (the transpose of torch's Linear weight), blocks are stacked on a
-leading ``layers`` axis and run with ``nn.scan`` in every mode (full forward, prefill,
-cached decoding), rematerialised when ``remat`` is set.
+leading ``layers`` axis and run with ``nn.scan`` (prefill, cached decoding, dropout), or as
+straight-line code on the stacked params for an unrolled model's full forward (whose last
+layer then runs only the rows an output reads), rematerialised when ``remat`` is set.
 
 Shape letters: B batch, L sequence, D d_model, N query heads, K kv heads, H head dim,
 F mlp hidden, V embedding (vocab) size, Q recomputed rows, S slice length.
@@ -142,13 +143,15 @@ class LLaDA(nn.Module):
             block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
             in_axes=(bc, bc, bc, bc, 0, 0, bc, bc, bc),
             length=c.n_layers, metadata_params={nn.PARTITION_NAME: shd.LAYERS},
-            unroll=c.n_layers if self._unrolled() else 1,
+            unroll=c.n_layers if self.unrolled() else 1,
         )(c, self.dtype, self.param_dtype, self.lora)
         self.ln_f = RMSNorm(c.rms_norm_eps, self.dtype, self.param_dtype)
         if not c.weight_tying:
             self.ff_out = Proj(c.embedding_size, (shd.EMBED, shd.VOCAB), self.dtype, self.param_dtype)
 
-    def _unrolled(self) -> bool:
+    def unrolled(self) -> bool:
+        """Whether the layers run as straight-line code (``unroll_layers``, or None: up to
+        ``UNROLL_MAX_LAYERS`` layers)."""
         if self.unroll_layers is None:
             return self.config.n_layers <= UNROLL_MAX_LAYERS
         return self.unroll_layers
@@ -162,23 +165,25 @@ class LLaDA(nn.Module):
         [B, Q, D], or [B, n_out, D] of rows start:+n_out with ``out_rows``; stacked
         keys/values [n_layers, ...] or None)."""
         rope = rope_tables(positions_bq, self.config.head_dim, self.config.rope_theta)
-        if out_rows is not None and self._unrolled() and deterministic and cache is None \
-                and not return_kv and not self.is_initializing():
-            return self.ln_f(self._rows_of_last_layer(x_bqd, rope, key_mask_bl, use_lora,
-                                                      out_rows)), None
+        if self.unrolled() and deterministic and cache is None and not return_kv \
+                and not self.is_initializing():
+            return self.ln_f(self._straight_line(x_bqd, rope, key_mask_bl, use_lora,
+                                                 out_rows)), None
         x, kv = self.blocks(x_bqd, rope, key_mask_bl, use_lora, deterministic, cache, window,
                             q_start, idx_bq, return_kv)
         if out_rows is not None:
             x = jax.lax.dynamic_slice_in_dim(x, out_rows[0], out_rows[1], axis=1)
         return self.ln_f(x), kv
 
-    def _rows_of_last_layer(self, x_bqd: Array, rope: tuple[Array, Array],
-                            key_mask_bl: Array | None, use_lora: bool,
-                            out_rows: tuple[Array | int, int]) -> Array:
-        """The unrolled layers as straight-line code, the last one only for rows
-        start:+n_out [B, n_out, D]: the other rows feed it keys and values but no output
-        uses their queries, attention output or MLP (the head reads only the completion,
-        or the sampler's block). Same ops as the scan, on the same stacked params."""
+    def _straight_line(self, x_bqd: Array, rope: tuple[Array, Array],
+                       key_mask_bl: Array | None, use_lora: bool,
+                       out_rows: tuple[Array | int, int] | None) -> Array:
+        """The unrolled layers as straight-line code on the stacked params (same ops as
+        the scan, whose backward XLA cannot prune per layer: here the input gradient of
+        the first layer is dropped when nothing trains the embedding). With ``out_rows``
+        the last layer runs queries, attention output and MLP only for rows start:+n_out
+        [B, n_out, D]: the other rows feed it keys and values, but no output reads them
+        (the estimator's head reads the completion, the sampler's the block)."""
         stacked = self.blocks.variables["params"]
         block = Block(self.config, self.dtype, self.param_dtype, self.lora, parent=None)
         n = self.config.n_layers

@@ -34,6 +34,9 @@ class Forward:
     head: float = 0.0  # The part of ``base`` spent in the output head.
     lora: float = 0.0  # LoRA adapter matmuls.
     attention: float = 0.0  # Scores and weighted sums.
+    # The first layer's query/key/value base matmuls (part of ``base``): under LoRA their
+    # input gradient feeds only the frozen embedding, so it is not model work.
+    first_qkv: float = 0.0
 
     @property
     def total(self) -> float:
@@ -56,41 +59,64 @@ def projection_shapes(cfg: LLaDAConfig) -> dict[str, tuple[int, int]]:
 
 
 def forward(cfg: LLaDAConfig, batch: int, q_len: int, kv_len: int, head_positions: int,
-            lora: LoraConfig | None = None) -> Forward:
+            lora: LoraConfig | None = None, last_rows: int | None = None) -> Forward:
     """One forward of ``batch`` sequences: ``q_len`` positions through every layer,
-    attending to ``kv_len`` keys, the head on ``head_positions`` of them."""
+    attending to ``kv_len`` keys, the head on ``head_positions`` of them. ``last_rows``: the
+    last layer computes keys and values for all positions but queries, attention output
+    and MLP only for that many (``LLaDA`` with unrolled layers and a sliced output)."""
     shapes = projection_shapes(cfg)
-    per_token = sum(2 * i * o for i, o in shapes.values())
-    lora_per_token = 0 if lora is None else sum(
-        2 * lora.rank * (i + o) for name, (i, o) in shapes.items() if name in lora.targets)
-    tokens = batch * q_len * cfg.n_layers
+    kv_side = ("k_proj", "v_proj")
+    rows = (q_len if last_rows is None else last_rows)
+
+    def per_token(names, adapter: bool):
+        if adapter and lora is None:
+            return 0
+        return sum((2 * lora.rank * (i + o) if adapter else 2 * i * o)
+                   for name, (i, o) in shapes.items()
+                   if name in names and (not adapter or name in lora.targets))
+    kv, query = tuple(kv_side), tuple(n for n in shapes if n not in kv_side)
+    base = batch * (q_len * cfg.n_layers * per_token(kv, False)
+                    + (q_len * (cfg.n_layers - 1) + rows) * per_token(query, False))
+    adapters = batch * (q_len * cfg.n_layers * per_token(kv, True)
+                        + (q_len * (cfg.n_layers - 1) + rows) * per_token(query, True))
     head = 2.0 * batch * head_positions * cfg.d_model * cfg.embedding_size
-    attention = 4.0 * batch * cfg.n_layers * q_len * kv_len * cfg.n_heads * cfg.head_dim
-    return Forward(base=float(tokens * per_token) + head, head=head,
-                   lora=float(tokens * lora_per_token), attention=attention)
+    attention = 4.0 * batch * (q_len * (cfg.n_layers - 1) + rows) * kv_len * cfg.n_heads \
+        * cfg.head_dim
+    first_qkv = batch * q_len * per_token(("q_proj",) + kv, False)
+    return Forward(base=float(base) + head, head=head, lora=float(adapters),
+                   attention=attention, first_qkv=float(first_qkv))
 
 
-def train_step(fwd: Forward, *, lora: bool, remat: bool, head_remat: bool
-               ) -> tuple[float, float]:
-    """(model FLOPs, hardware FLOPs) of forward + backward given the forward's split."""
+def train_step(fwd: Forward, *, lora: bool, remat: bool, head_remat: bool,
+               unrolled: bool = False) -> tuple[float, float]:
+    """(model FLOPs, hardware FLOPs) of forward + backward given the forward's split.
+
+    Under LoRA the first layer's q/k/v input gradient is not model work (it feeds the
+    frozen embedding); XLA drops it only when the layers run as straight-line code
+    (``LLaDA.unrolled()``; a loop body is the same for every layer), so hardware FLOPs
+    include it otherwise."""
     base_bwd = 1.0 if lora else 2.0  # frozen base under LoRA: input gradients only
-    model = fwd.base * (1 + base_bwd) + fwd.lora * 3 + fwd.attention * 3
+    dead = fwd.first_qkv if lora else 0.0
+    model = fwd.base * (1 + base_bwd) + fwd.lora * 3 + fwd.attention * 3 - dead
     layers = fwd.total - fwd.head
     recompute = (layers if remat else 0.0) + (fwd.head if head_remat else 0.0)
-    return model, model + recompute
+    return model, model + recompute + (0.0 if unrolled else dead)
 
 
 def estimator(cfg: LLaDAConfig, batch: int, prompt: int, completion: int,
-              lora: LoraConfig | None = None, cfg_scale: float = 0.0) -> Forward:
+              lora: LoraConfig | None = None, cfg_scale: float = 0.0,
+              unrolled: bool = False) -> Forward:
     """d1's one-step log-prob estimator: a forward over P + C, the head on C positions
-    (twice the batch with classifier-free guidance)."""
+    (twice the batch with classifier-free guidance); unrolled layers run the last one's
+    queries and MLP on the completion only."""
     rows = batch * (2 if cfg_scale > 0 else 1)
     length = prompt + completion
-    return forward(cfg, rows, length, length, completion, lora)
+    return forward(cfg, rows, length, length, completion, lora,
+                   last_rows=completion if unrolled else None)
 
 
 def sampler(cfg: LLaDAConfig, scfg, batch: int, prompt: int,
-            lora: LoraConfig | None = None) -> Forward:
+            lora: LoraConfig | None = None, unrolled: bool = False) -> Forward:
     """One ``generate`` call, loop-aware, every step taking only its budget of tokens
     (with ``threshold < 1`` that is the upper bound; blocks may end earlier).
 
@@ -103,8 +129,9 @@ def sampler(cfg: LLaDAConfig, scfg, batch: int, prompt: int,
     total = prompt + scfg.gen_length
     blk = scfg.block_length
     budget = scfg.min_transfer()
-    if scfg.kv_cache == "none":
-        return forward(cfg, rows, total, total, blk, lora).scale(
+    if scfg.kv_cache == "none":  # unrolled layers: the last one's queries on the block only
+        return forward(cfg, rows, total, total, blk, lora,
+                       last_rows=blk if unrolled else None).scale(
             scfg.num_blocks * scfg.loop_steps)
     head_which, head_w = smp.head_sizes(scfg)
     rec_which, rec_w = smp.recompute_sizes(scfg)
