@@ -243,6 +243,26 @@ def test_rows_of_the_last_layer_equal_the_full_forward(tiny_config, unroll, rema
     jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-5), *grads)
 
 
+@pytest.mark.parametrize("unroll", [False, True])
+def test_lora_dropout_draws_per_layer_masks_from_the_dropout_rng(tiny_config, unroll):
+    """Training-mode LoRA dropout, straight-line or scanned: a fixed rng gives a fixed
+    output, another rng another one, and rate 0 is the deterministic forward."""
+    ids = np.random.RandomState(10).randint(0, tiny_config.vocab_size, (2, 9))
+
+    def run(rate, rng):
+        model = d1jax.LLaDA(tiny_config, lora=d1jax.LoraConfig(rank=4, alpha=8.0, dropout=rate),
+                            unroll_layers=unroll)
+        params = jax.tree.map(lambda a: a + 0.05, d1jax.init_params(model, jax.random.key(4)))
+        kw = {} if rng is None else {"deterministic": False, "rngs": {"dropout": rng}}
+        return np.asarray(model.apply({"params": params}, ids, method=d1jax.LLaDA.hidden,
+                                      keep_last=4, **kw))
+    a, b = run(0.5, jax.random.key(1)), run(0.5, jax.random.key(2))
+    np.testing.assert_array_equal(a, run(0.5, jax.random.key(1)))
+    assert np.abs(a - b).max() > 1e-3
+    np.testing.assert_allclose(run(0.0, jax.random.key(1)), run(0.0, None), rtol=1e-6,
+                               atol=1e-6)
+
+
 def test_remat_model_decodes_like_the_plain_one(tiny_config, tiny_model, tiny_params):
     """The cached modes run through the same scanned (here rematerialised) blocks."""
     ids = np.random.RandomState(6).randint(0, 128, (2, 12))

@@ -5,7 +5,7 @@ matches the Hugging Face ``modeling_llada.py`` (block_type "llama"). Parameter n
 follow the Hugging Face checkpoint (``wte``, ``blocks.{q,k,v}_proj``, ``attn_out``,
 ``ff_proj``, ``up_proj``, ``ff_out``, ``attn_norm``, ``ff_norm``, ``ln_f``); kernels are
 stored ``[in, out]`` (the transpose of torch's Linear weight), blocks are stacked on a
-leading ``layers`` axis and run with ``nn.scan`` (prefill, cached decoding, dropout), or as
+leading ``layers`` axis and run with ``nn.scan`` (prefill, cached decoding), or as
 straight-line code on the stacked params for an unrolled model's full forward (whose last
 layer then runs only the rows an output reads), rematerialised when ``remat`` is set.
 
@@ -165,10 +165,9 @@ class LLaDA(nn.Module):
         [B, Q, D], or [B, n_out, D] of rows start:+n_out with ``out_rows``; stacked
         keys/values [n_layers, ...] or None)."""
         rope = rope_tables(positions_bq, self.config.head_dim, self.config.rope_theta)
-        if self.unrolled() and deterministic and cache is None and not return_kv \
-                and not self.is_initializing():
+        if self.unrolled() and cache is None and not return_kv and not self.is_initializing():
             return self.ln_f(self._straight_line(x_bqd, rope, key_mask_bl, use_lora,
-                                                 out_rows)), None
+                                                 deterministic, out_rows)), None
         x, kv = self.blocks(x_bqd, rope, key_mask_bl, use_lora, deterministic, cache, window,
                             q_start, idx_bq, return_kv)
         if out_rows is not None:
@@ -176,7 +175,7 @@ class LLaDA(nn.Module):
         return self.ln_f(x), kv
 
     def _straight_line(self, x_bqd: Array, rope: tuple[Array, Array],
-                       key_mask_bl: Array | None, use_lora: bool,
+                       key_mask_bl: Array | None, use_lora: bool, deterministic: bool,
                        out_rows: tuple[Array | int, int] | None) -> Array:
         """The unrolled layers as straight-line code on the stacked params (same ops as
         the scan, whose backward XLA cannot prune per layer: here the input gradient of
@@ -186,11 +185,13 @@ class LLaDA(nn.Module):
         (the estimator's head reads the completion, the sampler's the block)."""
         stacked = self.blocks.variables["params"]
         block = Block(self.config, self.dtype, self.param_dtype, self.lora, parent=None)
+        drop = None if deterministic else self.make_rng("dropout")  # LoRA dropout's stream
         n = self.config.n_layers
         for i in range(n):
-            def layer(params_i, x, rows=out_rows if i == n - 1 else None):
-                return block.apply({"params": params_i}, x, rope, key_mask_bl, use_lora, True,
-                                   out_rows=rows)[0]
+            def layer(params_i, x, rows=out_rows if i == n - 1 else None, i=i):
+                rngs = {} if drop is None else {"dropout": jax.random.fold_in(drop, i)}
+                return block.apply({"params": params_i}, x, rope, key_mask_bl, use_lora,
+                                   deterministic, out_rows=rows, rngs=rngs)[0]
             if self.remat:
                 layer = jax.checkpoint(layer, prevent_cse=False,
                                        policy=jax.checkpoint_policies.nothing_saveable)
