@@ -7,6 +7,8 @@ file that ``save_hf_checkpoint`` writes, and the architecture from the config.js
 beside it, so the key map, the transposes and ``to_hf_dict`` are checked along the way.
 """
 
+import dataclasses
+import functools
 import json
 
 import jax
@@ -232,13 +234,15 @@ def test_rows_of_the_last_layer_equal_the_full_forward(tiny_config, unroll, rema
     def hidden(p, m, keep):
         h = m.apply({"params": p}, ids, mask, method=d1jax.LLaDA.hidden, keep_last=keep)
         return h[:, -5:]
-    np.testing.assert_allclose(hidden(params, model, 5), hidden(params, full_model, None),
+    np.testing.assert_allclose(jax.jit(hidden, static_argnums=(1, 2))(params, model, 5),
+                               jax.jit(hidden, static_argnums=(1, 2))(params, full_model, None),
                                rtol=1e-5, atol=1e-6)
-    sliced = model.apply({"params": params}, ids, mask, slice_start=jnp.int32(4), slice_len=3)
-    np.testing.assert_allclose(sliced, full_model.apply({"params": params}, ids, mask)[:, 4:7],
-                               rtol=1e-5, atol=1e-5)
+    sliced = jax.jit(lambda p, s: model.apply({"params": p}, ids, mask, slice_start=s,
+                                              slice_len=3))(params, jnp.int32(4))
+    full = jax.jit(lambda p: full_model.apply({"params": p}, ids, mask))(params)
+    np.testing.assert_allclose(sliced, full[:, 4:7], rtol=1e-5, atol=1e-5)
     w = rs.normal(size=(3, 5, tiny_config.d_model)).astype(np.float32)
-    grads = [jax.grad(lambda p, m=m, k=k: (hidden(p, m, k) * w).sum())(params)
+    grads = [jax.jit(jax.grad(lambda p, m=m, k=k: (hidden(p, m, k) * w).sum()))(params)
              for m, k in ((model, 5), (full_model, None))]
     jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-5), *grads)
 
@@ -248,14 +252,15 @@ def test_lora_dropout_draws_per_layer_masks_from_the_dropout_rng(tiny_config, un
     """Training-mode LoRA dropout, straight-line or scanned: a fixed rng gives a fixed
     output, another rng another one, and rate 0 is the deterministic forward."""
     ids = np.random.RandomState(10).randint(0, tiny_config.vocab_size, (2, 9))
+    lora = d1jax.LoraConfig(rank=4, alpha=8.0, dropout=0.5)
+    model = d1jax.LLaDA(tiny_config, lora=lora, unroll_layers=unroll)
+    params = jax.tree.map(lambda a: a + 0.05, d1jax.init_params(model, jax.random.key(4)))
 
+    @functools.partial(jax.jit, static_argnums=(0,))
     def run(rate, rng):
-        model = d1jax.LLaDA(tiny_config, lora=d1jax.LoraConfig(rank=4, alpha=8.0, dropout=rate),
-                            unroll_layers=unroll)
-        params = jax.tree.map(lambda a: a + 0.05, d1jax.init_params(model, jax.random.key(4)))
+        m = model.clone(lora=dataclasses.replace(lora, dropout=rate))
         kw = {} if rng is None else {"deterministic": False, "rngs": {"dropout": rng}}
-        return np.asarray(model.apply({"params": params}, ids, method=d1jax.LLaDA.hidden,
-                                      keep_last=4, **kw))
+        return m.apply({"params": params}, ids, method=d1jax.LLaDA.hidden, keep_last=4, **kw)
     a, b = run(0.5, jax.random.key(1)), run(0.5, jax.random.key(2))
     np.testing.assert_array_equal(a, run(0.5, jax.random.key(1)))
     assert np.abs(a - b).max() > 1e-3
