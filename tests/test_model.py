@@ -203,28 +203,41 @@ def test_attention_matches_a_float64_softmax_and_its_gradient():
         np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-5)
 
 
-def test_unrolled_layers_equal_the_scanned_ones(tiny_config, tiny_params):
-    """unroll_layers changes how the layers are compiled, not what they compute."""
+@pytest.mark.parametrize("layers", [2, 4])
+def test_unrolled_layers_equal_the_scanned_ones(tiny_config, layers):
+    """unroll_layers changes how the layers are compiled, not what they compute: the
+    full forward (first and last layer as own code, the middle ones unrolled or one
+    lax.scan) equals, in values and gradients, the nn.scan that prefill runs."""
+    cfg = dataclasses.replace(tiny_config, n_layers=layers)
+    params = jax.tree.map(lambda a: a + 0.01, d1jax.init_params(d1jax.LLaDA(cfg),
+                                                                 jax.random.key(5)))
     ids = np.random.RandomState(8).randint(0, 128, (2, 10))
 
-    def loss_and_grads(model):
-        f = lambda p: model.apply({"params": p}, ids).astype(jnp.float32).std()  # noqa: E731
-        return jax.jit(jax.value_and_grad(f))(tiny_params)
-    (l1, g1), (l2, g2) = (loss_and_grads(d1jax.LLaDA(tiny_config, unroll_layers=u))
-                          for u in (False, True))
-    np.testing.assert_allclose(l1, l2, rtol=1e-6)
-    jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-7), g1, g2)
+    def loss_and_grads(model, method):
+        def f(p):
+            out = model.apply({"params": p}, ids, method=method)
+            return (out[0] if isinstance(out, tuple) else out).astype(jnp.float32).std()
+        return jax.jit(jax.value_and_grad(f))(params)
+    runs = [loss_and_grads(d1jax.LLaDA(cfg, unroll_layers=u), d1jax.LLaDA.__call__)
+            for u in (False, True)]
+    runs.append(loss_and_grads(d1jax.LLaDA(cfg), d1jax.LLaDA.prefill))  # nn.scan's path
+    (l1, g1) = runs[0]
+    for l2, g2 in runs[1:]:
+        np.testing.assert_allclose(l1, l2, rtol=1e-6)
+        jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-7),
+                     g1, g2)
 
 
 @pytest.mark.parametrize("remat", [False, True])
 @pytest.mark.parametrize("unroll", [False, True])
 def test_rows_of_the_last_layer_equal_the_full_forward(tiny_config, unroll, remat):
-    """``hidden(keep_last=C)`` and sliced logits run the last layer on C rows only (when
-    unrolled): the same values and gradients as slicing the full forward, with LoRA and
+    """``hidden(keep_last=C)`` and sliced logits run the last layer on C rows only
+    (middle layers unrolled or looped): the same values and gradients as slicing the full forward, with LoRA and
     padding."""
     lora = d1jax.LoraConfig(rank=4, alpha=8.0, dropout=0.0)
+    tiny_config = dataclasses.replace(tiny_config, n_layers=4)  # first, 2 middle, last
     model = d1jax.LLaDA(tiny_config, lora=lora, unroll_layers=unroll, remat=remat)
-    full_model = d1jax.LLaDA(tiny_config, lora=lora, unroll_layers=False)
+    full_model = d1jax.LLaDA(tiny_config, lora=lora, unroll_layers=True)
     params = jax.tree.map(lambda a: a + 0.01, d1jax.init_params(model, jax.random.key(3)))
     rs = np.random.RandomState(9)
     ids = rs.randint(0, tiny_config.vocab_size, (3, 12))
@@ -247,25 +260,28 @@ def test_rows_of_the_last_layer_equal_the_full_forward(tiny_config, unroll, rema
     jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-5), *grads)
 
 
-@pytest.mark.parametrize("unroll", [False, True])
-def test_lora_dropout_draws_per_layer_masks_from_the_dropout_rng(tiny_config, unroll):
-    """Training-mode LoRA dropout, straight-line or scanned: a fixed rng gives a fixed
-    output, another rng another one, and rate 0 is the deterministic forward."""
+def test_lora_dropout_draws_per_layer_masks_from_the_dropout_rng(tiny_config):
+    """Training-mode LoRA dropout: a fixed rng gives a fixed output, another rng another
+    one, rate 0 is the deterministic forward, and layer i's masks come from
+    fold_in(rng, i) whether the middle layers are unrolled or looped (equal outputs)."""
     ids = np.random.RandomState(10).randint(0, tiny_config.vocab_size, (2, 9))
     lora = d1jax.LoraConfig(rank=4, alpha=8.0, dropout=0.5)
-    model = d1jax.LLaDA(tiny_config, lora=lora, unroll_layers=unroll)
-    params = jax.tree.map(lambda a: a + 0.05, d1jax.init_params(model, jax.random.key(4)))
+    cfg = dataclasses.replace(tiny_config, n_layers=4)
+    params = jax.tree.map(lambda a: a + 0.05,
+                          d1jax.init_params(d1jax.LLaDA(cfg, lora=lora), jax.random.key(4)))
 
-    @functools.partial(jax.jit, static_argnums=(0,))
-    def run(rate, rng):
-        m = model.clone(lora=dataclasses.replace(lora, dropout=rate))
+    @functools.partial(jax.jit, static_argnums=(0, 1))
+    def run(rate, unroll, rng):
+        m = d1jax.LLaDA(cfg, lora=dataclasses.replace(lora, dropout=rate),
+                        unroll_layers=unroll)
         kw = {} if rng is None else {"deterministic": False, "rngs": {"dropout": rng}}
         return m.apply({"params": params}, ids, method=d1jax.LLaDA.hidden, keep_last=4, **kw)
-    a, b = run(0.5, jax.random.key(1)), run(0.5, jax.random.key(2))
-    np.testing.assert_array_equal(a, run(0.5, jax.random.key(1)))
+    a, b = run(0.5, False, jax.random.key(1)), run(0.5, False, jax.random.key(2))
+    np.testing.assert_array_equal(a, run(0.5, False, jax.random.key(1)))
     assert np.abs(a - b).max() > 1e-3
-    np.testing.assert_allclose(run(0.0, jax.random.key(1)), run(0.0, None), rtol=1e-6,
-                               atol=1e-6)
+    np.testing.assert_allclose(a, run(0.5, True, jax.random.key(1)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(run(0.0, False, jax.random.key(1)), run(0.0, False, None),
+                               rtol=1e-6, atol=1e-6)
 
 
 def test_remat_model_decodes_like_the_plain_one(tiny_config, tiny_model, tiny_params):

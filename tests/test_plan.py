@@ -67,13 +67,17 @@ def test_train_step_counts_backward_and_recompute():
     model, hw = flops.train_step(f, lora=True, remat=True, head_remat=True)
     assert model == 10 * 2 + 1 * 3 + 2 * 3
     assert hw == model + (13 - 4) + 4  # layers and head once more
+    g = flops.Forward(base=10.0, head=4.0, lora=1.0, attention=2.0, first_qkv=0.5)
+    # Under LoRA the first layer's q/k/v input gradient is neither model work nor run.
+    assert flops.train_step(g, lora=True, remat=False, head_remat=False) == (28.5, 28.5)
+    assert flops.train_step(g, lora=False, remat=False, head_remat=False) == (39.0, 39.0)
 
 
 def test_exact_sampler_is_a_forward_per_step():
     from d1jax.sampling import SamplerConfig
     cfg = preset("test-tiny")
     scfg = SamplerConfig(gen_length=16, block_length=8, steps=4)
-    one = flops.forward(cfg, 3, 5 + 16, 5 + 16, 8).total
+    one = flops.forward(cfg, 3, 5 + 16, 5 + 16, 8, last_rows=8).total  # last layer: the block
     assert flops.sampler(cfg, scfg, 3, 5).total == pytest.approx(4 * one)
 
 
@@ -137,7 +141,9 @@ def _eval_config(batch: int = 8, vocab: int = 0):
 @pytest.fixture(scope="module")
 def sampler_by_fsdp():
     from d1jax.plan import compile as plan_lib
-    return {f: plan_lib.plan(_eval_config(), "v5e:2x2", (4 // f, f, 1))[0] for f in (1, 4)}
+    # vocab 1152: no other axis of the program has that size (the MLP's is 1024)
+    return {f: plan_lib.plan(_eval_config(vocab=1152), "v5e:2x2", (4 // f, f, 1))[0]
+            for f in (1, 4)}
 
 
 @needs_tpu
@@ -149,6 +155,27 @@ def test_argument_bytes_follow_the_rules(sampler_by_fsdp):
     # params dominate the arguments: fsdp 4 keeps about a quarter per chip (norm scales
     # and the batch are not sharded over fsdp alone)
     assert 3.0 < replicated.argument_bytes / sharded.argument_bytes <= 4.0
+
+
+def test_largest_tensor_with_the_vocab_axis_is_read_from_the_hlo():
+    from d1jax.plan import hlo
+    text = ("  %a = bf16[4,16,1000]{2,1,0} dot(%x, %w)\n"
+            "  %b = f32[2,1000]{1,0} reduce(%a, %c)\n"
+            "  %t = (f32[8,1000], s32[]) tuple(%p, %q)\n  %w = f32[64,999] parameter(0)\n"
+            "  %v = f32[128,1000]{1,0:T(8,128)S(1)} slice-done(%s)")  # on-chip memory: out
+    assert hlo.largest_with_dim(text, 1000) == 4 * 16 * 1000 * 2  # bf16 beats f32[8, 1000]
+    assert hlo.largest_with_dim(text, 999) == 64 * 999 * 4
+    assert hlo.largest_with_dim(text, 7) == 0
+    assert hlo.largest_with_dim(text, 1000, frozenset({64000})) == 8 * 1000 * 4  # a's size
+
+
+@needs_tpu
+def test_sampler_holds_the_block_logits_not_the_sequence(sampler_by_fsdp):
+    """The exact sampler's head runs on the block: its largest vocab-axis tensor is
+    logits of the block's rows, well under the chip's [B, L, V] (L = prompt + gen)."""
+    for e in sampler_by_fsdp.values():
+        assert 0 < e.vocab_tensor_bytes < 0.5 * e.logits_bytes_per_chip
+        assert e.logits_materialised is False
 
 
 @needs_tpu

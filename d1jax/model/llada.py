@@ -5,9 +5,10 @@ matches the Hugging Face ``modeling_llada.py`` (block_type "llama"). Parameter n
 follow the Hugging Face checkpoint (``wte``, ``blocks.{q,k,v}_proj``, ``attn_out``,
 ``ff_proj``, ``up_proj``, ``ff_out``, ``attn_norm``, ``ff_norm``, ``ln_f``); kernels are
 stored ``[in, out]`` (the transpose of torch's Linear weight), blocks are stacked on a
-leading ``layers`` axis and run with ``nn.scan`` (prefill, cached decoding), or as
-straight-line code on the stacked params for an unrolled model's full forward (whose last
-layer then runs only the rows an output reads), rematerialised when ``remat`` is set.
+leading ``layers`` axis and run with ``nn.scan`` (prefill, cached decoding); a full
+forward runs them as plain JAX code on the stacked params, the first and last layer as
+their own code (the last one then runs only the rows an output reads) and the others as
+one ``lax.scan`` or unrolled; each is rematerialised when ``remat`` is set.
 
 Shape letters: B batch, L sequence, D d_model, N query heads, K kv heads, H head dim,
 F mlp hidden, V embedding (vocab) size, Q recomputed rows, S slice length.
@@ -113,8 +114,10 @@ class LLaDA(nn.Module):
       param_dtype: storage dtype of the parameters.
       remat: rematerialise each block in the backward pass (saves activation memory).
       lora: optional LoRA adapters on the block projections.
-      unroll_layers: run the layers as straight-line code instead of a loop (params stay
-        stacked [n_layers, ...] either way). A loop compiles once for any depth, but its
+      unroll_layers: run every layer as straight-line code instead of a loop over the
+        middle ones (params stay stacked [n_layers, ...] either way; the first and last
+        layer are their own code in both). A loop compiles in time independent of depth
+        (LLaDA-8B's update: minutes instead of tens of minutes for a TPU), but its
         backward stacks every layer's residuals into zero-filled buffers and reads them
         back, which costs a small model a quarter of its gradient time on CPU. None:
         unroll up to ``UNROLL_MAX_LAYERS`` layers, loop beyond (LLaDA-8B's 32 layers).
@@ -165,7 +168,7 @@ class LLaDA(nn.Module):
         [B, Q, D], or [B, n_out, D] of rows start:+n_out with ``out_rows``; stacked
         keys/values [n_layers, ...] or None)."""
         rope = rope_tables(positions_bq, self.config.head_dim, self.config.rope_theta)
-        if self.unrolled() and cache is None and not return_kv and not self.is_initializing():
+        if cache is None and not return_kv and not self.is_initializing():
             return self.ln_f(self._straight_line(x_bqd, rope, key_mask_bl, use_lora,
                                                  deterministic, out_rows)), None
         x, kv = self.blocks(x_bqd, rope, key_mask_bl, use_lora, deterministic, cache, window,
@@ -177,26 +180,44 @@ class LLaDA(nn.Module):
     def _straight_line(self, x_bqd: Array, rope: tuple[Array, Array],
                        key_mask_bl: Array | None, use_lora: bool, deterministic: bool,
                        out_rows: tuple[Array | int, int] | None) -> Array:
-        """The unrolled layers as straight-line code on the stacked params (same ops as
-        the scan, whose backward XLA cannot prune per layer: here the input gradient of
-        the first layer is dropped when nothing trains the embedding). With ``out_rows``
-        the last layer runs queries, attention output and MLP only for rows start:+n_out
-        [B, n_out, D]: the other rows feed it keys and values, but no output reads them
-        (the estimator's head reads the completion, the sampler's the block)."""
+        """A full forward's layers as plain JAX code on the stacked params. The first and
+        last layers are always their own code; the others too when the model is unrolled,
+        else one ``lax.scan`` (compile time independent of depth).
+
+        What the own code buys (the scan of ``nn.scan``, one body for every layer, can do
+        neither): XLA drops the first layer's input gradient when nothing trains the
+        embedding (LoRA), and with ``out_rows`` the last layer runs queries, attention
+        output and MLP only for rows start:+n_out [B, n_out, D]: the other rows feed it
+        keys and values, but no output reads them (the estimator's head reads the
+        completion, the sampler's the block). LoRA dropout draws layer i's masks from
+        ``fold_in(dropout rng, i)`` on every path."""
         stacked = self.blocks.variables["params"]
         block = Block(self.config, self.dtype, self.param_dtype, self.lora, parent=None)
         drop = None if deterministic else self.make_rng("dropout")  # LoRA dropout's stream
         n = self.config.n_layers
-        for i in range(n):
-            def layer(params_i, x, rows=out_rows if i == n - 1 else None, i=i):
+
+        def run(params_i, x, i, rows=None):
+            def layer(p, x, i):
                 rngs = {} if drop is None else {"dropout": jax.random.fold_in(drop, i)}
-                return block.apply({"params": params_i}, x, rope, key_mask_bl, use_lora,
+                return block.apply({"params": p}, x, rope, key_mask_bl, use_lora,
                                    deterministic, out_rows=rows, rngs=rngs)[0]
             if self.remat:
                 layer = jax.checkpoint(layer, prevent_cse=False,
                                        policy=jax.checkpoint_policies.nothing_saveable)
-            x_bqd = layer(jax.tree.map(lambda a, i=i: a[i], stacked), x_bqd)
-        return x_bqd
+            return layer(params_i, x, i)
+
+        def params_of(i):
+            return jax.tree.map(lambda a: a[i], stacked)
+
+        if self.unrolled() or n <= 2:
+            for i in range(n - 1):
+                x_bqd = run(params_of(i), x_bqd, i)
+        else:
+            x_bqd = run(params_of(0), x_bqd, 0)
+            middle = jax.tree.map(lambda a: a[1:n - 1], stacked)
+            x_bqd, _ = jax.lax.scan(lambda x, pi: (run(pi[0], x, pi[1]), None), x_bqd,
+                                    (middle, jnp.arange(1, n - 1)))
+        return run(params_of(n - 1), x_bqd, n - 1, out_rows)
 
     def hidden(self, input_ids: Array, attention_mask: Array | None = None, *,
                positions: Array | None = None, use_lora: bool = True,

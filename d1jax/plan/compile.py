@@ -19,8 +19,9 @@ import jax
 from d1jax.plan import chips, hlo
 from d1jax.plan.programs import PlanSpec, Program, build_programs
 
-# Per-chip temporaries at or above this share of one replicated [B, L, V] float32 logits
-# tensor of the chip's rows are reported as materialising it.
+# A compiled program whose largest tensor with the vocabulary axis reaches this share of
+# the float32 [B, L, V] logits of a chip's rows is reported as materialising them (a
+# bfloat16 copy counts; the chunked head's or the sampler block's logits stay far below).
 LOGITS_SHARE = 0.5
 
 
@@ -57,6 +58,7 @@ class Estimate:
     peak_flops: float
     weight_bytes: int
     logits_bytes_per_chip: int
+    vocab_tensor_bytes: int | None  # largest per-chip tensor with the vocab axis; None: refused
     tokens: int = 0
     sequences: int = 0
 
@@ -94,8 +96,12 @@ class Estimate:
         return self.chips > 1 and self.argument_bytes >= self.weight_bytes
 
     @property
-    def logits_materialised(self) -> bool:
-        return self.temp_bytes >= LOGITS_SHARE * self.logits_bytes_per_chip
+    def logits_materialised(self) -> bool | None:
+        """Whether some tensor of the compiled program holds the chip's [B, L, V] logits
+        (None: not compiled, XLA refused it for lack of HBM)."""
+        if self.vocab_tensor_bytes is None:
+            return None
+        return self.vocab_tensor_bytes >= LOGITS_SHARE * self.logits_bytes_per_chip
 
     def row(self) -> dict:
         """Flat JSON-ready figures."""
@@ -117,6 +123,16 @@ def _per_chip_bytes(args) -> int:
     return total
 
 
+def _largest_vocab_activation(text: str, args, vocab: int) -> int:
+    """Bytes per chip of the compiled program's largest array with the vocabulary axis
+    that is not a weight (logits, their softmax or gradient): arrays the size of a vocab
+    weight's shard or of the whole weight (its all-gathered copy) are left out."""
+    params = [a for a in jax.tree.leaves(args) if vocab in a.shape]
+    sizes = {math.prod(a.shape) for a in params} | {
+        math.prod(a.sharding.shard_shape(a.shape)) for a in params if a.sharding is not None}
+    return hlo.largest_with_dim(text, vocab, frozenset(sizes))
+
+
 def lower(program: Program, topology: str):
     """``program.lower()``, a tracing error as one ValueError naming the program."""
     try:
@@ -133,7 +149,7 @@ def estimate(program: Program, spec: PlanSpec, mesh, chip: chips.Chip, topology:
     t0 = time.perf_counter()
     if lowered is None:
         lowered = lower(program, topology)
-    mem, cost = _compile(lowered)
+    mem, cost, text = _compile(lowered)
     compile_s = time.perf_counter() - t0
     walk = hlo.LoopFlops(lowered.as_text(dialect="hlo"), default_trips=program.loop_bound)
     n, by_rules = math.prod(mesh.shape.values()), _per_chip_bytes(program.args)
@@ -149,7 +165,10 @@ def estimate(program: Program, spec: PlanSpec, mesh, chip: chips.Chip, topology:
         flops_xla=walk.total(), flops_xla_once=walk.once(),
         xla_seconds_once=float(cost.get("optimal_seconds", math.nan)),
         peak_flops=chip.peak_bf16_flops, weight_bytes=program.weight_bytes,
-        logits_bytes_per_chip=program.logits_bytes // n, tokens=program.tokens,
+        logits_bytes_per_chip=program.logits_bytes // n,
+        vocab_tensor_bytes=None if text is None else _largest_vocab_activation(
+            text, program.args, spec.model_config.embedding_size),
+        tokens=program.tokens,
         sequences=program.sequences)
 
 
@@ -165,16 +184,16 @@ class _Refused:
 
 
 def _compile(lowered) -> tuple:
-    """(memory analysis, cost analysis) of a lowered program; a program too large for HBM
-    gets the temporaries XLA reported and no cost figures."""
+    """(memory analysis, cost analysis, compiled HLO text) of a lowered program; a program
+    too large for HBM gets the temporaries XLA reported, no cost figures and no text."""
     try:
         compiled = lowered.compile()
     except jax.errors.JaxRuntimeError as e:
         m = _OOM.search(str(e))
         if m is None:
             raise
-        return _Refused(int(float(m.group(1)) * 2**30)), {}
-    return compiled.memory_analysis(), compiled.cost_analysis()
+        return _Refused(int(float(m.group(1)) * 2**30)), {}, None
+    return compiled.memory_analysis(), compiled.cost_analysis(), compiled.as_text()
 
 
 def plan(config, topology: str, mesh_shape: tuple[int, ...] | None = None,

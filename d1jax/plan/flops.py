@@ -63,7 +63,7 @@ def forward(cfg: LLaDAConfig, batch: int, q_len: int, kv_len: int, head_position
     """One forward of ``batch`` sequences: ``q_len`` positions through every layer,
     attending to ``kv_len`` keys, the head on ``head_positions`` of them. ``last_rows``: the
     last layer computes keys and values for all positions but queries, attention output
-    and MLP only for that many (``LLaDA`` with unrolled layers and a sliced output)."""
+    and MLP only for that many (``LLaDA``'s full forward with a sliced output)."""
     shapes = projection_shapes(cfg)
     kv_side = ("k_proj", "v_proj")
     rows = (q_len if last_rows is None else last_rows)
@@ -87,36 +87,34 @@ def forward(cfg: LLaDAConfig, batch: int, q_len: int, kv_len: int, head_position
                    attention=attention, first_qkv=float(first_qkv))
 
 
-def train_step(fwd: Forward, *, lora: bool, remat: bool, head_remat: bool,
-               unrolled: bool = False) -> tuple[float, float]:
+def train_step(fwd: Forward, *, lora: bool, remat: bool,
+               head_remat: bool) -> tuple[float, float]:
     """(model FLOPs, hardware FLOPs) of forward + backward given the forward's split.
 
-    Under LoRA the first layer's q/k/v input gradient is not model work (it feeds the
-    frozen embedding); XLA drops it only when the layers run as straight-line code
-    (``LLaDA.unrolled()``; a loop body is the same for every layer), so hardware FLOPs
-    include it otherwise."""
+    Under LoRA the first layer's q/k/v input gradient is neither model work (it feeds the
+    frozen embedding) nor run: ``LLaDA``'s first layer is its own code in a full forward,
+    where XLA drops it."""
     base_bwd = 1.0 if lora else 2.0  # frozen base under LoRA: input gradients only
     dead = fwd.first_qkv if lora else 0.0
     model = fwd.base * (1 + base_bwd) + fwd.lora * 3 + fwd.attention * 3 - dead
     layers = fwd.total - fwd.head
     recompute = (layers if remat else 0.0) + (fwd.head if head_remat else 0.0)
-    return model, model + recompute + (0.0 if unrolled else dead)
+    return model, model + recompute
 
 
 def estimator(cfg: LLaDAConfig, batch: int, prompt: int, completion: int,
-              lora: LoraConfig | None = None, cfg_scale: float = 0.0,
-              unrolled: bool = False) -> Forward:
+              lora: LoraConfig | None = None, cfg_scale: float = 0.0) -> Forward:
     """d1's one-step log-prob estimator: a forward over P + C, the head on C positions
-    (twice the batch with classifier-free guidance); unrolled layers run the last one's
-    queries and MLP on the completion only."""
+    (twice the batch with classifier-free guidance); the last layer runs its queries and
+    MLP on the completion only."""
     rows = batch * (2 if cfg_scale > 0 else 1)
     length = prompt + completion
     return forward(cfg, rows, length, length, completion, lora,
-                   last_rows=completion if unrolled else None)
+                   last_rows=completion)
 
 
 def sampler(cfg: LLaDAConfig, scfg, batch: int, prompt: int,
-            lora: LoraConfig | None = None, unrolled: bool = False) -> Forward:
+            lora: LoraConfig | None = None) -> Forward:
     """One ``generate`` call, loop-aware, every step taking only its budget of tokens
     (with ``threshold < 1`` that is the upper bound; blocks may end earlier).
 
@@ -129,9 +127,8 @@ def sampler(cfg: LLaDAConfig, scfg, batch: int, prompt: int,
     total = prompt + scfg.gen_length
     blk = scfg.block_length
     budget = scfg.min_transfer()
-    if scfg.kv_cache == "none":  # unrolled layers: the last one's queries on the block only
-        return forward(cfg, rows, total, total, blk, lora,
-                       last_rows=blk if unrolled else None).scale(
+    if scfg.kv_cache == "none":  # the last layer's queries on the block only
+        return forward(cfg, rows, total, total, blk, lora, last_rows=blk).scale(
             scfg.num_blocks * scfg.loop_steps)
     head_which, head_w = smp.head_sizes(scfg)
     rec_which, rec_w = smp.recompute_sizes(scfg)

@@ -107,7 +107,8 @@ def plan_config(path: str, topology: str, seen: dict, progress=None) -> list[dic
 def markdown(rows: list[dict]) -> str:
     """docs/tpu_plan.md's grid table."""
     cols = ("config", "slice", "mesh d,f,t", "remat", "program", "args GiB", "temp GiB",
-            "total / usable GiB", "fits", "est. s", "MFU", "tok/s/chip", "compile s")
+            "total / usable GiB", "fits", "[B,L,V] logits", "est. s", "MFU", "tok/s/chip",
+            "compile s")
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         m = r["mesh"]
@@ -125,7 +126,9 @@ def markdown(rows: list[dict]) -> str:
             "on" if r["remat"] else "off", r["program"],
             f"{r['argument_bytes'] / GIB:.1f}", f"{r['temp_bytes'] / GIB:.1f}",
             f"{r['total_bytes'] / GIB:.1f} / {r['capacity_bytes'] / GIB:.1f}",
-            "yes" if r["fits"] else "NO", f"{r['seconds']:.3g}" if timed else "-",
+            "yes" if r["fits"] else "NO",
+            {True: "YES", False: "no"}.get(r.get("logits_materialised"), "?"),
+            f"{r['seconds']:.3g}" if timed else "-",
             f"{100 * r['mfu']:.1f}%" if timed else "-", tok, compile_s]) + " |")
     return "\n".join(out)
 

@@ -130,8 +130,7 @@ def _sampler_program(name: str, steps: steps_lib.JittedSteps, rows: int, prompt:
     def lower():
         with shd.activate(steps.mesh, steps.rules):  # as the run calls it
             return steps.generate.lower(*args)
-    fwd = fl.sampler(model.config, scfg, rows, prompt, model.lora,
-                     unrolled=model.unrolled()).total
+    fwd = fl.sampler(model.config, scfg, rows, prompt, model.lora).total
     length = prompt + scfg.gen_length
     return Program(name, lower, args, fwd, fwd, loop_bound=scfg.loop_steps,
                    weight_bytes=_nbytes(params),
@@ -157,15 +156,13 @@ def _grpo_programs(run: spec_lib.RunSpec, model: LLaDA, mesh: Mesh) -> list[Prog
     weights = _nbytes(state.policy_params())
     logits = 4 * rows * (prompt + comp) * v
 
-    est = functools.partial(fl.estimator, mcfg, rows, prompt, comp, cfg_scale=cfg.cfg_scale,
-                            unrolled=model.unrolled())
+    est = functools.partial(fl.estimator, mcfg, rows, prompt, comp, cfg_scale=cfg.cfg_scale)
     ref_lora = model.lora if run.keep_reference else None  # LoRA without a copy: base is ref
     logps_flops = mu * ((mu > 1) * est(lora=model.lora).total
                         + (cfg.beta != 0) * est(lora=ref_lora).total)
     chunk = update_steps.grpo.seq_chunk
     model_f, hw_f = fl.train_step(est(lora=model.lora), lora=model.lora is not None,
-                                  remat=run.model.remat, head_remat=chunk < comp,
-                                  unrolled=model.unrolled())
+                                  remat=run.model.remat, head_remat=chunk < comp)
     r = logps_steps.grpo_batch_like(rows, prompt, comp, for_update=False)
     b = update_steps.grpo_batch_like(rows, prompt, comp)
     return [
@@ -187,8 +184,7 @@ def _sft_programs(run: spec_lib.RunSpec, model: LLaDA, mesh: Mesh) -> list[Progr
     batch = steps.sft_batch_like(s.batch_size, s.max_length)
     fwd = fl.forward(mcfg, s.batch_size, s.max_length, s.max_length, s.max_length, model.lora)
     model_f, hw_f = fl.train_step(fwd, lora=model.lora is not None, remat=run.model.remat,
-                                  head_remat=steps.sft.seq_chunk < s.max_length,
-                                  unrolled=model.unrolled())
+                                  head_remat=steps.sft.seq_chunk < s.max_length)
     return [_step_program(
         "sft_update", steps, (state, batch, rng), batch, flops_model=model_f,
         flops_hardware=hw_f, loop_bound=1, weight_bytes=_nbytes(state.policy_params()),

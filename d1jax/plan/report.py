@@ -28,7 +28,8 @@ def _cells(e: Estimate) -> list[str]:
         f"{e.capacity_bytes / GIB:.1f}", "yes" if e.fits else "NO",
         f"{e.flops_model / 1e12:,.1f}", f"{ratio:.3f}", f"{per_chip_s:.3g}",
         f"{100 * e.mfu:.1f}%", rate(e.tokens), rate(e.sequences),
-        "YES" if e.weights_replicated else "no", "YES" if e.logits_materialised else "no",
+        "YES" if e.weights_replicated else "no",
+        {True: "YES", False: "no", None: "?"}[e.logits_materialised],
     ]
 
 
