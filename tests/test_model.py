@@ -203,7 +203,7 @@ def test_attention_matches_a_float64_softmax_and_its_gradient():
         np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("layers", [2, 4])
+@pytest.mark.parametrize("layers", [2, 5])
 def test_unrolled_layers_equal_the_scanned_ones(tiny_config, layers):
     """unroll_layers changes how the layers are compiled, not what they compute: the
     full forward (first and last layer as own code, the middle ones unrolled or one
@@ -218,8 +218,9 @@ def test_unrolled_layers_equal_the_scanned_ones(tiny_config, layers):
             out = model.apply({"params": p}, ids, method=method)
             return (out[0] if isinstance(out, tuple) else out).astype(jnp.float32).std()
         return jax.jit(jax.value_and_grad(f))(params)
-    runs = [loss_and_grads(d1jax.LLaDA(cfg, unroll_layers=u), d1jax.LLaDA.__call__)
-            for u in (False, True)]
+    runs = [loss_and_grads(d1jax.LLaDA(cfg, unroll_layers=u, layers_per_loop=k),
+                           d1jax.LLaDA.__call__)
+            for u, k in ((False, 1), (True, 1), (False, 2))]  # 2: 3 middle layers, 2 a turn
     runs.append(loss_and_grads(d1jax.LLaDA(cfg), d1jax.LLaDA.prefill))  # nn.scan's path
     (l1, g1) = runs[0]
     for l2, g2 in runs[1:]:

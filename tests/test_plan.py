@@ -280,6 +280,9 @@ def test_grid_compiles_each_distinct_program_once(tmp_path):
     assert all(r["fits"] and not r["remat"] and r["same_as"] == "" for r in first)
     assert all(r["same_as"] == files[0] and r["config"] == files[1] for r in second)
     assert [r["temp_bytes"] for r in first] == [r["temp_bytes"] for r in second]
+    looped = grid.plan_config(files[0], "v5e:2x2", {}, layers="loop")
+    assert [r["layers"] for r in looped] == ["loop"] * 3  # 1 layer: the override is recorded
     table = grid.markdown(first + second).splitlines()
-    assert len(table) == 2 + 6 and "| grpo_math | v5e:2x2 | 1,4,1 | off | grpo_update |" \
+    assert len(table) == 2 + 6 and \
+        "| grpo_math | v5e:2x2 | 1,4,1 | unrolled | off | grpo_update |" \
         in table[-1] and table[-1].endswith("| = grpo_gsm8k |")

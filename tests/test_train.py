@@ -201,3 +201,9 @@ def test_config_is_translated_once_into_typed_configs():
     c.grpo.objective = "ppo"
     with pytest.raises(config_lib.ConfigError, match="objective='ppo'"):
         spec_lib.from_config(c)
+    c.grpo.objective = "diffu_grpo"
+    c.model.layers_per_loop = 3
+    assert spec_lib.from_config(c).model.layers_per_loop == 3
+    c.model.layers_per_loop = 0
+    with pytest.raises(config_lib.ConfigError, match="layers_per_loop=0"):
+        spec_lib.from_config(c)

@@ -31,7 +31,8 @@ def _model(tiny: bool) -> mlc.ConfigDict:
     m.dtype = "float32" if tiny else "bfloat16"  # Compute dtype of matmuls.
     m.param_dtype = "float32" if tiny else "bfloat16"  # Storage dtype of the params.
     m.remat = not tiny  # Rematerialise each block in the backward pass.
-    m.unroll_layers = mlc.config_dict.placeholder(bool)  # Layers as straight-line code (True) or one compiled loop (False); None: unrolled up to 8 layers.
+    m.unroll_layers = mlc.config_dict.placeholder(bool)  # Layers as straight-line code (True) or a compiled loop over the middle ones (False); None: unrolled up to 8 layers.
+    m.layers_per_loop = 1  # Middle layers per iteration of that loop (compile time grows with it).
     return m
 
 

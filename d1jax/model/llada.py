@@ -121,6 +121,8 @@ class LLaDA(nn.Module):
         backward stacks every layer's residuals into zero-filled buffers and reads them
         back, which costs a small model a quarter of its gradient time on CPU. None:
         unroll up to ``UNROLL_MAX_LAYERS`` layers, loop beyond (LLaDA-8B's 32 layers).
+      layers_per_loop: middle layers per iteration of that loop (``lax.scan``'s unroll):
+        more gives XLA more to schedule across layers at the cost of compile time.
     """
 
     config: LLaDAConfig
@@ -129,6 +131,7 @@ class LLaDA(nn.Module):
     remat: bool = False
     lora: LoraConfig | None = None
     unroll_layers: bool | None = None
+    layers_per_loop: int = 1
 
     def setup(self):
         c = self.config
@@ -216,7 +219,8 @@ class LLaDA(nn.Module):
             x_bqd = run(params_of(0), x_bqd, 0)
             middle = jax.tree.map(lambda a: a[1:n - 1], stacked)
             x_bqd, _ = jax.lax.scan(lambda x, pi: (run(pi[0], x, pi[1]), None), x_bqd,
-                                    (middle, jnp.arange(1, n - 1)))
+                                    (middle, jnp.arange(1, n - 1)),
+                                    unroll=self.layers_per_loop)
         return run(params_of(n - 1), x_bqd, n - 1, out_rows)
 
     def hidden(self, input_ids: Array, attention_mask: Array | None = None, *,

@@ -28,6 +28,8 @@ from pathlib import Path
 
 from absl import app, flags
 
+from d1jax.model.llada import UNROLL_MAX_LAYERS
+
 CONFIGS = ("configs/grpo_gsm8k.py", "configs/grpo_math.py", "configs/grpo_countdown.py",
            "configs/grpo_sudoku.py", "configs/sft_s1k.py")
 SLICES = ("v4-8", "v5e-8", "v5e-16", "v5p-8", "v5p-64", "v6e-8")
@@ -37,6 +39,9 @@ _CONFIGS = flags.DEFINE_list("configs", list(CONFIGS), "Config files (.py, ':var
 _SLICES = flags.DEFINE_list("slices", list(SLICES), "TPU slices or topologies.")
 _JSON = flags.DEFINE_string("json", "plan_grid.json", "Rows are appended here as they finish.")
 _MARKDOWN = flags.DEFINE_string("markdown", "", "Print the table of this JSON file and exit.")
+_LAYERS = flags.DEFINE_enum("layers", "config", ["config", "loop", "unrolled"],
+                            "Plan each config's own layer layout, or all with the middle "
+                            "layers in a loop (minutes to compile at 8B) or unrolled.")
 
 
 def load_config(path: str):
@@ -64,16 +69,20 @@ def _key(lowered, topology: str, mesh) -> str:
     return hashlib.sha1(f"{topology}|{mesh}|{text}".encode()).hexdigest()
 
 
-def plan_config(path: str, topology: str, seen: dict, progress=None) -> list[dict]:
+def plan_config(path: str, topology: str, seen: dict, progress=None,
+                layers: str = "config") -> list[dict]:
     """Rows of one config on one slice: every program, the update without remat and, when
     that does not fit, with remat. ``seen`` maps lowered programs already compiled to their
-    rows (shared across calls); ``progress`` is called with each row."""
+    rows (shared across calls); ``progress`` is called with each row; ``layers`` "loop" or
+    "unrolled" overrides the config's ``model.unroll_layers``."""
     from d1jax.plan import chips as chips_lib
     from d1jax.plan import compile as plan_lib
     from d1jax.plan.programs import PlanSpec, build_programs
 
     chip, devices = chips_lib.topology_devices(topology)
     base = load_config(path)
+    if layers != "config":
+        base.model.unroll_layers = layers == "unrolled"
     mesh_shape = mesh_for(base, len(devices))
     rows: list[dict] = []
     for remat in (False, True):
@@ -88,7 +97,11 @@ def plan_config(path: str, topology: str, seen: dict, progress=None) -> list[dic
                 continue
             lowered = plan_lib.lower(program, topology)
             key = _key(lowered, topology, mesh_shape)
-            row = {"config": path, "slice": topology, "remat_tried": remat}
+            unrolled = config.model.get("unroll_layers")
+            if unrolled is None:
+                unrolled = spec.model_config.n_layers <= UNROLL_MAX_LAYERS
+            row = {"config": path, "slice": topology, "remat_tried": remat,
+                   "layers": "unrolled" if unrolled else "loop"}
             if key in seen:
                 row.update(seen[key], config=path, same_as=seen[key]["config"])
             else:
@@ -106,7 +119,7 @@ def plan_config(path: str, topology: str, seen: dict, progress=None) -> list[dic
 
 def markdown(rows: list[dict]) -> str:
     """docs/tpu_plan.md's grid table."""
-    cols = ("config", "slice", "mesh d,f,t", "remat", "program", "args GiB", "temp GiB",
+    cols = ("config", "slice", "mesh d,f,t", "layers", "remat", "program", "args GiB", "temp GiB",
             "total / usable GiB", "fits", "[B,L,V] logits", "est. s", "MFU", "tok/s/chip",
             "compile s")
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -123,7 +136,7 @@ def markdown(rows: list[dict]) -> str:
         out.append("| " + " | ".join([
             Path(r["config"]).stem, r["slice"],
             f"{m.get('data', 1)},{m.get('fsdp', 1)},{m.get('tensor', 1)}",
-            "on" if r["remat"] else "off", r["program"],
+            r.get("layers", "?"), "on" if r["remat"] else "off", r["program"],
             f"{r['argument_bytes'] / GIB:.1f}", f"{r['temp_bytes'] / GIB:.1f}",
             f"{r['total_bytes'] / GIB:.1f} / {r['capacity_bytes'] / GIB:.1f}",
             "yes" if r["fits"] else "NO",
@@ -154,7 +167,7 @@ def main(argv):
             if (path, topology) in done:  # an earlier, interrupted grid measured it
                 continue
             t0 = time.perf_counter()
-            rows.extend(plan_config(path, topology, seen, progress))
+            rows.extend(plan_config(path, topology, seen, progress, _LAYERS.value))
             out.write_text(json.dumps(rows, indent=1, default=float))
             print(f"{path} on {topology}: {time.perf_counter() - t0:.0f} s", file=sys.stderr,
                   flush=True)

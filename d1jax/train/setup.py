@@ -64,7 +64,7 @@ def make_model(m: ModelSpec, mcfg: LLaDAConfig) -> LLaDA:
     """The flax module of architecture ``mcfg`` with the spec's dtypes, remat, layer
     unrolling and LoRA."""
     return LLaDA(mcfg, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, lora=m.lora,
-                 unroll_layers=m.unroll_layers)
+                 unroll_layers=m.unroll_layers, layers_per_loop=m.layers_per_loop)
 
 
 def build(spec: RunSpec, workdir: str | Path, mesh: jax.sharding.Mesh,

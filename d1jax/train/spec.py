@@ -44,6 +44,7 @@ class ModelSpec:
     remat: bool
     lora: LoraConfig | None
     unroll_layers: bool | None = None  # None: LLaDA's default (unrolled up to 8 layers)
+    layers_per_loop: int = 1  # middle layers per loop iteration when not unrolled
 
     @property
     def random(self) -> bool:
@@ -200,11 +201,14 @@ def _model(c) -> ModelSpec:
     for name in ("dtype", "param_dtype"):
         if getattr(m, name) not in _DTYPES:
             raise ConfigError(f"model.{name}={getattr(m, name)!r}: one of {sorted(_DTYPES)}")
+    layers_per_loop = m.get("layers_per_loop", 1)
+    if not isinstance(layers_per_loop, int) or layers_per_loop < 1:
+        raise ConfigError(f"model.layers_per_loop={layers_per_loop!r} must be an int >= 1")
     lora = (LoraConfig(rank=c.lora.rank, alpha=c.lora.alpha, dropout=c.lora.dropout)
             if c.lora.enabled else None)
     return ModelSpec(m.path, m.tokenizer_path, m.random_init, m.width, m.n_layers, m.vocab_size,
                      m.tokenizer_vocab, _DTYPES[m.dtype], _DTYPES[m.param_dtype],
-                     bool(m.remat), lora, m.get("unroll_layers"))
+                     bool(m.remat), lora, m.get("unroll_layers"), layers_per_loop)
 
 
 def _optim(o) -> OptimSpec:
