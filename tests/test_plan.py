@@ -166,7 +166,12 @@ def test_largest_tensor_with_the_vocab_axis_is_read_from_the_hlo():
     assert hlo.largest_with_dim(text, 1000) == 4 * 16 * 1000 * 2  # bf16 beats f32[8, 1000]
     assert hlo.largest_with_dim(text, 999) == 64 * 999 * 4
     assert hlo.largest_with_dim(text, 7) == 0
-    assert hlo.largest_with_dim(text, 1000, frozenset({64000})) == 8 * 1000 * 4  # a's size
+    # a weight's shape (here a's, also as its transpose with a unit axis) is left out
+    skip = frozenset({hlo.shape_key((1000, 16, 4, 1))})
+    assert hlo.largest_with_dim(text, 1000, skip) == 8 * 1000 * 4
+    assert hlo.largest_with_dim(text, {7, 999}) == 64 * 999 * 4  # any of several sizes
+    small = "%p = pred[3,50] a\n%q = u8[2,50] b\n%r = f8e4m3fn[4,50] c\n%s = s4[8,50] d"
+    assert hlo.largest_with_dim(small, 50) == 4 * 50  # pred, u8, f8: a byte; s4: half
 
 
 @needs_tpu

@@ -199,36 +199,35 @@ class LLaDA(nn.Module):
         drop = None if deterministic else self.make_rng("dropout")  # LoRA dropout's stream
         n = self.config.n_layers
 
-        def run(params_i, x, i, rows=None):
-            def layer(p, x, i):
+        def run(i, x, rows=None, in_loop=False):
+            def layer(x, i):
+                # Layer i's params indexed from the stack (in the loop: a dynamic slice of
+                # the stacked arrays, as nn.scan does, with no copy of the middle layers).
+                p = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False)
+                                 if in_loop else a[i], stacked)
                 rngs = {} if drop is None else {"dropout": jax.random.fold_in(drop, i)}
                 return block.apply({"params": p}, x, rope, key_mask_bl, use_lora,
                                    deterministic, out_rows=rows, rngs=rngs)[0]
-            if self.remat:
-                layer = jax.checkpoint(layer, prevent_cse=False,
-                                       policy=jax.checkpoint_policies.nothing_saveable)
-            return layer(params_i, x, i)
-
-        def params_of(i):
-            return jax.tree.map(lambda a: a[i], stacked)
+            if self.remat:  # outside a loop XLA could merge the recompute into the forward
+                layer = jax.checkpoint(layer, prevent_cse=not in_loop, static_argnums=(
+                    () if in_loop else (1,)), policy=jax.checkpoint_policies.nothing_saveable)
+            return layer(x, i)
 
         if self.unrolled() or n <= 2:
             for i in range(n - 1):
-                x_bqd = run(params_of(i), x_bqd, i)
+                x_bqd = run(i, x_bqd)
         else:
-            x_bqd = run(params_of(0), x_bqd, 0)
-            middle = jax.tree.map(lambda a: a[1:n - 1], stacked)
-            x_bqd, _ = jax.lax.scan(lambda x, pi: (run(pi[0], x, pi[1]), None), x_bqd,
-                                    (middle, jnp.arange(1, n - 1)),
-                                    unroll=self.layers_per_loop)
-        return run(params_of(n - 1), x_bqd, n - 1, out_rows)
+            x_bqd = run(0, x_bqd)
+            x_bqd, _ = jax.lax.scan(lambda x, i: (run(i, x, in_loop=True), None), x_bqd,
+                                    jnp.arange(1, n - 1), unroll=self.layers_per_loop)
+        return run(n - 1, x_bqd, out_rows)
 
     def hidden(self, input_ids: Array, attention_mask: Array | None = None, *,
                positions: Array | None = None, use_lora: bool = True,
                deterministic: bool = True, keep_last: int | None = None) -> Array:
         """Final-norm hidden states [B, L, D] (compute dtype), or [B, keep_last, D] of the
         last ``keep_last`` positions (the last layer then runs only those rows' queries and
-        MLP when the layers are unrolled: d1's estimator needs just the completion).
+        MLP: d1's estimator needs just the completion).
 
         Args:
           input_ids: [B, L] int token ids.

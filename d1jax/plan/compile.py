@@ -123,14 +123,16 @@ def _per_chip_bytes(args) -> int:
     return total
 
 
-def _largest_vocab_activation(text: str, args, vocab: int) -> int:
+def _largest_vocab_activation(text: str, args, vocab: int, tensor: int) -> int:
     """Bytes per chip of the compiled program's largest array with the vocabulary axis
-    that is not a weight (logits, their softmax or gradient): arrays the size of a vocab
-    weight's shard or of the whole weight (its all-gathered copy) are left out."""
+    (V, or V / tensor where the rules shard activations' vocab over ``tensor``) that is
+    not a weight (logits, their softmax or gradient): arrays shaped as a vocab weight,
+    its shard or its all-gathered copy are left out."""
     params = [a for a in jax.tree.leaves(args) if vocab in a.shape]
-    sizes = {math.prod(a.shape) for a in params} | {
-        math.prod(a.sharding.shard_shape(a.shape)) for a in params if a.sharding is not None}
-    return hlo.largest_with_dim(text, vocab, frozenset(sizes))
+    shapes = {hlo.shape_key(a.shape) for a in params} | {
+        hlo.shape_key(a.sharding.shard_shape(a.shape)) for a in params
+        if a.sharding is not None}
+    return hlo.largest_with_dim(text, {vocab, -(-vocab // tensor)}, frozenset(shapes))
 
 
 def lower(program: Program, topology: str):
@@ -167,7 +169,7 @@ def estimate(program: Program, spec: PlanSpec, mesh, chip: chips.Chip, topology:
         peak_flops=chip.peak_bf16_flops, weight_bytes=program.weight_bytes,
         logits_bytes_per_chip=program.logits_bytes // n,
         vocab_tensor_bytes=None if text is None else _largest_vocab_activation(
-            text, program.args, spec.model_config.embedding_size),
+            text, program.args, spec.model_config.embedding_size, mesh.shape.get("tensor", 1)),
         tokens=program.tokens,
         sequences=program.sequences)
 

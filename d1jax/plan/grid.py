@@ -28,8 +28,6 @@ from pathlib import Path
 
 from absl import app, flags
 
-from d1jax.model.llada import UNROLL_MAX_LAYERS
-
 CONFIGS = ("configs/grpo_gsm8k.py", "configs/grpo_math.py", "configs/grpo_countdown.py",
            "configs/grpo_sudoku.py", "configs/sft_s1k.py")
 SLICES = ("v4-8", "v5e-8", "v5e-16", "v5p-8", "v5p-64", "v6e-8")
@@ -78,6 +76,7 @@ def plan_config(path: str, topology: str, seen: dict, progress=None,
     from d1jax.plan import chips as chips_lib
     from d1jax.plan import compile as plan_lib
     from d1jax.plan.programs import PlanSpec, build_programs
+    from d1jax.train.setup import make_model
 
     chip, devices = chips_lib.topology_devices(topology)
     base = load_config(path)
@@ -90,6 +89,8 @@ def plan_config(path: str, topology: str, seen: dict, progress=None,
         config.model.remat = remat
         spec = PlanSpec.from_config(config)
         mesh = dataclasses.replace(spec.run.mesh, shape=mesh_shape).build(devices)
+        layout = "unrolled" if make_model(spec.run.model, spec.model_config).unrolled() \
+            else "loop"
         fits = True
         for program in build_programs(spec, mesh):
             updates = program.name.endswith("update")
@@ -97,11 +98,8 @@ def plan_config(path: str, topology: str, seen: dict, progress=None,
                 continue
             lowered = plan_lib.lower(program, topology)
             key = _key(lowered, topology, mesh_shape)
-            unrolled = config.model.get("unroll_layers")
-            if unrolled is None:
-                unrolled = spec.model_config.n_layers <= UNROLL_MAX_LAYERS
             row = {"config": path, "slice": topology, "remat_tried": remat,
-                   "layers": "unrolled" if unrolled else "loop"}
+                   "layers": layout}
             if key in seen:
                 row.update(seen[key], config=path, same_as=seen[key]["config"])
             else:

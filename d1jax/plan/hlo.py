@@ -184,21 +184,29 @@ def _constant(ins: Instr) -> int | None:
         return None
 
 
-_TYPED = re.compile(r"\b(pred|[subf]\d+|bf16|f8e\w+)\[([0-9,]+)\](\{[^}]*\})?")
+_TYPED = re.compile(r"\b(pred|[subfc]\d+|bf16|f\de\w+)\[([0-9,]+)\](\{[^}]*\})?")
 _BITS = {"pred": 8, "bf16": 16}
 
 
-def largest_with_dim(text: str, dim: int, skip_sizes: frozenset[int] = frozenset()) -> int:
-    """Bytes of the largest array in HLO ``text`` that has an axis of size ``dim`` (in a
-    compiled SPMD program: per chip), 0 if none; arrays of ``skip_sizes`` elements (the
-    embedding's and head's shards, their gradients) and arrays placed in another memory
-    space than HBM (a layout's ``S(n)``: on-chip copies of weight tiles) are left out: the
-    largest activation carrying the vocabulary axis, to tell logits of a few rows from
-    those of a sequence."""
+def shape_key(dims) -> tuple[int, ...]:
+    """An array's axis sizes without unit axes, sorted: equal for an array, its
+    transpose and its reshapes that add unit axes."""
+    return tuple(sorted(int(d) for d in dims if int(d) != 1))
+
+
+def largest_with_dim(text: str, dims_of_interest, skip_shapes=frozenset()) -> int:
+    """Bytes of the largest array in HLO ``text`` with an axis whose size is in
+    ``dims_of_interest`` (an int or a set; in a compiled SPMD program sizes are per chip),
+    0 if none. Arrays whose ``shape_key`` is in ``skip_shapes`` (the vocab weights, their
+    shards and gathered copies) and arrays in another memory space than HBM (a layout's
+    ``S(n)``: on-chip copies of tiles) are left out: the largest activation carrying the
+    vocabulary axis, to tell logits of a few rows from those of a whole sequence."""
+    wanted = {dims_of_interest} if isinstance(dims_of_interest, int) else set(dims_of_interest)
     best = 0
     for dtype, dims_text, layout in _TYPED.findall(text):
         dims = [int(d) for d in dims_text.split(",")]
-        if dim in dims and math.prod(dims) not in skip_sizes and "S(" not in layout:
+        if wanted.intersection(dims) and shape_key(dims) not in skip_shapes \
+                and "S(" not in layout:
             bits = _BITS.get(dtype) or int(re.match(r"[a-z]+?(\d+)", dtype).group(1))
             best = max(best, math.prod(dims) * bits // 8)
     return best

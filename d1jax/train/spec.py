@@ -202,7 +202,8 @@ def _model(c) -> ModelSpec:
         if getattr(m, name) not in _DTYPES:
             raise ConfigError(f"model.{name}={getattr(m, name)!r}: one of {sorted(_DTYPES)}")
     layers_per_loop = m.get("layers_per_loop", 1)
-    if not isinstance(layers_per_loop, int) or layers_per_loop < 1:
+    if isinstance(layers_per_loop, bool) or not isinstance(layers_per_loop, int) \
+            or layers_per_loop < 1:
         raise ConfigError(f"model.layers_per_loop={layers_per_loop!r} must be an int >= 1")
     lora = (LoraConfig(rank=c.lora.rank, alpha=c.lora.alpha, dropout=c.lora.dropout)
             if c.lora.enabled else None)
