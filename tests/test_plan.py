@@ -235,12 +235,16 @@ def test_main_check_fits_stops_before_the_run(tmp_path):
 
 @needs_tpu
 @pytest.mark.parametrize("stage, names", [
-    ("grpo", ["rollout", "rollout_logps", "grpo_update"]), ("sft", ["sft_update"])])
+    ("grpo", ["rollout", "rollout_logps", "grpo_update"]), ("sft", ["sft_update"]),
+    ("grpo-loop", ["rollout", "rollout_logps", "grpo_update"])])
 def test_training_programs_compile_and_match_the_analytic_count(stage, names):
     from d1jax.plan import compile as plan_lib
-    c = config_lib.grpo("gsm8k", "tiny") if stage == "grpo" else config_lib.sft("tiny")
+    c = config_lib.grpo("gsm8k", "tiny") if stage.startswith("grpo") else \
+        config_lib.sft("tiny")
     # bfloat16 params with accumulated micro-batches: the default 8B run's update path
     c.model.dtype, c.model.param_dtype, c.optim.grad_accum = "bfloat16", "bfloat16", 2
+    if stage == "grpo-loop":  # 8B's layout: first and last layer around a loop of 2
+        c.model.n_layers, c.model.unroll_layers = 4, False
     estimates = plan_lib.plan(c, "v5e:2x2", (1, 4, 1))
     assert [e.program for e in estimates] == names
     for e in estimates:
