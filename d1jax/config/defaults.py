@@ -156,7 +156,7 @@ def grpo(task: str, arg: str | None, objective: str = "diffu_grpo") -> mlc.Confi
     c = base("grpo", task, tiny, steps=5000)
     if not tiny:
         # Planned for v5p-8 (docs/tpu_plan.md): the 8B update without remat, its 32 layers
-        # unrolled, fits a v5p chip (61 GiB of 84) at XLA's estimated 55% MFU, against 43%
+        # unrolled, fits a v5p chip (61 GiB of 84) at XLA's estimated 55% MFU, against 44%
         # (82 GiB) with the middle layers in a loop and 31% with remat as well. Chips with less
         # HBM need remat (the planner says so).
         c.model.remat, c.model.unroll_layers = False, True
