@@ -84,6 +84,7 @@ def test_killed_and_resumed_grpo_matches_uninterrupted(grpo_run, tmp_path):
     ("--config.sampler.kv_cache=dual2", "sampler.kv_cache='dual2'"),
     ("--config.sampler.recompute=masked", "sampler.recompute='masked' needs kv_cache='dual'"),
     ("--config.grpo.prompts_per_step=3", "not divisible by the data-parallel size"),
+    ("--config.optim.grad_accum=2", "do not split into optim.grad_accum=2 micro-batches"),
     ("--config.model.random_init=", "config.model.path is not set"),
     ("--config.grpo.objective=ppo", "objective='ppo': choose one of"),
     ("--config.grpo.objective=wd1", "beta=0.04: wd1 has no reference term; set beta=0"),
@@ -100,6 +101,11 @@ def test_group_size_must_divide_batch(tmp_path):
     from d1jax.config import ConfigError, check_batch
     with pytest.raises(ConfigError, match="not divisible by num_generations G=4"):
         check_batch(10, 4, 1, "prompts_per_step x G")
+    # 96 rows on 32 data-parallel devices: 3 a device, which 2 micro-batches cannot split
+    with pytest.raises(ConfigError, match=r"is 3 rows per data-parallel device .* one of "
+                                          r"\[1, 3\]"):
+        check_batch(96, 6, 32, "prompts_per_step x G", grad_accum=2)
+    check_batch(96, 6, 16, "prompts_per_step x G", grad_accum=2)  # 6 a device: 3 + 3
 
 
 def test_unwritable_workdir_is_refused(tmp_path):

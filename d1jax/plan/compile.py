@@ -10,6 +10,7 @@ bytes it needs against the bytes available and the change that would make it fit
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 import time
@@ -79,8 +80,7 @@ class Estimate:
     def seconds(self) -> float:
         """XLA's estimate scaled by the loops' trip counts (its loop-once estimate times the
         loop-aware over loop-once matmul FLOPs of the same program); NaN where XLA's cost
-        model gives no usable time (libtpu's v4 model answers ~0 s: a rate above the chip's
-        peak)."""
+        model gives no usable time (none, or a rate above the chip's peak)."""
         s = self.xla_seconds_once * self.flops_xla / max(self.flops_xla_once, 1.0)
         if not s > 0 or self.flops_xla / self.chips / s > self.peak_flops:
             return math.nan
@@ -123,16 +123,37 @@ def _per_chip_bytes(args) -> int:
     return total
 
 
-def _largest_vocab_activation(text: str, args, vocab: int, tensor: int) -> int:
+_HLO_DTYPES = {"bfloat16": "bf16", "float32": "f32", "float16": "f16", "float64": "f64"}
+
+
+def _largest_vocab_activation(text: str, args, vocab: int, tensor: int, chips: int) -> int:
     """Bytes per chip of the compiled program's largest array with the vocabulary axis
     (V, or V / tensor where the rules shard activations' vocab over ``tensor``) that is
-    not a weight (logits, their softmax or gradient): arrays shaped as a vocab weight,
-    its shard or its all-gathered copy are left out."""
-    params = [a for a in jax.tree.leaves(args) if vocab in a.shape]
-    shapes = {hlo.shape_key(a.shape) for a in params} | {
-        hlo.shape_key(a.sharding.shard_shape(a.shape)) for a in params
-        if a.sharding is not None}
-    return hlo.largest_with_dim(text, {vocab, -(-vocab // tensor)}, frozenset(shapes))
+    not a weight (logits, their softmax or gradient). Left out: arrays shaped as a vocab
+    weight or its shard (any dtype: gradients, moments), and in the weight's own dtype,
+    copies gathered over some of the mesh axes (each axis of the weight divided by a
+    divisor of the chip count). A float32 array of a gathered bf16 weight's shape counts:
+    at 8B, one row's 4096 positions of logits have the shape of the head gathered over
+    fsdp."""
+    divisors = [k for k in range(1, chips + 1) if chips % k == 0]
+    shapes, typed = set(), set()
+    for a in jax.tree.leaves(args):
+        if vocab in a.shape:
+            shapes.add(hlo.shape_key(a.shape))
+            if a.sharding is not None:
+                shapes.add(hlo.shape_key(a.sharding.shard_shape(a.shape)))
+            sizes = [{n // k for k in divisors if n % k == 0} for n in a.shape]
+            dtype = _HLO_DTYPES.get(a.dtype.name, a.dtype.name)
+            typed.update((dtype, hlo.shape_key(s)) for s in itertools.product(*sizes))
+    return hlo.largest_with_dim(text, {vocab, -(-vocab // tensor)}, frozenset(shapes),
+                                frozenset(typed))
+
+
+def _xla_seconds(cost: dict, text: str | None) -> float:
+    """XLA's loop-once time estimate, with the -1 s that libtpu's cost model books for each
+    custom call it cannot price (``hlo.UNPRICED_CUSTOM_CALLS``) given back: those count 0."""
+    seconds = float(cost.get("optimal_seconds", math.nan))
+    return seconds + hlo.unpriced_custom_calls(text) if text else seconds
 
 
 def lower(program: Program, topology: str):
@@ -165,11 +186,12 @@ def estimate(program: Program, spec: PlanSpec, mesh, chip: chips.Chip, topology:
         argument_bytes_by_rules=by_rules,
         flops_model=program.flops_model, flops_hardware=program.flops_hardware,
         flops_xla=walk.total(), flops_xla_once=walk.once(),
-        xla_seconds_once=float(cost.get("optimal_seconds", math.nan)),
+        xla_seconds_once=_xla_seconds(cost, text),
         peak_flops=chip.peak_bf16_flops, weight_bytes=program.weight_bytes,
         logits_bytes_per_chip=program.logits_bytes // n,
         vocab_tensor_bytes=None if text is None else _largest_vocab_activation(
-            text, program.args, spec.model_config.embedding_size, mesh.shape.get("tensor", 1)),
+            text, program.args, spec.model_config.embedding_size, mesh.shape.get("tensor", 1),
+            n),
         tokens=program.tokens,
         sequences=program.sequences)
 

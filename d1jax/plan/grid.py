@@ -54,11 +54,13 @@ def load_config(path: str):
 
 
 def mesh_for(config, chips: int) -> tuple[int, int, int]:
-    """(data, fsdp, tensor): fsdp over every chip while the step's rows cover them, the
-    remaining factor on the tensor axis (SFT's 8 rows on 16 or 32 chips)."""
+    """(data, fsdp, tensor): fsdp over every chip while each chip's rows still split into
+    the config's ``grad_accum`` micro-batches (``config.check_batch``), the remaining factor
+    on the tensor axis (SFT's 8 rows on 16 or 32 chips; GRPO's 96 rows in 2 micro-batches on
+    32 chips: fsdp 16, tensor 2)."""
     rows = config.sft.batch_size if config.stage == "sft" else \
         config.grpo.prompts_per_step * config.grpo.num_generations
-    fsdp = math.gcd(rows, chips)
+    fsdp = math.gcd(rows // config.optim.grad_accum, chips)
     return 1, fsdp, chips // fsdp
 
 

@@ -194,19 +194,35 @@ def shape_key(dims) -> tuple[int, ...]:
     return tuple(sorted(int(d) for d in dims if int(d) != 1))
 
 
-def largest_with_dim(text: str, dims_of_interest, skip_shapes=frozenset()) -> int:
+def largest_with_dim(text: str, dims_of_interest, skip_shapes=frozenset(),
+                     skip_typed=frozenset()) -> int:
     """Bytes of the largest array in HLO ``text`` with an axis whose size is in
     ``dims_of_interest`` (an int or a set; in a compiled SPMD program sizes are per chip),
-    0 if none. Arrays whose ``shape_key`` is in ``skip_shapes`` (the vocab weights, their
-    shards and gathered copies) and arrays in another memory space than HBM (a layout's
+    0 if none. Arrays whose ``shape_key`` is in ``skip_shapes``, or whose (HLO dtype,
+    ``shape_key``) is in ``skip_typed`` (the vocab weights, their shards and gathered
+    copies), and arrays in another memory space than HBM (a layout's
     ``S(n)``: on-chip copies of tiles) are left out: the largest activation carrying the
     vocabulary axis, to tell logits of a few rows from those of a whole sequence."""
     wanted = {dims_of_interest} if isinstance(dims_of_interest, int) else set(dims_of_interest)
     best = 0
     for dtype, dims_text, layout in _TYPED.findall(text):
         dims = [int(d) for d in dims_text.split(",")]
-        if wanted.intersection(dims) and shape_key(dims) not in skip_shapes \
-                and "S(" not in layout:
+        key = shape_key(dims)
+        if wanted.intersection(dims) and key not in skip_shapes \
+                and (dtype, key) not in skip_typed and "S(" not in layout:
             bits = _BITS.get(dtype) or int(re.match(r"[a-z]+?(\d+)", dtype).group(1))
             best = max(best, math.prod(dims) * bits // 8)
     return best
+
+
+# Custom calls libtpu's cost model prices at -1 s ("unknown") instead of their cost:
+# ConcatBitcast (slices put side by side in on-chip memory, a layout change that moves no
+# HBM bytes) appears in large v4, v5e and v6e programs. Each one takes exactly 1 s off
+# ``cost_analysis()["optimal_seconds"]`` (an 8B rollout on v4-8: -9.92 s with ten of them).
+UNPRICED_CUSTOM_CALLS = ("ConcatBitcast",)
+
+
+def unpriced_custom_calls(text: str) -> int:
+    """Instructions of compiled HLO ``text`` that libtpu's cost model prices at -1 s."""
+    return sum(len(re.findall(rf'custom_call_target="{name}"', text))
+               for name in UNPRICED_CUSTOM_CALLS)

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import jax
 from jax.sharding import Mesh
 
+from d1jax import config as config_lib
 from d1jax import sharding as shd
 from d1jax.model import LLaDA, LLaDAConfig, preset
 from d1jax.objectives import logprob
@@ -149,6 +150,8 @@ def _grpo_programs(run: spec_lib.RunSpec, model: LLaDA, mesh: Mesh) -> list[Prog
     rows, prompt, comp = g.prompts_per_step * g.num_generations, run.max_prompt_length, \
         run.sampler.gen_length
     mu, v, micro = cfg.num_iterations, mcfg.embedding_size, rows // cfg.grad_accum
+    config_lib.check_batch(rows, g.num_generations, setup.data_parallel_size(mesh),
+                           "prompts_per_step x G", cfg.grad_accum)  # as the run checks
     # The old/ref pass sees every row at once, the update one micro-batch at a time.
     logps_steps = _steps(_on_accelerator(run, rows, comp, v), model, mesh)
     update_steps = _steps(_on_accelerator(run, micro, comp, v), model, mesh)
@@ -179,6 +182,8 @@ def _grpo_programs(run: spec_lib.RunSpec, model: LLaDA, mesh: Mesh) -> list[Prog
 def _sft_programs(run: spec_lib.RunSpec, model: LLaDA, mesh: Mesh) -> list[Program]:
     mcfg, s = model.config, run.sft_run
     micro = s.batch_size // run.sft.grad_accum
+    config_lib.check_batch(s.batch_size, 1, setup.data_parallel_size(mesh), "sft.batch_size",
+                           run.sft.grad_accum)
     steps = _steps(_on_accelerator(run, micro, s.max_length, mcfg.embedding_size), model, mesh)
     state, rng = steps.abstract_state(), steps.rng_like()
     batch = steps.sft_batch_like(s.batch_size, s.max_length)

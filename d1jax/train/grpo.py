@@ -24,7 +24,8 @@ def run(config, workdir: str) -> dict:
     mu = spec.grpo.num_iterations
     mesh = spec.mesh.build()
     config_lib.check_batch(g.prompts_per_step * g.num_generations, g.num_generations,
-                           data_parallel_size(mesh), "prompts_per_step x G")
+                           data_parallel_size(mesh), "prompts_per_step x G",
+                           spec.optim.grad_accum)
     task = spec.task.build()
     examples = _train_examples(spec, task)
     s = build(spec, wd, mesh, texts=lambda: _tokenizer_texts(task, examples))

@@ -53,7 +53,8 @@ def run(config, workdir: str, data: SFTData | None = None) -> dict:
     data = data if data is not None else SFTData(sft_examples(spec))
     rows, sr = data.rows, spec.sft_run
     mesh = spec.mesh.build()
-    config_lib.check_batch(sr.batch_size, 1, data_parallel_size(mesh), "sft.batch_size")
+    config_lib.check_batch(sr.batch_size, 1, data_parallel_size(mesh), "sft.batch_size",
+                           spec.optim.grad_accum)
     s = build(spec, wd, mesh, texts=lambda: [m["content"] for r in rows[:512] for m in r["prompt"]]
               + [r["completion"] for r in rows[:512]])
     total = sr.num_steps(len(rows), spec.train.num_steps)
