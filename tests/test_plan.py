@@ -348,3 +348,9 @@ def test_grid_compiles_each_distinct_program_once(tmp_path):
     assert len(table) == 2 + 6 and \
         "| grpo_math | v5e:2x2 | 1,4,1 | unrolled | off | grpo_update |" \
         in table[-1] and table[-1].endswith("| = grpo_gsm8k |")
+    # one line per config: a rollout cycle is the rollout, its log-probs and mu updates
+    lines = grid.summary(first + second, iterations=lambda path: 3).splitlines()
+    assert len(lines) == 2 + 2 and lines[2].startswith("| grpo_gsm8k | v5e:2x2 | 1,4,1 | off |")
+    by = {r["program"]: r["seconds"] for r in first}
+    cycle = by["rollout"] + by["rollout_logps"] + 3 * by["grpo_update"]
+    assert lines[2].endswith(f"| {cycle:.3g} |") and lines[3].endswith(f"| {cycle:.3g} |")

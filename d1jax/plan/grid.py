@@ -37,6 +37,8 @@ _CONFIGS = flags.DEFINE_list("configs", list(CONFIGS), "Config files (.py, ':var
 _SLICES = flags.DEFINE_list("slices", list(SLICES), "TPU slices or topologies.")
 _JSON = flags.DEFINE_string("json", "plan_grid.json", "Rows are appended here as they finish.")
 _MARKDOWN = flags.DEFINE_string("markdown", "", "Print the table of this JSON file and exit.")
+_SUMMARY = flags.DEFINE_bool("summary", False, "With --markdown: one line per config and "
+                             "slice instead of one per program.")
 _LAYERS = flags.DEFINE_enum("layers", "config", ["config", "loop", "unrolled"],
                             "Plan each config's own layer layout, or all with the middle "
                             "layers in a loop (minutes to compile at 8B) or unrolled.")
@@ -126,9 +128,7 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         m = r["mesh"]
         chips = math.prod(m.values())
-        # A time only where XLA's cost model gives a usable one (not libtpu's v4 model).
-        timed = r["fits"] and r["seconds"] > 0 and \
-            r["flops_xla"] / chips / r["seconds"] <= r["peak_flops"]
+        timed = _timed(r)  # a time only where XLA's cost model gives a usable one
         tok = f"{r['tokens'] / chips / r['seconds']:,.0f}" if r.get("tokens") and timed \
             else "-"
         compile_s = f"= {Path(r['same_as']).stem}" if r.get("same_as") else \
@@ -146,10 +146,58 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _timed(r: dict) -> bool:
+    """XLA's cost model gave this row a usable time (a rate within the chip's peak)."""
+    chips = math.prod(r["mesh"].values())
+    return bool(r["fits"]) and r["seconds"] > 0 and \
+        r["flops_xla"] / chips / r["seconds"] <= r["peak_flops"]
+
+
+def summary(rows: list[dict], iterations=None) -> str:
+    """One line per config and slice: the mesh, whether the update needs remat, the largest
+    program's HBM, each program's estimated seconds and MFU, and for GRPO the seconds of a
+    whole rollout cycle: one rollout, its old/reference log-probs and mu updates.
+    ``iterations(config_path)`` gives mu (default: read from the config file)."""
+    iterations = iterations or (lambda path: load_config(path).grpo.num_iterations)
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["config"], r["slice"]), []).append(r)
+    cols = ("config", "slice", "mesh d,f,t", "update remat", "largest GiB / usable",
+            "update s", "update MFU", "rollout s", "rollout MFU", "old/ref logps s",
+            "s per rollout cycle")
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for (path, slice_), rs in groups.items():
+        final = {}  # program -> the row the run would use (the update: the one that fits)
+        for r in rs:
+            if r["program"] not in final or r["fits"]:
+                final[r["program"]] = r
+        fits = all(r["fits"] for r in final.values())
+        update = next(r for name, r in final.items() if name.endswith("update"))
+        m = update["mesh"]
+        big = max(final.values(), key=lambda r: r["total_bytes"])
+        sec = {name: r["seconds"] if _timed(r) else math.nan for name, r in final.items()}
+        fmt = lambda x: "-" if math.isnan(x) else f"{x:.3g}"  # noqa: E731
+        mfu = lambda r: f"{100 * r['mfu']:.1f}%" if _timed(r) else "-"  # noqa: E731
+        roll = final.get("rollout")
+        cycle = math.nan
+        if roll is not None:
+            cycle = sec["rollout"] + sec["rollout_logps"] + \
+                iterations(path) * sec[update["program"]]
+        out.append("| " + " | ".join([
+            Path(path).stem, slice_, f"{m.get('data', 1)},{m.get('fsdp', 1)},{m.get('tensor', 1)}",
+            ("on" if update["remat"] else "off") if fits else "does not fit",
+            f"{big['total_bytes'] / GIB:.1f} / {big['capacity_bytes'] / GIB:.1f}",
+            fmt(sec[update["program"]]), mfu(update),
+            fmt(sec["rollout"]) if roll else "-", mfu(roll) if roll else "-",
+            fmt(sec["rollout_logps"]) if roll else "-", fmt(cycle)]) + " |")
+    return "\n".join(out)
+
+
 def main(argv):
     del argv
     if _MARKDOWN.value:
-        print(markdown(json.loads(Path(_MARKDOWN.value).read_text())))
+        rows = json.loads(Path(_MARKDOWN.value).read_text())
+        print(summary(rows) if _SUMMARY.value else markdown(rows))
         return
     out = Path(_JSON.value)
     rows: list[dict] = json.loads(out.read_text()) if out.is_file() else []
