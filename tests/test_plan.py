@@ -199,11 +199,17 @@ def test_unpriced_custom_calls_are_given_back_to_the_time_estimate():
     compiled = jax.jit(jax.grad(loss, argnums=1)).lower(x, w).compile()
     cost, text = compiled.cost_analysis(), compiled.as_text()
     assert hlo.unpriced_custom_calls(text) >= 1 and cost["optimal_seconds"] < 0
-    seconds = plan_lib._xla_seconds(cost, text)
+    seconds = plan_lib._xla_seconds(cost, text, cost["flops"] / chip.peak_bf16_flops)
     # cost_analysis counts one chip's share of the SPMD program
     assert 0.2 * chip.peak_bf16_flops < cost["flops"] / seconds < chip.peak_bf16_flops
     assert hlo.unpriced_custom_calls('x = f32[2] custom-call(), custom_call_target="Other"') \
         == 0
+    # of 3 such calls only as many are given back as bring the rate within the peak
+    three = 'custom_call_target="ConcatBitcast"\n' * 3
+    assert plan_lib._xla_seconds({"optimal_seconds": -1.75}, three, 0.1) == 0.25
+    assert plan_lib._xla_seconds({"optimal_seconds": -9.75}, three, 0.1) == -6.75  # at most 3
+    assert plan_lib._xla_seconds({"optimal_seconds": 0.5}, three, 0.1) == 0.5
+    assert plan_lib._xla_seconds({"optimal_seconds": -1.75}, "", 0.1) == -1.75  # none: as is
 
 
 @needs_tpu

@@ -215,14 +215,15 @@ def largest_with_dim(text: str, dims_of_interest, skip_shapes=frozenset(),
     return best
 
 
-# Custom calls libtpu's cost model prices at -1 s ("unknown") instead of their cost:
+# Custom calls libtpu's cost model may price at -1 s ("unknown") instead of their cost:
 # ConcatBitcast (slices put side by side in on-chip memory, a layout change that moves no
-# HBM bytes) appears in large v4, v5e and v6e programs. Each one takes exactly 1 s off
-# ``cost_analysis()["optimal_seconds"]`` (an 8B rollout on v4-8: -9.92 s with ten of them).
+# HBM bytes) appears in large v4, v5e and v6e programs, and each of those priced takes
+# exactly 1 s off ``cost_analysis()["optimal_seconds"]`` (an 8B rollout on v4-8: -9.92 s
+# with ten of them); ``compile._xla_seconds`` gives them back.
 UNPRICED_CUSTOM_CALLS = ("ConcatBitcast",)
 
 
 def unpriced_custom_calls(text: str) -> int:
-    """Instructions of compiled HLO ``text`` that libtpu's cost model prices at -1 s."""
+    """Instructions of compiled HLO ``text`` that libtpu's cost model may price at -1 s."""
     return sum(len(re.findall(rf'custom_call_target="{name}"', text))
                for name in UNPRICED_CUSTOM_CALLS)
