@@ -307,6 +307,31 @@ def test_training_programs_compile_and_match_the_analytic_count(stage, names):
         assert e.flops_xla == pytest.approx(e.flops_hardware, rel=0.01), e.program
 
 
+def test_advice_names_only_changes_the_batch_checks_accept():
+    """An SFT update that does not fit with remat, 8 rows on 8 chips: one row a chip cannot
+    split into micro-batches, so the advice is a shorter sequence; GRPO's 96 rows on 4 chips
+    (24 a chip, 2 micro-batches) can take 4."""
+    import dataclasses as dc
+    from d1jax.plan import compile as plan_lib
+    fields = {f.name: 0 for f in dc.fields(plan_lib.Estimate)}
+    fields.update(program="sft_update", topology="v5e-8", chip="v5e", remat=True,
+                  mesh={"data": 1, "fsdp": 8, "tensor": 1}, weight_bytes=1)
+    e = plan_lib.Estimate(**fields)
+    sft = config_lib.sft(None)
+    assert plan_lib.advice(e, sft) == ("use more chips, a chip with more HBM, or shorter "
+                                       "sequences (--config.sft.max_length=2048)")
+    sft.optim.grad_accum = 1
+    # 16 chips: fsdp 16 would leave half the chips without a row; fsdp 2 gives 4 rows a chip
+    small = dc.replace(e, mesh={"data": 1, "fsdp": 2, "tensor": 8})
+    assert plan_lib.advice(small, sft) == ("split the batch into more micro-batches: "
+                                           "--config.optim.grad_accum=2")
+    gsm8k = config_lib.grpo("gsm8k", None)
+    grpo = dc.replace(e, program="grpo_update", mesh={"data": 1, "fsdp": 4, "tensor": 1})
+    assert plan_lib.advice(grpo, gsm8k).endswith("--config.optim.grad_accum=4")
+    assert plan_lib.advice(dc.replace(grpo, remat=False), gsm8k) == \
+        "turn remat on: --config.model.remat=True"
+
+
 def test_topology_names():
     assert chips.parse_topology("v5p-8")[1:] == ("v5p:2x2x1", (2, 2, 1))
     assert chips.parse_topology("v5litepod-16")[1:] == ("v5e:4x4", (4, 4))

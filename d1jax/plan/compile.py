@@ -246,15 +246,22 @@ def plan(config, topology: str, mesh_shape: tuple[int, ...] | None = None,
 
 
 def advice(e: Estimate, config) -> str:
-    """The change most likely to make ``e`` fit, as a flag."""
-    n, fsdp = e.chips, e.mesh.get("fsdp", 1)
+    """The change most likely to make ``e`` fit, as a flag (only changes that
+    ``config.check_batch`` accepts: each chip's rows split into the micro-batches)."""
+    n, fsdp, accum = e.chips, e.mesh.get("fsdp", 1), config.optim.grad_accum
+    rows = config.sft.batch_size if config.stage == "sft" else \
+        config.eval.batch_size if config.stage == "eval" else \
+        config.grpo.prompts_per_step * config.grpo.num_generations
     if e.program.endswith("update") and not e.remat:
         return "turn remat on: --config.model.remat=True"
-    if e.weights_replicated or fsdp < n:
+    if e.weights_replicated or (fsdp < n and rows % (n * accum) == 0):
         return f"shard the weights over a larger fsdp axis: --mesh=1,{n},1"
     if e.program.endswith("update"):
-        return (f"split the batch into more micro-batches: "
-                f"--config.optim.grad_accum={2 * config.optim.grad_accum}")
+        if rows // (e.mesh.get("data", 1) * fsdp) % (2 * accum) == 0:
+            return f"split the batch into more micro-batches: --config.optim.grad_accum={2 * accum}"
+        if config.stage == "sft":
+            return (f"use more chips, a chip with more HBM, or shorter sequences "
+                    f"(--config.sft.max_length={config.sft.max_length // 2})")
     if "sampler" in config and e.program == "rollout":
         return (f"generate a shorter completion (--config.sampler.gen_length="
                 f"{config.sampler.gen_length // 2}) or fewer prompts per step "
