@@ -167,9 +167,9 @@ def summary(rows: list[dict], iterations=None) -> str:
             "s per rollout cycle")
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for (path, slice_), rs in groups.items():
-        final = {}  # program -> the row the run would use (the update: the one that fits)
-        for r in rs:
-            if r["program"] not in final or r["fits"]:
+        final = {}  # program -> the row the run would use (the update: the one that fits,
+        for r in rs:  # else the last one tried)
+            if r["program"] not in final or not final[r["program"]]["fits"]:
                 final[r["program"]] = r
         fits = all(r["fits"] for r in final.values())
         update = next(r for name, r in final.items() if name.endswith("update"))
