@@ -2,7 +2,7 @@
 that need no model (``d1jax.train.spec`` translates and validates the rest)."""
 
 from d1jax.config.defaults import (ConfigError, base, check_batch, check_workdir, eval_config,
-                                   grpo, sampler_fields, sft)
+                                   grpo, sampler_fields, sft, step_rows)
 
 __all__ = ["ConfigError", "base", "check_batch", "check_workdir", "eval_config", "grpo",
-           "sampler_fields", "sft"]
+           "sampler_fields", "sft", "step_rows"]

@@ -132,6 +132,16 @@ def check_workdir(workdir: str) -> Path:
     return path
 
 
+def step_rows(config) -> int:
+    """Rows of one optimizer step (all hosts) of a run config: SFT's batch, GRPO's prompts x
+    G, an eval's generate batch."""
+    if config.stage == "sft":
+        return config.sft.batch_size
+    if config.stage == "eval":
+        return config.eval.batch_size
+    return config.grpo.prompts_per_step * config.grpo.num_generations
+
+
 def check_batch(global_batch: int, group: int, data_parallel: int, what: str,
                 grad_accum: int = 1) -> None:
     """A global batch must split into whole groups, over the data-parallel devices, and

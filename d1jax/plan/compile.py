@@ -17,6 +17,7 @@ import time
 
 import jax
 
+from d1jax import config as config_lib
 from d1jax.plan import chips, hlo
 from d1jax.plan.programs import PlanSpec, Program, build_programs
 
@@ -249,9 +250,7 @@ def advice(e: Estimate, config) -> str:
     """The change most likely to make ``e`` fit, as a flag (only changes that
     ``config.check_batch`` accepts: each chip's rows split into the micro-batches)."""
     n, fsdp, accum = e.chips, e.mesh.get("fsdp", 1), config.optim.grad_accum
-    rows = config.sft.batch_size if config.stage == "sft" else \
-        config.eval.batch_size if config.stage == "eval" else \
-        config.grpo.prompts_per_step * config.grpo.num_generations
+    rows = config_lib.step_rows(config)
     if e.program.endswith("update") and not e.remat:
         return "turn remat on: --config.model.remat=True"
     if e.weights_replicated or (fsdp < n and rows % (n * accum) == 0):

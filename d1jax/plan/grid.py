@@ -60,9 +60,8 @@ def mesh_for(config, chips: int) -> tuple[int, int, int]:
     the config's ``grad_accum`` micro-batches (``config.check_batch``), the remaining factor
     on the tensor axis (SFT's 8 rows on 16 or 32 chips; GRPO's 96 rows in 2 micro-batches on
     32 chips: fsdp 16, tensor 2)."""
-    rows = config.sft.batch_size if config.stage == "sft" else \
-        config.grpo.prompts_per_step * config.grpo.num_generations
-    fsdp = math.gcd(rows // config.optim.grad_accum, chips)
+    from d1jax import config as config_lib
+    fsdp = math.gcd(config_lib.step_rows(config) // config.optim.grad_accum, chips)
     return 1, fsdp, chips // fsdp
 
 
