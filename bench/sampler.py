@@ -33,6 +33,9 @@ import time
 from typing import NamedTuple
 
 
+# Run as a script (python bench/x.py): the repository root holds ``bench``.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402

@@ -21,8 +21,12 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
+
+# Run as a script (python bench/x.py): the repository root holds ``bench``.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

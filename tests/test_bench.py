@@ -74,3 +74,13 @@ def test_help_runs_without_the_reference():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "compare.py"), "--help"],
                          capture_output=True, text=True, check=True).stdout
     assert "--refbench" in out and "--reference-json" in out
+
+
+@pytest.mark.parametrize("script", ["compare.py", "forward.py", "sampler.py", "update.py",
+                                    "sampler_accuracy.py"])
+def test_bench_scripts_run_as_documented(script, tmp_path):
+    """Each script's documented form, ``python bench/SCRIPT``, from outside the repository."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--help"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "usage:" in out.stdout
