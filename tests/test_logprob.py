@@ -79,6 +79,29 @@ def test_chunked_head_gradient_equals_unchunked():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("chunk", [0, 5, 2])  # one block; 4 and 10 rematerialised chunks
+def test_chunked_head_gradient_matches_float64_closed_form(chunk):
+    """d log p(t) / d logits = onehot(t) - softmax: the head's gradient, whole and chunked,
+    against numpy in float64, for the hidden states and the head weight."""
+    rs = np.random.RandomState(1)
+    h, w = rs.normal(size=(2, 20, 6)), rs.normal(size=(6, 11))
+    t, cot, scale = rs.randint(0, 11, (2, 20)), rs.normal(size=(2, 20)), 0.7
+
+    logits = h @ w * scale
+    lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    want_logp = np.take_along_axis(logits, t[..., None], -1)[..., 0] - lse
+    dlogits = cot[..., None] * (np.eye(11)[t] - np.exp(logits - lse[..., None])) * scale
+    want_dh, want_dw = dlogits @ w.T, np.einsum("bcd,bcv->dv", h, dlogits)
+
+    def f(h, w):
+        return logprob.head_logps(h, w, jnp.asarray(t), scale=scale, seq_chunk=chunk)
+    logp, vjp = jax.vjp(f, jnp.asarray(h, jnp.float32), jnp.asarray(w, jnp.float32))
+    dh, dw = vjp(jnp.asarray(cot, jnp.float32))
+    np.testing.assert_allclose(np.asarray(logp), want_logp, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(dh), want_dh, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(dw), want_dw, rtol=1e-4, atol=1e-5)
+
+
 def test_prompt_mask_rate_is_p_and_fixed_by_the_seed():
     prompt = jnp.zeros((64, 200), jnp.int32)
     rates = [float((logprob.mask_prompt(logprob.mask_key(s), prompt, 0.15, 7) == 7).mean())
