@@ -76,8 +76,8 @@ def test_help_runs_without_the_reference():
     assert "--refbench" in out and "--reference-json" in out
 
 
-@pytest.mark.parametrize("script", ["compare.py", "forward.py", "sampler.py", "update.py",
-                                    "sampler_accuracy.py"])
+@pytest.mark.parametrize("script", ["block_parts.py", "compare.py", "forward.py", "sampler.py",
+                                    "update.py", "sampler_accuracy.py"])
 def test_bench_scripts_run_as_documented(script, tmp_path):
     """Each script's documented form, ``python bench/SCRIPT``, from outside the repository."""
     out = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--help"],
