@@ -7,13 +7,14 @@ Each stage module exposes ``run(config, workdir)`` so tests and notebooks call i
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import os
 import sys
 
 from absl import app, flags
 from ml_collections import config_flags
+
+from d1jax.config.cli import parse_flags, unknown_key_message  # noqa: F401 (re-exported)
 
 STAGES = {
     "sft": "d1jax.train.sft",
@@ -79,53 +80,6 @@ def check_fits(config, topology: str) -> None:
     print(f"check_fits: {len(estimates)} programs fit on {worst.topology} (largest: {worst.program}, "
           f"{worst.total_bytes / 2**30:.1f} of {worst.capacity_bytes / 2**30:.1f} GiB per chip)",
           flush=True)
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parser, except that an unknown ``--config.KEY`` override ends in one line."""
-    try:
-        return flags.FLAGS(argv)
-    except (AttributeError, KeyError):  # what ml_collections raises for a missing key
-        overrides = [a for a in argv[1:] if a.startswith("--config.")]
-        # The config without overrides, loaded by a fresh flag set (FLAGS keeps the failed parse).
-        plain = [a for a in argv if a not in overrides]
-        fresh = flags.FlagValues()
-        config = config_flags.DEFINE_config_file("config", None, "", flag_values=fresh,
-                                                 sys_argv=plain)
-        fresh(plain, known_only=True)
-        for arg in overrides:
-            message = unknown_key_message(config.value, arg[len("--config."):].split("=", 1)[0])
-            if message:
-                sys.exit(f"error: {message}")
-        raise
-
-
-def unknown_key_message(config, key: str) -> str | None:
-    """None if the dotted ``key`` names a field of ``config``, else a line naming the closest."""
-    node = config
-    for part in key.split("."):
-        if not hasattr(node, "keys") or part not in node:
-            candidates = _closest(key, list(_dotted_keys(config)))
-            hint = (f"closest valid keys: {', '.join(candidates)}" if candidates else
-                    "see the config file for its fields")
-            return f"unknown config key {key!r} in --config.{key}=...; {hint}"
-        node = node[part]
-    return None
-
-
-def _closest(key: str, valid: list[str], n: int = 3) -> list[str]:
-    """Up to n valid keys most like ``key``, by the whole path or by the last name alone."""
-    def score(k: str) -> float:
-        return max(difflib.SequenceMatcher(None, key, k).ratio(),
-                   difflib.SequenceMatcher(None, key.split(".")[-1], k.split(".")[-1]).ratio())
-    return [k for k in sorted(valid, key=score, reverse=True)[:n] if score(k) >= 0.6]
-
-
-def _dotted_keys(config, prefix: str = ""):
-    for name, value in config.items():
-        yield prefix + name
-        if hasattr(value, "keys"):
-            yield from _dotted_keys(value, f"{prefix}{name}.")
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -30,10 +32,22 @@ def test_unknown_config_key_fails_in_one_line_naming_the_closest_keys(tmp_path):
         "closest valid keys: model.preset"], r.stderr[-2000:]
 
 
+@pytest.mark.parametrize("module,config", [("d1jax.eval", "configs/eval.py:sudoku-tiny"),
+                                           ("d1jax.plan", "configs/grpo_sudoku.py")])
+def test_eval_and_plan_refuse_an_unknown_key_in_one_line(module, config, tmp_path):
+    r = subprocess.run([sys.executable, "-m", module, f"--config={config}",
+                        f"--workdir={tmp_path}", "--config.model.pth=x"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines() == [
+        "error: unknown config key 'model.pth' in --config.model.pth=...; "
+        "closest valid keys: model.path, model.width, model"], r.stderr[-2000:]
+
+
 def test_unknown_key_message_walks_the_config_tree():
     import ml_collections
 
-    from d1jax.main import unknown_key_message
+    from d1jax.config.cli import unknown_key_message
     c = ml_collections.ConfigDict({"optim": {"learning_rate": 1.0, "warmup_ratio": 0.0},
                                    "seed": 0})
     assert unknown_key_message(c, "optim.learning_rate") is None

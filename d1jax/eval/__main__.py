@@ -10,6 +10,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from d1jax.config.cli import parse_flags
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/eval.py:TASK[-tiny].")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory; default config.workdir.")
 
@@ -35,4 +37,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -14,6 +14,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from d1jax.config.cli import parse_flags
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config (.py), ':variant' allowed.")
 _TOPOLOGY = flags.DEFINE_string("topology", "v5p:2x2x1",
                                 "TPU topology ('v5p:2x2x1', 'v5e:2x4') or slice ('v5p-8').")
@@ -61,4 +63,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

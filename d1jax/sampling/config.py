@@ -88,7 +88,7 @@ class SamplerConfig:
     def fast(cls, **overrides) -> "SamplerConfig":
         """The fast sampler's defaults under ``overrides``: Fast-dLLM's dual KV cache,
         refreshed after every 8 decoded tokens, and parallel decoding at tau 0.99 (within 1
-        point of the exact sampler on the README's accuracy sweeps; without the refresh,
+        point of the exact sampler in docs/fast_sampler.md's accuracy sweeps; without the refresh,
         at tau 0.9 or with ``recompute="masked"`` it is not)."""
         return cls(**{**FAST_DEFAULTS, **overrides})
 

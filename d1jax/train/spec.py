@@ -193,7 +193,7 @@ def _model(c) -> ModelSpec:
         if not m.path:
             raise ConfigError(
                 "config.model.path is not set: point it (or $LLADA_PATH) at a local Hugging Face "
-                "LLaDA directory, e.g. `huggingface-cli download GSAI-ML/LLaDA-8B-Instruct "
+                "LLaDA directory, e.g. `hf download GSAI-ML/LLaDA-8B-Instruct "
                 "--local-dir ~/llada-8b-instruct`, or use a :tiny config")
         if not Path(m.path).is_dir():
             raise ConfigError(f"config.model.path={m.path!r} is not a directory; download "
