@@ -246,17 +246,28 @@ def plan(config, topology: str, mesh_shape: tuple[int, ...] | None = None,
     return out
 
 
+def _batch_accepted(config, data_parallel: int, grad_accum: int) -> bool:
+    """Whether ``config.check_batch`` accepts the config's step on that many data-parallel
+    devices in that many micro-batches."""
+    group = config.grpo.num_generations if config.stage == "grpo" else 1
+    try:
+        config_lib.check_batch(config_lib.step_rows(config), group, data_parallel, "batch",
+                               grad_accum)
+    except config_lib.ConfigError:
+        return False
+    return True
+
+
 def advice(e: Estimate, config) -> str:
     """The change most likely to make ``e`` fit, as a flag (only changes that
     ``config.check_batch`` accepts: each chip's rows split into the micro-batches)."""
     n, fsdp, accum = e.chips, e.mesh.get("fsdp", 1), config.optim.grad_accum
-    rows = config_lib.step_rows(config)
     if e.program.endswith("update") and not e.remat:
         return "turn remat on: --config.model.remat=True"
-    if e.weights_replicated or (fsdp < n and rows % (n * accum) == 0):
+    if e.weights_replicated or (fsdp < n and _batch_accepted(config, n, accum)):
         return f"shard the weights over a larger fsdp axis: --mesh=1,{n},1"
     if e.program.endswith("update"):
-        if rows // (e.mesh.get("data", 1) * fsdp) % (2 * accum) == 0:
+        if _batch_accepted(config, e.mesh.get("data", 1) * fsdp, 2 * accum):
             return f"split the batch into more micro-batches: --config.optim.grad_accum={2 * accum}"
         if config.stage == "sft":
             return (f"use more chips, a chip with more HBM, or shorter sequences "
