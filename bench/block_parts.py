@@ -25,7 +25,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -94,9 +93,7 @@ def main():
     times = {k: [] for k in fns}
     for _ in range(args.repeats):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn())
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(common.seconds(fn, 1)["best"])
     peak = common.matmul_peak(jnp.float32, 2048, 5)
     out = {"model": args.model, "batch": args.batch, "seq": args.seq, "repeats": args.repeats,
            "machine": common.machine(),
