@@ -3,17 +3,23 @@
 * ``state``: any pytree of arrays (params or adapters, optimizer state, step, rng,
   synced reference). Restored onto the *current* shardings, so a run saved on one mesh
   resumes on another.
-* ``meta``: JSON (data iterator position, step metrics, config snapshot).
+* ``meta``: JSON (data iterator position, step metrics, the config fields that shape the
+  state: ``d1jax.train.resume``).
 
-A corrupt latest checkpoint is reported and the previous one is used; nothing is ever
-deleted except by Orbax's ``max_to_keep`` retention after a *successful* save.
+Nothing readable is ever deleted. Retention is d1jax's, not Orbax's: a step is removed only
+when it is older than a step this process saved *and read back* (or restored), so a failed
+save or a fallback never costs the steps before it. An unreadable step is moved aside, not
+deleted, and only once an older step has restored; when none restores, ``RestoreError``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +30,38 @@ import tensorstore as ts
 log = logging.getLogger(__name__)
 
 
+class RestoreError(RuntimeError):
+    """The run has checkpoints and none of them restores (one line per step says why)."""
+
+
+def list_steps(directory: str | Path) -> list[int]:
+    """Committed checkpoint steps in ``directory`` (Orbax's step folders), newest first."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    return sorted((int(p.name) for p in d.iterdir() if p.name.isdigit() and p.is_dir()),
+                  reverse=True)
+
+
+def read_meta(directory: str | Path, step: int) -> dict[str, Any]:
+    """The JSON metadata saved with ``step`` (raises if it is missing or unreadable)."""
+    return json.loads((Path(directory) / str(step) / "meta" / "metadata").read_text())
+
+
+def sync_processes(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
+
+
 class Checkpointer:
     """CheckpointManager over ``<workdir>/checkpoints`` with save-every-N and keep-best.
 
     Args:
       workdir: run directory.
       save_every: save when ``step % save_every == 0`` (and always when ``force``).
-      max_to_keep: newest checkpoints kept (plus the best one when ``best_metric``).
+      max_to_keep: newest read-back checkpoints kept (plus the best one when
+        ``best_metric``, and any newer step not read back yet); 0 keeps all.
       best_metric: name of a metric in ``meta["metrics"]``; keeps the best by it.
       best_mode: "max" or "min".
       async_save: write in a background thread (``wait()`` before exit).
@@ -38,19 +69,17 @@ class Checkpointer:
 
     def __init__(self, workdir: str | Path, save_every: int = 100, max_to_keep: int = 3,
                  best_metric: str | None = None, best_mode: str = "max", async_save: bool = True):
-        self.directory = Path(workdir).resolve() / "checkpoints"
+        self.workdir = Path(workdir).resolve()
+        self.directory = self.workdir / "checkpoints"
         self.save_every = save_every
-        best_fn = None
-        if best_metric:
-            def best_fn(metrics, name=best_metric):
-                return float(metrics.get(name, float("-inf") if best_mode == "max" else float("inf")))
+        self.max_to_keep = max_to_keep
+        self.best_metric, self.best_mode = best_metric, best_mode
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, best_fn=best_fn, best_mode=best_mode,
-            keep_checkpoints_without_metrics=False if best_fn else True,
-            enable_async_checkpointing=async_save, create=True)
+            max_to_keep=None, enable_async_checkpointing=async_save, create=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options,
                                              item_names=("state", "meta"))
-        self.best_metric = best_metric
+        self._read_back: set[int] = set()  # steps of this lineage known to read back
+        self._pending: list[int] = []  # saved by this process, not yet read back
 
     def should_save(self, step: int) -> bool:
         return self.save_every > 0 and step % self.save_every == 0
@@ -59,35 +88,59 @@ class Checkpointer:
         """Saves if ``step`` is due (or ``force``). Returns whether a save started."""
         if not (force or self.should_save(step)) or step in self.manager.all_steps():
             return False
-        metrics = None
-        if self.best_metric is not None:
-            metrics = {k: float(v) for k, v in meta.get("metrics", {}).items()
-                       if isinstance(v, (int, float))}
+        self._settle()
         self.manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-            metrics=metrics, force=True)
+            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+        self._pending.append(step)
+        if jax.process_index() == 0:
+            print(f"checkpoint: saving step {step} to {self.directory}", flush=True)
         return True
 
     def restore(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]] | None:
         """Restores the newest readable checkpoint onto ``abstract_state``'s shardings.
 
         ``abstract_state`` is a pytree of ``jax.ShapeDtypeStruct`` with ``sharding`` set
-        (e.g. ``jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-        sharding=x.sharding), state)``). Returns (step, state, meta) or None if the run
-        has no checkpoint.
+        (``abstract_like(state)``). Returns (step, state, meta), or None if the run has no
+        checkpoint. Newer steps that did not restore are moved aside once an older one does;
+        if none restores, ``RestoreError`` names each step and why, and nothing is moved.
         """
+        failures: list[tuple[int, str]] = []
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
                 self._check_array_store(step)
                 out = self.manager.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-                return step, out["state"], dict(out["meta"])
-            except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: fall back
-                log.error("checkpoint at step %d in %s is unreadable (%s: %s); trying the "
-                          "previous one", step, self.directory, type(e).__name__, e)
-                print(f"warning: checkpoint step {step} is corrupt or unreadable "
-                      f"({type(e).__name__}); falling back to an earlier one", flush=True)
+            except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: try the next
+                log.debug("checkpoint step %d unreadable", step, exc_info=True)
+                failures.append((step, _reason(e)))
+                continue
+            self._read_back.add(step)
+            self._move_aside(failures)
+            return step, out["state"], dict(out["meta"])
+        if failures:
+            lines = "\n".join(f"  step {s}: {why}" for s, why in failures)
+            raise RestoreError(
+                f"no checkpoint in {self.directory} restores, nothing was changed:\n{lines}\n"
+                "rerun with the config that wrote them, use another --workdir, or pass "
+                "--config.train.if_incompatible=move_aside to start over with the old run "
+                "moved aside")
         return None
+
+    def _move_aside(self, failures: list[tuple[int, str]]) -> None:
+        """Unreadable steps newer than the restored one go to ``checkpoints_unreadable/``
+        (their numbers are saved again as the run continues)."""
+        if not failures:
+            return
+        aside = self.workdir / "checkpoints_unreadable"
+        if jax.process_index() == 0:
+            aside.mkdir(exist_ok=True)
+            for step, why in failures:
+                dest = aside / f"{step}.{time.strftime('%Y%m%dT%H%M%S')}"
+                shutil.move(str(self.directory / str(step)), dest)
+                print(f"warning: checkpoint step {step} does not restore ({why}); moved to "
+                      f"{dest}", flush=True)
+        sync_processes("d1jax_checkpoint_move_aside")
+        self.manager.reload()
 
     def _check_array_store(self, step: int) -> None:
         """Lists the keys of the step's array store (OCDBT) in one synchronous read.
@@ -97,15 +150,62 @@ class Checkpointer:
         into Orbax's closed event loop ("Event loop is closed" tracebacks).
         """
         store = self.directory / str(step) / "state"
-        if (store / "manifest.ocdbt").exists():
-            ts.KvStore.open({"driver": "ocdbt", "base": f"file://{store}"}).result().list().result()
+        if not (store / "manifest.ocdbt").exists():
+            raise FileNotFoundError(f"{store / 'manifest.ocdbt'} is missing")
+        ts.KvStore.open({"driver": "ocdbt", "base": f"file://{store}"}).result().list().result()
+
+    def _settle(self) -> None:
+        """Waits for the save in flight, reads each finished step back, then prunes."""
+        self.manager.wait_until_finished()
+        for step in self._pending:
+            try:
+                self._check_array_store(step)
+                read_meta(self.directory, step)
+            except Exception as e:  # noqa: BLE001 - a bad save keeps everything older
+                print(f"warning: checkpoint step {step} did not read back ({_reason(e)}); "
+                      "older checkpoints are kept", flush=True)
+                continue
+            self._read_back.add(step)
+        self._pending = []
+        self._prune()
+
+    def _prune(self) -> None:
+        """Keeps the newest ``max_to_keep`` steps up to the newest read-back one, every newer
+        step, and the best; removes only steps older than a read-back step."""
+        if self.max_to_keep <= 0 or not self._read_back:
+            return
+        anchor = max(self._read_back)
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        keep = {s for s in steps if s > anchor}
+        keep.update([s for s in steps if s <= anchor][:self.max_to_keep])
+        if self.best_metric:
+            keep.add(self._best(steps))
+        for step in steps:
+            if step not in keep and step < anchor:
+                self.manager.delete(step)
+
+    def _best(self, steps: list[int]) -> int:
+        sign = 1.0 if self.best_mode == "max" else -1.0
+
+        def score(step: int) -> float:
+            try:
+                return sign * float(read_meta(self.directory, step)["metrics"][self.best_metric])
+            except (OSError, KeyError, TypeError, ValueError):
+                return float("-inf")
+        return max(steps, key=score)
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        self._settle()
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
+        self._settle()
         self.manager.close()
+
+
+def _reason(e: BaseException) -> str:
+    """The first line of an exception, short enough for one line per step."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
 
 
 def abstract_like(tree: Any) -> Any:

@@ -15,6 +15,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from d1jax.config.cli import parse_flags, unknown_key_message  # noqa: F401 (re-exported)
+from d1jax.train.loop import RunStopped
 
 STAGES = {
     "sft": "d1jax.train.sft",
@@ -67,6 +68,9 @@ def main(argv):
         importlib.import_module(STAGES[stage]).run(config, workdir)
     except _user_errors() as e:  # a mistake in a config or a file: one clear line
         sys.exit(f"error: {e}")
+    except RunStopped as e:  # saved and stopped early: "rerun me", not "done" (docs/training.md)
+        print(e, file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)
 
 
 def check_fits(config, topology: str) -> None:
@@ -88,8 +92,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from d1jax.config import ConfigError
     from d1jax.model.weights import CheckpointError
     from d1jax.plan.compile import DoesNotFit
+    from d1jax.checkpoint import RestoreError
+    from d1jax.tasks.sources import BadRecordError
     return (ConfigError, CheckpointError, UnsupportedConfigError, DataUnavailableError,
-            DoesNotFit)
+            DoesNotFit, RestoreError, BadRecordError)
 
 
 if __name__ == "__main__":

@@ -23,22 +23,29 @@ def _scalar(v: Any) -> float | None:
 class MetricWriter:
     """Writes scalars to ``<workdir>/metrics.jsonl`` and TensorBoard, texts to samples.jsonl.
 
-    Only process 0 writes; other processes get a no-op writer. JSONL lines carry the step,
-    so a resumed run appends after the lines of the steps it replays.
+    Only process 0 writes; other processes get a no-op writer. ``resume_step``: the step a
+    run resumed from; rows of later steps (logged before an interruption, replayed now) are
+    dropped from the JSONL files and purged from TensorBoard, so each step appears once.
     """
 
-    def __init__(self, workdir: str | Path, enabled: bool | None = None, tensorboard: bool = True):
+    def __init__(self, workdir: str | Path, enabled: bool | None = None, tensorboard: bool = True,
+                 resume_step: int | None = None):
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.workdir = Path(workdir)
         self._tb = None
         if not self.enabled:
             return
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None:
+            for name in ("metrics.jsonl", "samples.jsonl"):
+                _drop_rows_after(self.workdir / name, resume_step)
         self._jsonl = open(self.workdir / "metrics.jsonl", "a", buffering=1)
         self._samples = open(self.workdir / "samples.jsonl", "a", buffering=1)
         if tensorboard:
             from tensorboardX import SummaryWriter
-            self._tb = SummaryWriter(str(self.workdir / "tensorboard"))
+            purge = resume_step + 1 if resume_step is not None and (
+                self.workdir / "tensorboard").exists() else None
+            self._tb = SummaryWriter(str(self.workdir / "tensorboard"), purge_step=purge)
 
     def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> dict[str, float]:
         clean = {k: s for k, v in scalars.items() if (s := _scalar(v)) is not None}
@@ -73,6 +80,23 @@ class MetricWriter:
             self._samples.close()
             if self._tb is not None:
                 self._tb.close()
+
+
+def _drop_rows_after(path: Path, step: int) -> None:
+    """Rewrites a JSONL log without the rows of steps after ``step`` (atomically)."""
+    if not path.exists():
+        return
+    def keep(line: str) -> bool:
+        try:
+            return json.loads(line).get("step", 0) <= step
+        except ValueError:  # a line cut short by the kill that interrupted the run
+            return False
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [ln for ln in lines if ln.strip() and keep(ln)]
+    if len(kept) != len(lines):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(kept))
+        tmp.replace(path)
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""The example iterator: deterministic order, exact mid-epoch resume, host sharding."""
+"""The example iterator: deterministic order, exact mid-epoch resume, host sharding; and
+how ``tasks.sources.read_file`` reports a malformed record (file and line)."""
 
 import pytest
 
@@ -40,3 +41,57 @@ def test_bad_sizes_are_refused():
         ExampleIterator(range(16), 7, seed=0, process_index=0, process_count=2)
     with pytest.raises(ValueError, match="fewer than one global batch"):
         ExampleIterator(range(3), 4, seed=0)
+
+
+# ------------------------------------------------ d1jax.tasks.sources.read_file: bad records
+
+def test_broken_jsonl_line_names_file_and_line(tmp_path):
+    from d1jax.tasks.sources import BadRecordError, read_file
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"a": 1}\n\n{"a": 2\n')  # blank line 2 is skipped, line 3 is cut short
+    with pytest.raises(BadRecordError, match=r"rows\.jsonl line 3: not valid JSON .*'\{\"a\": 2'"):
+        read_file(path)
+    path.write_text('{"a": 1}\n[1, 2]\n')
+    with pytest.raises(BadRecordError, match=r"rows\.jsonl line 2: expected a JSON object.*list"):
+        read_file(path)
+
+
+def test_broken_json_file_names_line_or_row(tmp_path):
+    from d1jax.tasks.sources import BadRecordError, read_file
+    path = tmp_path / "rows.json"
+    path.write_text('[{"a": 1},\n {"a": }]')
+    with pytest.raises(BadRecordError, match=r"rows\.json line 2: not valid JSON"):
+        read_file(path)
+    path.write_text('[{"a": 1}, "oops"]')
+    with pytest.raises(BadRecordError,
+                       match=r"rows\.json row index 1: expected a JSON object.*'oops'"):
+        read_file(path)
+
+
+def test_csv_row_that_does_not_match_the_header(tmp_path):
+    from d1jax.tasks.sources import BadRecordError, read_file
+    path = tmp_path / "rows.csv"
+    path.write_text("a,b\n1,2\n3\n")
+    with pytest.raises(BadRecordError, match=r"rows\.csv line 3: 1 cell\(s\) but the header "
+                                             r"has 2 columns \(a, b\); no value for 'b'"):
+        read_file(path)
+    path.write_text("a,b\n1,2,3\n")
+    with pytest.raises(BadRecordError, match=r"rows\.csv line 2: 3 cell\(s\)"):
+        read_file(path)
+
+
+def test_good_files_load_and_remember_where_rows_came_from(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from d1jax.tasks.sources import read_file, where
+    (tmp_path / "r.csv").write_text("a,b\n1,2\n3,4\n")
+    (tmp_path / "r.jsonl").write_text('{"a": 1}\n\n{"a": 2}\n')
+    pq.write_table(pa.Table.from_pylist([{"a": 1}, {"a": 2}]), tmp_path / "r.parquet")
+    csv_rows, jsonl_rows = read_file(tmp_path / "r.csv"), read_file(tmp_path / "r.jsonl")
+    parquet_rows = read_file(tmp_path / "r.parquet")
+    assert csv_rows == [{"a": "1", "b": "2"}, {"a": "3", "b": "4"}]
+    assert jsonl_rows == parquet_rows == [{"a": 1}, {"a": 2}]
+    assert where(csv_rows, 1) == f"{tmp_path / 'r.csv'} line 3"  # the header is line 1
+    assert where(jsonl_rows, 1) == f"{tmp_path / 'r.jsonl'} line 3"  # blank lines count
+    assert where(parquet_rows, 1) == f"{tmp_path / 'r.parquet'} row index 1"
+    assert where([{"a": 1}], 0) == "row index 0"

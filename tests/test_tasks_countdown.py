@@ -145,3 +145,28 @@ def test_d1_holdout_equals_datasets_shuffle(monkeypatch):
     expected = datasets.Dataset.from_list(three).shuffle(seed=42)
     expected = expected.select(range(len(three) - 500)).to_list()
     assert countdown.load_train("d1") == expected
+
+
+BAD_COUNTDOWN_ROWS = [  # (jsonl line, what the error must say)
+    ('{"nums": "1,2,3", "target": 6}', "nums '1,2,3' is not a non-empty list of integers"),
+    ('{"nums": [], "target": 6}', "nums [] is not a non-empty list of integers"),
+    ('{"numbers": [1, 2.5, 3], "target": 6}', "numbers [1, 2.5, 3] is not a non-empty list"),
+    ('{"nums": [1, 2, 3], "target": "6"}', "target '6' is not an integer"),
+    ('{"nums": [1, 2, 3], "target": null}', "target None is not an integer"),
+    ('{"nums": [1, 2, 3]}', "need nums (or numbers) and target"),
+    ('{"input": "30,,93", "output": "23"}', "input '30,,93' is not comma-separated integers"),
+    ('{"input": "30,100,93", "output": "x"}', "output 'x' is not an integer"),
+]
+
+
+@pytest.mark.parametrize("line, problem", BAD_COUNTDOWN_ROWS)
+def test_bad_record_names_file_line_and_problem(tmp_path, line, problem):
+    from d1jax.tasks import BadRecordError
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"nums": [1, 2, 3], "target": 6}\n' + line + "\n")
+    for load in (countdown.load_train, lambda p: countdown.load_test(p, subsample=None)):
+        with pytest.raises(BadRecordError) as e:
+            load(path)
+        assert str(e.value).startswith(f"countdown data {path} line 2: ")
+        assert problem in str(e.value)
+

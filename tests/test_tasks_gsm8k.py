@@ -116,3 +116,30 @@ def test_bad_sources(tmp_path):
     (tmp_path / "x.txt").write_text("hi")
     with pytest.raises(ValueError, match="unsupported"):
         sources.read_file(tmp_path / "x.txt")
+
+
+@pytest.mark.parametrize("row, problem", [
+    ({"question": "q?", "answer": "so it is 7"},
+     "answer has no '#### <number>' final answer: 'so it is 7'"),
+    ({"question": "q?", "answer": "so\n#### seven"}, "answer has no '#### <number>'"),
+    ({"question": "", "answer": "#### 7"}, "question '' is not a non-empty string"),
+    ({"question": "q?", "answer": 7}, "answer 7 is not a string"),
+])
+def test_bad_record_names_file_line_and_problem(tmp_path, row, problem):
+    from d1jax.tasks import BadRecordError
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps(row) + "\n")
+    for load in (gsm8k.load_train, gsm8k.load_test):
+        with pytest.raises(BadRecordError) as e:
+            load(path)
+        assert str(e.value).startswith(f"gsm8k data {path} line 2: ") and problem in str(e.value)
+
+
+def test_bad_parquet_record_names_its_row_index(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from d1jax.tasks import BadRecordError
+    rows = ROWS + [{"question": "q?", "answer": "no final line"}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    with pytest.raises(BadRecordError, match=r"train\.parquet row index 2: answer has no"):
+        gsm8k.load_train(tmp_path / "train.parquet")

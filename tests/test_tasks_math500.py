@@ -123,3 +123,34 @@ def test_loaders_on_local_files(tmp_path):
     (tmp_path / "bad.jsonl").write_text(json.dumps({"question": "q"}))
     with pytest.raises(ValueError, match="problem"):
         math500.load_train(tmp_path / "bad.jsonl")
+
+
+@pytest.mark.parametrize("row, problem", [
+    ({"problem": "1+1?", "solution": "It is \\boxed{2"},  # unbalanced: d1's parser fails
+     "no reference answer: solution 'It is \\\\boxed{2' has no complete \\boxed{} "
+     "and answer is None"),
+    ({"problem": "", "answer": "2"}, "problem is empty"),
+    ({"problem": "1+1?", "answer": 2}, "answer 2 is not a string"),
+    ({"question": "1+1?", "answer": "2"}, "need 'problem' and 'solution' or 'answer'"),
+])
+def test_bad_record_names_file_line_and_problem(tmp_path, row, problem):
+    import json
+    from d1jax.tasks import BadRecordError
+    path = tmp_path / "m.jsonl"
+    good = {"problem": "1+1?", "solution": "It is $\\boxed{2}$.", "answer": "2"}
+    path.write_text(json.dumps(good) + "\n" + json.dumps(row) + "\n")
+    for load in (math500.load_train, math500.load_test):
+        with pytest.raises(BadRecordError) as e:
+            load(path)
+        assert str(e.value).startswith(f"MATH data {path} line 2: ") and problem in str(e.value)
+
+
+def test_eval_needs_the_answer_column_it_scores_against(tmp_path):
+    """Training reads the solution's box; evaluation reads ``answer`` when present."""
+    import json
+    from d1jax.tasks import BadRecordError
+    row = {"problem": "1+1?", "solution": "It is $\\boxed{2}$.", "answer": " "}
+    (tmp_path / "m.jsonl").write_text(json.dumps(row) + "\n")
+    assert math500.ground_truth(math500.load_train(tmp_path / "m.jsonl")[0]) == "2"
+    with pytest.raises(BadRecordError, match=r"m\.jsonl line 1: answer ' ' is empty"):
+        math500.load_test(tmp_path / "m.jsonl")

@@ -1,5 +1,6 @@
 """s1K: d1's SFT trajectory format and its 99% / 1% split, on a tiny local parquet."""
 
+import json
 import random
 
 import pytest
@@ -46,3 +47,19 @@ def test_bad_rows_and_split(tmp_path):
         s1k.load_train(tmp_path / "x.jsonl")
     with pytest.raises(ValueError, match="split"):
         s1k.load_train(tmp_path / "x.jsonl", split="validation")
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"thinking_trajectories": []}, "thinking_trajectories [] is not a non-empty list of strings"),
+    ({"thinking_trajectories": "think"}, "thinking_trajectories 'think' is not a non-empty list"),
+    ({"attempt": None}, "attempt None is not a non-empty string"),
+])
+def test_bad_record_names_file_row_and_problem(tmp_path, change, problem):
+    from d1jax.tasks import BadRecordError
+    rows = _rows(3)
+    rows[1] = {**rows[1], **change}
+    path = tmp_path / "s1k.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(BadRecordError) as e:
+        s1k.load_train(path)
+    assert str(e.value).startswith(f"s1K data {path} line 2: ") and problem in str(e.value)

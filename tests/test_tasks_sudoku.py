@@ -174,3 +174,51 @@ def test_local_csv_with_inferred_ints(tmp_path):
         {"puzzle": "0140432014020000", "solution": "2143432114323214"}
     (tmp_path / "p.csv").write_text("Puzzle,Solution\n0140432014020000,2143432114323214\n")
     assert sudoku.load_train(tmp_path / "p.csv")[0]["puzzle"] == "0140432014020000"
+
+
+BAD_SUDOKU_ROWS = [  # (CSV line after the header, what the error must say)
+    ("12340000,3142243142131324", "puzzle '12340000' has 8 cells, expected 16 digits 0-4"),
+    ("31022000021003x0,3142243142131324", "puzzle '31022000021003x0' has 'x' at cell 15"),
+    ("3102200002100320,3142243142131325", "solution '3142243142131325' has '5' at cell 16"),
+    ("3102200002100320,3142243142131342",  # last row swapped: columns 3 and 4 break
+     "not a solved grid: column 3 reads '4314', expected each of 1-4 once"),
+    ("3102200002100320,1234341221434321",
+     "has 1 at row 1 column 1 where puzzle '3102200002100320' gives 3"),
+    ("3102200002100320,", "no value in column 'Solution'"),
+]
+
+
+@pytest.mark.parametrize("line, problem", BAD_SUDOKU_ROWS)
+def test_bad_record_names_file_line_and_problem(tmp_path, line, problem):
+    from d1jax.tasks import BadRecordError
+    path = tmp_path / "train.csv"
+    path.write_text(f"Puzzle,Solution\n{PUZZLE},{SOLUTION}\n{line}\n")
+    for load in (sudoku.load_train, lambda p: sudoku.load_test(p, subsample=None)):
+        with pytest.raises(BadRecordError) as e:
+            load(path)
+        assert str(e.value).startswith(f"sudoku data {path} line 3: ") and problem in str(e.value)
+
+
+def test_missing_solution_column_is_named(tmp_path):
+    from d1jax.tasks import BadRecordError
+    (tmp_path / "p.jsonl").write_text(json.dumps({"puzzle": PUZZLE}) + "\n")
+    with pytest.raises(BadRecordError, match=r"p\.jsonl line 1: no 'Solution' \(or 'solution'\) "
+                                             r"column; the row has \['puzzle'\]"):
+        sudoku.load_train(tmp_path / "p.jsonl")
+
+
+def test_check_puzzle_agrees_with_an_independent_grid_check():
+    """check_puzzle accepts a solution exactly when valid_grid (above) does: on solved
+    grids, the same grids with two cells swapped, and random strings of 1-4."""
+    import random
+    rng = random.Random(0)
+    grids = list(sudoku.solution_grids()[::9])
+    grids += [g[1] + g[0] + g[2:] for g in grids]
+    grids += ["".join(rng.choice("1234") for _ in range(16)) for _ in range(200)]
+    for grid in grids:
+        try:
+            sudoku.check_puzzle("0" * 16, grid)
+            accepted = True
+        except ValueError:
+            accepted = False
+        assert accepted == valid_grid(grid), grid

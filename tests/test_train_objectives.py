@@ -10,6 +10,7 @@ import pytest
 from d1jax.config import ConfigError
 from d1jax.metrics import read_jsonl
 from d1jax.train import grpo
+from d1jax.train.loop import RunStopped
 
 ROOT = Path(__file__).resolve().parents[1]
 # Each objective's own metric, compared across the resume beside the shared ones.
@@ -38,7 +39,8 @@ def test_objective_trains_checkpoints_and_resumes_exactly(objective, tmp_path, s
     saved = sorted(p.name for p in (full / "checkpoints").iterdir() if p.name.isdigit())
     assert saved == ["2", "4"]
 
-    grpo.run(tiny_config(objective, stop_after=2), str(resumed))
+    with pytest.raises(RunStopped, match="stopped at step 2 of 4"):
+        grpo.run(tiny_config(objective, stop_after=2), str(resumed))
     assert [r["step"] for r in read_jsonl(resumed / "metrics.jsonl")] == [1, 2]
     grpo.run(tiny_config(objective), str(resumed))
     want = {r["step"]: r for r in rows}

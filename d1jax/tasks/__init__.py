@@ -14,13 +14,13 @@ from __future__ import annotations
 import importlib
 
 from d1jax.tasks.base import EVAL_PREFILL, Task, Verdict, XML_SYSTEM_PROMPT, format_prompt
-from d1jax.tasks.sources import DataUnavailableError
+from d1jax.tasks.sources import BadRecordError, DataUnavailableError
 
 TASK_NAMES = ("gsm8k", "math500", "sudoku", "countdown")
 _ALIASES = {"math": "math500", "gsm": "gsm8k"}
 
-__all__ = ["EVAL_PREFILL", "TASK_NAMES", "DataUnavailableError", "Task", "Verdict",
-           "XML_SYSTEM_PROMPT", "format_prompt", "get_task", "task_from_config"]
+__all__ = ["EVAL_PREFILL", "TASK_NAMES", "BadRecordError", "DataUnavailableError", "Task",
+           "Verdict", "XML_SYSTEM_PROMPT", "format_prompt", "get_task", "task_from_config"]
 
 
 def get_task(name: str, **options) -> Task:

@@ -210,15 +210,40 @@ def instance_key(example: Example) -> tuple:
 # ---------------------------------------------------------------------------- data
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _from_d1_test(row: dict) -> Example:
+    """d1's test jsonl: ``{"input": "30,100,93", "output": "23"}``."""
+    try:
+        nums = [int(v) for v in str(row["input"]).split(",")]
+    except ValueError:
+        raise ValueError(f"input {sources.show(row['input'])} is not comma-separated "
+                         f"integers") from None
+    try:
+        return {"nums": nums, "target": int(str(row["output"]))}
+    except ValueError:
+        raise ValueError(f"output {sources.show(row['output'])} is not an integer") from None
+
+
 def _normalize(row: dict) -> Example:
-    if "input" in row and "output" in row:  # d1's test jsonl
-        return {"nums": [int(v) for v in str(row["input"]).split(",")],
-                "target": int(row["output"])}
-    nums = row.get("nums", row.get("numbers"))
-    if nums is None or "target" not in row:
+    if "input" in row and "output" in row:
+        return _from_d1_test(row)
+    key = "nums" if "nums" in row else "numbers"
+    if key not in row or "target" not in row:
         raise ValueError(f"countdown rows need nums (or numbers) and target, or input and "
-                         f"output; got keys {sorted(row)}")
-    return {"nums": [int(v) for v in nums], "target": int(row["target"])}
+                         f"output; got keys {sorted(map(str, row))}")
+    nums, target = row[key], row["target"]
+    if not (isinstance(nums, (list, tuple)) and nums and all(map(_is_int, nums))):
+        raise ValueError(f"{key} {sources.show(nums)} is not a non-empty list of integers")
+    if not _is_int(target):
+        raise ValueError(f"target {sources.show(target)} is not an integer")
+    return {"nums": list(nums), "target": target}
+
+
+def _examples(rows: list) -> list[Example]:
+    return sources.check_rows("countdown", rows, _normalize)
 
 
 def load_test(source=None, subsample: int | None = EVAL_SUBSAMPLE,
@@ -226,7 +251,7 @@ def load_test(source=None, subsample: int | None = EVAL_SUBSAMPLE,
     """d1's test instances, in d1's seeded evaluation order (``subsample=None``: file order)."""
     src = sources.d1_file(TEST_FILE) if source is None else source
     rows = sources.load_rows(src, split="test", cache_dir=cache_dir)
-    return sources.d1_eval_subset([_normalize(r) for r in rows], subsample)
+    return sources.d1_eval_subset(_examples(rows), subsample)
 
 
 def load_train(source=None, split: str = "train", n: int = 10_000, seed: int = 0,
@@ -240,9 +265,9 @@ def load_train(source=None, split: str = "train", n: int = 10_000, seed: int = 0
         return generate_instances(n, seed, exclude=exclude)
     if source == "d1":
         rows = sources.load_rows(D1_TRAIN_HUB, split=split, cache_dir=cache_dir)
-        three = [_normalize(r) for r in rows if len(r["nums"]) == 3]
+        three = [r for r in _examples(rows) if len(r["nums"]) == 3]
         return sources.d1_train_holdout(three)
-    return [_normalize(r) for r in sources.load_rows(source, split=split, cache_dir=cache_dir)]
+    return _examples(sources.load_rows(source, split=split, cache_dir=cache_dir))
 
 
 def build_messages(example: Example) -> list[dict]:

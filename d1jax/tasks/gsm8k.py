@@ -183,16 +183,25 @@ def verdict(record: dict) -> Verdict:
 def _normalize(row: dict) -> Example:
     if "question" not in row or "answer" not in row:
         raise ValueError(f"GSM8K row needs 'question' and 'answer' (openai/gsm8k schema); "
-                         f"got keys {sorted(row)}")
-    raw = row["solution"] if "####" in str(row.get("solution", "")) else row["answer"]
-    return {"question": row["question"], "answer": extract_hash_answer(raw), "solution": raw}
+                         f"got keys {sorted(map(str, row))}")
+    key = "solution" if "####" in str(row.get("solution", "")) else "answer"
+    question, raw = row["question"], row[key]
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"question {sources.show(question)} is not a non-empty string")
+    if not isinstance(raw, str):
+        raise ValueError(f"{key} {sources.show(raw)} is not a string")
+    final = extract_hash_answer(raw)
+    # The training reward compares with the text after ####; it must hold a number.
+    if final is None or not _NUMBER.search(final):
+        raise ValueError(f"{key} has no '#### <number>' final answer: {sources.show(raw[-60:])}")
+    return {"question": question, "answer": final, "solution": raw}
 
 
 def load_train(source=None, split: str = "train", cache_dir: str | None = None) -> list[Example]:
     """Rows ``{"question", "answer" (text after ####), "solution" (full)}``."""
     rows = sources.load_rows(source, split=split, default_hub=HUB_ID, hub_config=HUB_CONFIG,
                              cache_dir=cache_dir)
-    return [_normalize(r) for r in rows]
+    return sources.check_rows("gsm8k", rows, _normalize)
 
 
 def load_test(source=None, split: str = "test", cache_dir: str | None = None) -> list[Example]:

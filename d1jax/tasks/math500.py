@@ -120,24 +120,39 @@ def make_verdict(equivalence: str = "d1", timeout_s: float = 5.0):
 # ---------------------------------------------------------------------------- data
 
 
-def _check_rows(rows: list[dict], where: str) -> list[Example]:
-    for row in rows[:1]:
-        if "problem" not in row or not ({"solution", "answer"} & row.keys()):
-            raise ValueError(f"MATH rows ({where}) need 'problem' and 'solution' or 'answer'; "
-                             f"got keys {sorted(row)}")
-    return [dict(r) for r in rows]
+def _check_row(row: dict, for_eval: bool = False) -> Example:
+    """A MATH row has a problem and the reference its path reads: training uses
+    ``ground_truth`` (the solution's last \\boxed{}, else the answer), evaluation the
+    ``answer`` column when there is one (``record``)."""
+    if "problem" not in row or not ({"solution", "answer"} & row.keys()):
+        raise ValueError(f"MATH rows need 'problem' and 'solution' or 'answer'; "
+                         f"got keys {sorted(map(str, row))}")
+    for key in ("problem", "solution", "answer"):
+        if key in row and not isinstance(row[key], str):
+            raise ValueError(f"{key} {sources.show(row[key])} is not a string")
+    if not row["problem"].strip():
+        raise ValueError("problem is empty")
+    if for_eval and "answer" in row:
+        if not row["answer"].strip():
+            raise ValueError(f"answer {sources.show(row['answer'])} is empty (evaluation "
+                             f"scores against it)")
+    elif not (ground_truth(row) or "").strip():  # None: an unbalanced box, no answer
+        raise ValueError(f"no reference answer: solution {sources.show(row.get('solution'))} "
+                         f"has no complete \\boxed{{}} and answer is "
+                         f"{sources.show(row.get('answer'))}")
+    return dict(row)
 
 
 def load_train(source=None, split: str = "train", cache_dir: str | None = None) -> list[Example]:
     """d1's MATH training rows (``problem``, ``solution``, ...)."""
     rows = sources.load_rows(source, split=split, default_hub=TRAIN_HUB_ID, cache_dir=cache_dir)
-    return _check_rows(rows, str(source or TRAIN_HUB_ID))
+    return sources.check_rows("MATH", rows, _check_row)
 
 
 def load_test(source=None, split: str = "test", cache_dir: str | None = None) -> list[Example]:
     """MATH-500 (``problem``, ``solution``, ``answer``, ...), d1's evaluation set."""
     rows = sources.load_rows(source, split=split, default_hub=TEST_HUB_ID, cache_dir=cache_dir)
-    return _check_rows(rows, str(source or TEST_HUB_ID))
+    return sources.check_rows("MATH", rows, functools.partial(_check_row, for_eval=True))
 
 
 def build_messages(example: Example) -> list[dict]:

@@ -35,12 +35,25 @@ def trajectory(row: dict) -> str:
             f"<answer>{row['attempt']}</answer>")
 
 
-def to_sft_example(row: dict) -> Example:
-    """``{"prompt": chat messages, "completion": trajectory, "question"}``."""
+def check_row(row: dict) -> None:
+    """ValueError unless ``row`` has what ``to_sft_example`` reads: a question, a first
+    thinking trajectory and an attempt, all strings."""
     missing = {"question", "thinking_trajectories", "attempt"} - row.keys()
     if missing:
         raise ValueError(f"s1K rows need question, thinking_trajectories and attempt; "
                          f"missing {sorted(missing)}")
+    paths = row["thinking_trajectories"]
+    if not (isinstance(paths, (list, tuple)) and paths and isinstance(paths[0], str)):
+        raise ValueError(f"thinking_trajectories {sources.show(paths)} is not a non-empty "
+                         f"list of strings")
+    for key in ("question", "attempt"):
+        if not isinstance(row[key], str) or not row[key].strip():
+            raise ValueError(f"{key} {sources.show(row[key])} is not a non-empty string")
+
+
+def to_sft_example(row: dict) -> Example:
+    """``{"prompt": chat messages, "completion": trajectory, "question"}``."""
+    check_row(row)
     return {"prompt": user_turn(SFT_SYSTEM_PROMPT + "\n\n" + row["question"]),
             "completion": trajectory(row), "question": row["question"]}
 
@@ -55,7 +68,7 @@ def load_train(source=None, split: str = "train", eval_fraction: float = 0.01,
     if split not in SPLITS:
         raise ValueError(f"split={split!r}: must be one of {SPLITS}")
     rows = sources.load_rows(source, split="train", default_hub=HUB_ID, cache_dir=cache_dir)
-    examples = [to_sft_example(r) for r in rows]
+    examples = sources.check_rows("s1K", rows, to_sft_example)
     if split == "all":
         return examples
     random.Random(seed).shuffle(examples)

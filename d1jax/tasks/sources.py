@@ -11,6 +11,9 @@ A ``source`` is one of
 Files of d1's repository (its Sudoku and Countdown test sets) are looked up first in
 ``$D1JAX_DATA_DIR``, then in the cache (``$D1JAX_CACHE``, default ``~/.cache/d1jax``), and
 downloaded only when absent. CSV cells stay strings (Sudoku puzzles start with zeros).
+
+Rows remember where they came from (``Rows.where``: file and line for text files, dataset
+and row index otherwise), so ``check_rows`` can name the exact record a task rejects.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import json
 import os
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -28,12 +31,60 @@ D1_RAW_URL = "https://raw.githubusercontent.com/dllm-reasoning/d1/main/dataset/"
 _FILE_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv")
 
 
+T = TypeVar("T")
+
+
 class DataUnavailableError(RuntimeError):
     """A public dataset could not be fetched (offline?) and no local copy was given."""
 
 
+class BadRecordError(ValueError):
+    """A data record is malformed; the message names the file (or dataset) and the line
+    (or row index) of the record, what is wrong and the value seen, in one line."""
+
+
+class Rows(list):
+    """A list of row dicts that remembers where each row came from.
+
+    ``origin`` names the file or dataset; ``lines`` holds each row's line number in a text
+    file (CSV: the header is line 1), or is None where only the row index is known.
+    """
+
+    def __init__(self, rows, origin: str, lines: list[int] | None = None):
+        super().__init__(rows)
+        self.origin, self.lines = origin, lines
+
+    def where(self, i: int) -> str:
+        if self.lines is not None:
+            return f"{self.origin} line {self.lines[i]}"
+        return f"{self.origin} row index {i}"
+
+
+def where(rows: list, i: int) -> str:
+    """Where row ``i`` came from ('train.csv line 7'); plain lists only know the index."""
+    return rows.where(i) if isinstance(rows, Rows) else f"row index {i}"
+
+
+def show(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to about ``limit`` characters: error messages stay one line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def check_rows(task: str, rows: list, normalize: Callable[[dict], T]) -> list[T]:
+    """``normalize`` every row; the ValueError (or TypeError) it raises for a malformed row
+    becomes a BadRecordError prefixed with the task and where the row came from."""
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            out.append(normalize(row))
+        except (ValueError, TypeError) as e:
+            raise BadRecordError(f"{task} data {where(rows, i)}: {e}") from e
+    return out
+
+
 def load_rows(source: str | os.PathLike | None, *, split: str, default_hub: str | None = None,
-              hub_config: str | None = None, cache_dir: str | None = None) -> list[dict[str, Any]]:
+              hub_config: str | None = None, cache_dir: str | None = None) -> Rows:
     """Rows (plain dicts) of ``split`` from ``source``; see the module docstring.
 
     ``default_hub`` names the Hub dataset used when ``source`` is None. For a single local
@@ -45,7 +96,9 @@ def load_rows(source: str | os.PathLike | None, *, split: str, default_hub: str 
         return _from_hub(default_hub, hub_config, split, cache_dir)
     text = str(source)
     if text.startswith(("http://", "https://")):
-        return read_file(download(text))
+        rows = read_file(download(text))
+        rows.origin = text  # name the URL the user gave, not the cache path
+        return rows
     path = Path(source).expanduser()
     if path.is_file():
         return read_file(path)
@@ -57,45 +110,102 @@ def load_rows(source: str | os.PathLike | None, *, split: str, default_hub: str 
     return _from_hub(text, hub_config, split, cache_dir)
 
 
-def read_file(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Rows of one local ``.parquet`` / ``.jsonl`` / ``.json`` / ``.csv`` file."""
+def read_file(path: str | os.PathLike) -> Rows:
+    """Rows of one local ``.parquet`` / ``.jsonl`` / ``.json`` / ``.csv`` file.
+
+    A line that is not JSON, or a JSON value that is not an object, is a BadRecordError
+    naming the file and line."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".csv":
-        with open(path, newline="", encoding="utf-8") as f:
-            return [dict(row) for row in csv.DictReader(f)]
+        return _read_csv(path)
     if suffix == ".jsonl":
-        with open(path, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return _read_jsonl(path)
     if suffix == ".json":
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        if not (isinstance(data, list) and all(isinstance(r, dict) for r in data)):
-            raise ValueError(f"{path}: expected a JSON list of row objects")
-        return data
+        return _read_json(path)
     if suffix == ".parquet":
         import pyarrow.parquet as pq
-        return pq.read_table(path).to_pylist()
+        return Rows(pq.read_table(path).to_pylist(), str(path))
     raise ValueError(f"{path}: unsupported data file type {suffix!r} "
                      f"(use one of {', '.join(_FILE_SUFFIXES)})")
 
 
-def _from_dir(path: Path, split: str, cache_dir: str | None) -> list[dict[str, Any]]:
+def _read_csv(path: Path) -> Rows:
+    rows, lines = [], []
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        for row in reader:
+            # line_num is the line the row ends on; the header is line 1.
+            _check_csv_cells(row, reader.fieldnames, f"{path} line {reader.line_num}")
+            rows.append(dict(row))
+            lines.append(reader.line_num)
+    return Rows(rows, str(path), lines)
+
+
+def _check_csv_cells(row: dict, header: list[str], at: str) -> None:
+    """DictReader pads a short row with None and files a long row's extra cells under
+    None: both mean the line does not match the header."""
+    missing = [k for k in header if row.get(k) is None]
+    cells = len(header) - len(missing) + len(row.get(None) or ())
+    if missing or None in row:
+        lack = f"; no value for {', '.join(map(repr, missing))}" if missing else ""
+        raise BadRecordError(f"{at}: {cells} cell(s) but the header has {len(header)} "
+                             f"columns ({', '.join(header)}){lack}")
+
+
+def _read_jsonl(path: Path) -> Rows:
+    rows, lines = [], []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line.rstrip())  # so colno counts within the line
+            except json.JSONDecodeError as e:
+                raise BadRecordError(f"{path} line {n}: not valid JSON ({e.msg}, column "
+                                     f"{e.colno}): {show(line.strip())}") from None
+            if not isinstance(row, dict):
+                raise BadRecordError(f"{path} line {n}: expected a JSON object (one row), "
+                                     f"got {type(row).__name__} {show(row)}")
+            rows.append(row)
+            lines.append(n)
+    return Rows(rows, str(path), lines)
+
+
+def _read_json(path: Path) -> Rows:
+    with open(path, encoding="utf-8") as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise BadRecordError(f"{path} line {e.lineno}: not valid JSON ({e.msg}, column "
+                                 f"{e.colno})") from None
+    if not isinstance(data, list):
+        raise BadRecordError(f"{path}: expected a JSON list of row objects, got "
+                             f"{type(data).__name__}")
+    for i, row in enumerate(data):
+        if not isinstance(row, dict):
+            raise BadRecordError(f"{path} row index {i}: expected a JSON object (one row), "
+                                 f"got {type(row).__name__} {show(row)}")
+    return Rows(data, str(path))
+
+
+def _from_dir(path: Path, split: str, cache_dir: str | None) -> Rows:
     import datasets
     if (path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists():
         data = datasets.load_from_disk(str(path))
     else:
         data = datasets.load_dataset(str(path), cache_dir=cache_dir)
     if isinstance(data, datasets.Dataset):
-        return data.to_list()
+        return Rows(data.to_list(), str(path))
     if split not in data:
         if len(data) == 1:
-            return next(iter(data.values())).to_list()
+            only = next(iter(data))
+            return Rows(data[only].to_list(), f"{path} split {only}")
         raise ValueError(f"{path}: no split {split!r}; it has {sorted(data)}")
-    return data[split].to_list()
+    return Rows(data[split].to_list(), f"{path} split {split}")
 
 
-def _from_hub(name: str, config: str | None, split: str, cache_dir: str | None) -> list[dict]:
+def _from_hub(name: str, config: str | None, split: str, cache_dir: str | None) -> Rows:
     import datasets
     try:
         data = datasets.load_dataset(name, config, split=split, cache_dir=cache_dir)
@@ -104,7 +214,7 @@ def _from_hub(name: str, config: str | None, split: str, cache_dir: str | None) 
             f"could not load {name!r} (config {config!r}, split {split!r}) from the Hugging "
             f"Face Hub: {type(e).__name__}: {e}. Offline? Fetch it once with internet access, "
             f"or pass source=<local file or directory in the Hugging Face schema>.") from e
-    return data.to_list()
+    return Rows(data.to_list(), f"{name} split {split}")
 
 
 def cache_root() -> Path:

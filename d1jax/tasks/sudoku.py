@@ -236,17 +236,60 @@ def generate_puzzles(n: int, seed: int = 0, exclude: Iterable[str] = (),
 # ---------------------------------------------------------------------------- data
 
 
-def _normalize(row: dict) -> Example:
-    puzzle = row.get("Puzzle", row.get("puzzle"))
-    solution = row.get("Solution", row.get("solution"))
-    if puzzle is None or solution is None:
-        raise ValueError(f"sudoku rows need Puzzle/Solution (or puzzle/solution); "
-                         f"got {sorted(row)}")
+_UNITS = tuple([("row", k + 1, [4 * k + j for j in range(4)]) for k in range(4)]
+               + [("column", k + 1, [4 * j + k for j in range(4)]) for k in range(4)]
+               + [("box", k + 1, [(k // 2 * 2 + dr) * 4 + k % 2 * 2 + dc
+                                  for dr in (0, 1) for dc in (0, 1)]) for k in range(4)])
+
+
+def _cell(row: dict, name: str) -> str:
+    """The row's ``Name`` (d1's CSV header) or ``name`` value, as a string."""
+    key = name.capitalize() if name.capitalize() in row else name
+    if key not in row:
+        raise ValueError(f"no {name.capitalize()!r} (or {name!r}) column; the row has "
+                         f"{sorted(map(str, row))}")
+    value = row[key]
+    if value is None or value == "":
+        raise ValueError(f"no value in column {key!r}")
     # A CSV read with type inference turns "0140..." into an int: restore the zeros.
-    puzzle, solution = str(puzzle).zfill(16), str(solution).zfill(16)
-    if len(puzzle) != 16 or len(solution) != 16:
-        raise ValueError(f"sudoku row {row!r}: puzzle and solution must be 16 digits")
+    return str(value).zfill(16) if isinstance(value, int) else str(value)
+
+
+def _grid_fault(grid: str, digits: str) -> str | None:
+    """What keeps ``grid`` from being 16 characters of ``digits`` (None: nothing)."""
+    span = f"{digits[0]}-{digits[-1]}"
+    if len(grid) != 16:
+        return f"has {len(grid)} cells, expected 16 digits {span}"
+    bad = next((i for i, c in enumerate(grid) if c not in digits), None)
+    return None if bad is None else f"has {grid[bad]!r} at cell {bad + 1}, expected digits {span}"
+
+
+def check_puzzle(puzzle: str, solution: str) -> None:
+    """ValueError unless ``puzzle`` is 16 digits 0-4 (0 blank) and ``solution`` a solved
+    grid (rows, columns and 2x2 boxes each hold 1-4 once) that keeps the puzzle's givens."""
+    for name, grid, digits in (("puzzle", puzzle, "01234"), ("solution", solution, "1234")):
+        if fault := _grid_fault(grid, digits):
+            raise ValueError(f"{name} {grid!r} {fault}")
+    for kind, k, cells in _UNITS:
+        if sorted(solution[i] for i in cells) != list("1234"):
+            seen = "".join(solution[i] for i in cells)
+            raise ValueError(f"solution {solution!r} is not a solved grid: {kind} {k} reads "
+                             f"{seen!r}, expected each of 1-4 once")
+    clash = next((i for i in range(16) if puzzle[i] not in ("0", solution[i])), None)
+    if clash is not None:
+        r, c = divmod(clash, 4)
+        raise ValueError(f"solution {solution!r} has {solution[clash]} at row {r + 1} column "
+                         f"{c + 1} where puzzle {puzzle!r} gives {puzzle[clash]}")
+
+
+def _normalize(row: dict) -> Example:
+    puzzle, solution = _cell(row, "puzzle"), _cell(row, "solution")
+    check_puzzle(puzzle, solution)
     return {"puzzle": puzzle, "solution": solution}
+
+
+def _examples(rows: list) -> list[Example]:
+    return sources.check_rows("sudoku", rows, _normalize)
 
 
 def load_test(source=None, subsample: int | None = EVAL_SUBSAMPLE,
@@ -255,7 +298,7 @@ def load_test(source=None, subsample: int | None = EVAL_SUBSAMPLE,
     evaluation subset (256, in d1's order; None: all 500)."""
     src = sources.d1_file(TEST_FILE) if source is None else source
     rows = sources.load_rows(src, split="test", cache_dir=cache_dir)
-    return sources.d1_eval_subset([_normalize(r) for r in rows], subsample)
+    return sources.d1_eval_subset(_examples(rows), subsample)
 
 
 def load_train(source=None, split: str = "train", n: int = 10_000, seed: int = 0,
@@ -275,9 +318,8 @@ def load_train(source=None, split: str = "train", n: int = 10_000, seed: int = 0
         return generate_puzzles(n, seed, exclude=exclude, num_empty=num_empty)
     if source == "d1":
         rows = sources.read_file(sources.d1_file(D1_TRAIN_FILE))
-        return sources.d1_train_holdout([_normalize(r) for r in rows])
-    rows = sources.load_rows(source, split=split, cache_dir=cache_dir)
-    return [_normalize(r) for r in rows]
+        return sources.d1_train_holdout(_examples(rows))
+    return _examples(sources.load_rows(source, split=split, cache_dir=cache_dir))
 
 
 def question(example: Example) -> str:

@@ -18,7 +18,8 @@ from d1jax.train.setup import build, data_parallel_size
 
 
 def run(config, workdir: str) -> dict:
-    """Runs diffu-GRPO as configured; returns the last step's metrics."""
+    """Runs diffu-GRPO as configured; returns the last step's metrics. Raises
+    ``loop.RunStopped`` when stopped early (SIGTERM, stop_after) after saving."""
     spec, wd = loop.prepare(config, workdir)
     g, t = spec.grpo_run, spec.train
     mu = spec.grpo.num_iterations
@@ -49,15 +50,15 @@ def run(config, workdir: str) -> dict:
                     last = ctx.log(step, {**roll_metrics, **m}, texts if sample else None)
                 if step >= t.num_steps:
                     break
-            ctx.checkpointer.save(step, eng.state, {"data": data.get_state(), "metrics": last},
-                                  force=_crossed(step, mu, t.save_every))
-        ctx.checkpointer.save(step, eng.state, {"data": data.get_state(), "metrics": last},
-                              force=True)
+            ctx.save(step, eng.state, {"data": data.get_state(), "metrics": last}, spec,
+                     force=_crossed(step, mu, t.save_every))
+        ctx.save(step, eng.state, {"data": data.get_state(), "metrics": last}, spec, force=True)
         ctx.checkpointer.wait()
         if t.export_hf and step >= t.num_steps:
             loop.export_hf(wd, s, eng.state, source_dir=spec.model.path or None)
     finally:
         ctx.close()
+    ctx.check_finished(step, t.num_steps)
     return last
 
 

@@ -16,8 +16,22 @@ from d1jax import metrics as metrics_lib
 from d1jax.model import lora as lora_lib
 from d1jax.model import weights
 from d1jax import config as config_lib
+from d1jax.train import resume
 from d1jax.train import spec as spec_lib
 from d1jax.train.spec import LoopSpec, RunSpec
+
+
+class RunStopped(Exception):
+    """A training run stopped before its last step, after saving: rerun it to resume.
+
+    ``d1jax.main`` turns it into one line and ``train.stopped_exit_code`` (75, EX_TEMPFAIL,
+    by default), so a scheduler can tell "rerun me" from "done" (0).
+    """
+
+    def __init__(self, step: int, total: int, reason: str, exit_code: int):
+        super().__init__(f"stopped at step {step} of {total} ({reason}) with a checkpoint "
+                         "saved; rerun the same command to resume")
+        self.step, self.total, self.reason, self.exit_code = step, total, reason, exit_code
 
 
 @dataclasses.dataclass
@@ -27,9 +41,11 @@ class RunContext:
     workdir: Path
     loop: LoopSpec
     checkpointer: ckpt_lib.Checkpointer
-    writer: metrics_lib.MetricWriter
     preempt: ckpt_lib.PreemptionFlag
+    config_json: str  # written beside the run once restore() settled which run this is
+    writer: metrics_lib.MetricWriter | None = None  # opened by restore(), at the resume step
     progress: metrics_lib.Progress | None = None
+    stop_reason: str = "train.stop_after"  # why should_stop() said stop
 
     @classmethod
     def create(cls, spec: RunSpec, workdir: Path) -> "RunContext":
@@ -37,19 +53,36 @@ class RunContext:
         ck = ckpt_lib.Checkpointer(
             workdir, save_every=t.save_every, max_to_keep=t.max_to_keep,
             best_metric=t.keep_best_metric or None, async_save=t.async_checkpoints)
-        if jax.process_index() == 0:
-            (workdir / "config.json").write_text(spec.config_json)
-        return cls(workdir, t, ck, metrics_lib.MetricWriter(workdir),
-                   ckpt_lib.PreemptionFlag().install())
+        return cls(workdir, t, ck, ckpt_lib.PreemptionFlag().install(), spec.config_json)
 
     def restore(self, state: Any) -> tuple[int, Any, dict]:
-        """(step, state, meta) of the newest readable checkpoint, or (0, state, {})."""
-        out = self.checkpointer.restore(ckpt_lib.abstract_like(state))
-        if out is None:
-            return 0, state, {}
-        step, restored, meta = out
-        print(f"resumed from {self.checkpointer.directory}/{step}", flush=True)
+        """(step, state, meta) of the newest readable checkpoint, or (0, state, {}) for a
+        new run; opens the metric writer with every row after that step dropped. When no
+        checkpoint restores: RestoreError, or with if_incompatible=move_aside a new run."""
+        try:
+            out = self.checkpointer.restore(ckpt_lib.abstract_like(state))
+        except ckpt_lib.RestoreError as e:
+            if self.loop.if_incompatible != "move_aside":
+                raise
+            self.checkpointer.close()
+            resume.start_over(self.workdir, f"no checkpoint restores ({e})".split("\n")[0])
+            self.checkpointer = ckpt_lib.Checkpointer(
+                self.workdir, save_every=self.loop.save_every, max_to_keep=self.loop.max_to_keep,
+                best_metric=self.loop.keep_best_metric or None,
+                async_save=self.loop.async_checkpoints)
+            out = None
+        step, restored, meta = out if out is not None else (0, state, {})
+        if out is not None:
+            print(f"resumed from {self.checkpointer.directory}/{step}", flush=True)
+        if jax.process_index() == 0:
+            (self.workdir / "config.json").write_text(self.config_json)
+        self.writer = metrics_lib.MetricWriter(self.workdir, resume_step=step)
         return step, restored, meta
+
+    def save(self, step: int, state: Any, meta: dict, spec: RunSpec, force: bool = False) -> bool:
+        """Saves (when due or forced) with the run's identity in the metadata."""
+        return self.checkpointer.save(step, state, {**meta, "identity": dict(spec.identity)},
+                                      force=force)
 
     def should_stop(self, step: int) -> bool:
         """Preempted on any host, or the config's stop_after reached."""
@@ -57,8 +90,10 @@ class RunContext:
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
             flag = multihost_utils.process_allgather(flag)
-        stop_after = self.loop.stop_after
-        return bool(flag.any()) or (stop_after > 0 and step >= stop_after)
+        if flag.any():
+            self.stop_reason = "SIGTERM"
+            return True
+        return self.loop.stop_after > 0 and step >= self.loop.stop_after
 
     def log(self, step: int, scalars: dict[str, Any], texts: dict[str, str] | None = None):
         clean = self.writer.write_scalars(step, scalars)
@@ -71,10 +106,16 @@ class RunContext:
 
     def close(self) -> None:
         self.checkpointer.close()
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
         self.preempt.uninstall()
         if self.progress is not None:
             self.progress.close()
+
+    def check_finished(self, step: int, total: int) -> None:
+        """Raises RunStopped when the loop ended before ``total`` (SIGTERM or stop_after)."""
+        if step < total:
+            raise RunStopped(step, total, self.stop_reason, self.loop.stopped_exit_code)
 
 
 def export_hf(workdir: Path, setup, state, source_dir: str | None) -> Path:
@@ -96,4 +137,7 @@ def export_hf(workdir: Path, setup, state, source_dir: str | None) -> Path:
 def prepare(config, workdir: str) -> tuple[RunSpec, Path]:
     """Before any compute: the config translated and validated, then the workdir."""
     spec = spec_lib.from_config(config)
-    return spec, config_lib.check_workdir(workdir)
+    wd = config_lib.check_workdir(workdir)
+    if spec.stage in ("sft", "grpo"):
+        resume.check(spec, wd)
+    return spec, wd

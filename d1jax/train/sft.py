@@ -48,7 +48,8 @@ def sft_examples(spec: RunSpec) -> list[dict]:
 
 
 def run(config, workdir: str, data: SFTData | None = None) -> dict:
-    """Runs masked SFT as configured (on ``data`` when given); returns the last metrics."""
+    """Runs masked SFT as configured (on ``data`` when given); returns the last metrics.
+    Raises ``loop.RunStopped`` when stopped early (SIGTERM, stop_after) after saving."""
     spec, wd = loop.prepare(config, workdir)
     data = data if data is not None else SFTData(sft_examples(spec))
     rows, sr = data.rows, spec.sft_run
@@ -81,11 +82,12 @@ def run(config, workdir: str, data: SFTData | None = None) -> dict:
             dt = time.perf_counter() - t0
             m.update(time_step=dt, tokens_per_s=enc["input_ids"].size / dt)
             last = ctx.log(step, m)
-            ctx.checkpointer.save(step, state, {"data": it.get_state(), "metrics": last})
-        ctx.checkpointer.save(step, state, {"data": it.get_state(), "metrics": last}, force=True)
+            ctx.save(step, state, {"data": it.get_state(), "metrics": last}, spec)
+        ctx.save(step, state, {"data": it.get_state(), "metrics": last}, spec, force=True)
         ctx.checkpointer.wait()
         if spec.train.export_hf and step >= total:
             loop.export_hf(wd, s, state, source_dir=spec.model.path or None)
     finally:
         ctx.close()
+    ctx.check_finished(step, total)
     return last

@@ -89,6 +89,9 @@ class LoopSpec:
     async_checkpoints: bool
     export_hf: bool
     stop_after: int
+    if_incompatible: str = "refuse"  # or "move_aside" (d1jax.train.resume)
+    accept_changes: tuple[str, ...] = ()  # resume fields whose change is accepted
+    stopped_exit_code: int = 75  # a run stopped early with a save (EX_TEMPFAIL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +144,7 @@ class RunSpec:
     seed: int
     max_prompt_length: int
     config_json: str  # the config as given, saved beside the run
+    identity: tuple[tuple[str, Any], ...]  # the fields a checkpoint's state depends on
     model: ModelSpec
     mesh: MeshSpec
     task: TaskSpec
@@ -275,6 +279,50 @@ def _eval(c) -> EvalSpec:
     return EvalSpec(samplers, e.batch_size, e.num_examples, e.model_name)
 
 
+# What a checkpoint's state and data order depend on: architecture, LoRA, optimizer,
+# objective, batch, data order and task. A change to any of them is refused on resume
+# (d1jax.train.resume); steps, cadences, mesh, compute dtype and sampler knobs may change.
+RESUME_FIELDS = (
+    "stage", "seed", "max_prompt_length",
+    "model.path", "model.tokenizer_path", "model.random_init", "model.width", "model.n_layers",
+    "model.vocab_size", "model.tokenizer_vocab", "model.param_dtype",
+    "lora.enabled", "lora.rank", "lora.alpha",
+    "optim.learning_rate", "optim.b1", "optim.b2", "optim.eps", "optim.weight_decay",
+    "optim.max_grad_norm", "optim.warmup_ratio",
+    "task.name", "task.source", "task.prompt", "task.num_train",
+    "grpo.objective", "grpo.num_iterations", "grpo.beta", "grpo.sync_ref_model",
+    "grpo.num_generations", "grpo.prompts_per_step",
+    "sft.batch_size", "sft.max_length", "sft.tokenize",
+)
+
+
+def resume_identity(c) -> tuple[tuple[str, Any], ...]:
+    """(field, value) of each RESUME_FIELDS entry the config has, values as JSON keeps them."""
+    out = []
+    for name in RESUME_FIELDS:
+        node = c
+        for part in name.split("."):
+            node = node.get(part) if hasattr(node, "get") else None
+            if node is None:
+                break
+        if node is not None:
+            out.append((name, node if isinstance(node, (bool, int, float, str)) else str(node)))
+    return tuple(out)
+
+
+def _loop(t) -> LoopSpec:
+    if t.get("if_incompatible", "refuse") not in ("refuse", "move_aside"):
+        raise ConfigError(f"train.if_incompatible={t.if_incompatible!r}: refuse or move_aside")
+    accept = tuple(f.strip() for f in str(t.get("accept_changes", "")).split(",") if f.strip())
+    unknown = [f for f in accept if f not in RESUME_FIELDS]
+    if unknown:
+        raise ConfigError(f"train.accept_changes names {', '.join(unknown)}, not resume fields; "
+                          f"choose from {', '.join(RESUME_FIELDS)}")
+    return LoopSpec(t.num_steps, t.log_every, t.sample_every, t.save_every, t.max_to_keep,
+                    t.keep_best_metric, t.async_checkpoints, t.export_hf, t.stop_after,
+                    t.get("if_incompatible", "refuse"), accept, t.get("stopped_exit_code", 75))
+
+
 def from_config(c) -> RunSpec:
     """Every typed config of a sft / grpo / eval run; ConfigError on the first bad field."""
     if c.stage not in STAGES:
@@ -289,8 +337,7 @@ def from_config(c) -> RunSpec:
         config_json=c.to_json_best_effort(indent=2), model=model,
         mesh=MeshSpec(tuple(c.mesh.shape), tuple(rules.items())),
         task=TaskSpec(c.task.name, c.task.source or None, c.task.prompt, c.task.num_train),
-        train=LoopSpec(t.num_steps, t.log_every, t.sample_every, t.save_every, t.max_to_keep,
-                       t.keep_best_metric, t.async_checkpoints, t.export_hf, t.stop_after),
+        identity=resume_identity(c), train=_loop(t),
         optim=_optim(c.optim))
     if c.stage == "grpo":
         s = c.sampler

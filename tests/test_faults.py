@@ -1,0 +1,211 @@
+"""The fault matrix: a run never loses progress (docs/training.md, "What a run guarantees").
+
+Each scenario is a subprocess run of `configs/grpo_sudoku.py:tiny` (4 optimizer steps, mu = 2,
+checkpoints at steps 2 and 4). Where a run resumes, its final train state is compared with an
+uninterrupted run's bit for bit, and its metrics row by row (each step exactly once, in the
+JSONL log and, under TensorBoard's purge rule, in the event files). The 2-process scenario
+(one process killed) is in tests/test_multihost.py.
+
+Faults are injected at exact points by a harness that patches one function before running
+`d1jax.main` as `python -m` would: SIGTERM to itself during step 1, SIGKILL right after the
+asynchronous save of step 2 started.
+"""
+
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from d1jax.metrics import read_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = "--config=configs/grpo_sudoku.py:tiny"
+TIMING = ("time_", "_per_s")  # wall-clock metrics differ between any two runs
+
+HARNESS = """
+import os, runpy, signal, sys
+from d1jax import checkpoint
+from d1jax.train import engine
+
+mode, at = sys.argv[1], int(sys.argv[2])
+sys.argv = ["d1jax.main"] + sys.argv[3:]
+if mode == "sigterm":  # a preemption notice arriving during optimizer step `at`
+    update = engine.GRPOEngine.update
+    def patched(self, batch, it, step):
+        if step + 1 == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return update(self, batch, it, step)
+    engine.GRPOEngine.update = patched
+elif mode == "kill_in_save":  # kill -9 while the asynchronous save of step `at` is in flight
+    save = checkpoint.Checkpointer.save
+    def patched(self, step, *args, **kwargs):
+        started = save(self, step, *args, **kwargs)
+        if started and step == at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return started
+    checkpoint.Checkpointer.save = patched
+runpy.run_module("d1jax.main", run_name="__main__")
+"""
+
+
+def run(workdir, *args, fault=None):
+    cmd = ([sys.executable, "-c", HARNESS, *fault] if fault else
+           [sys.executable, "-m", "d1jax.main"])
+    return subprocess.run([*cmd, CONFIG, f"--workdir={workdir}", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+
+
+def ok(r):
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-5000:])
+    return r
+
+
+def error_lines(r) -> list[str]:
+    return [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+
+
+def steps(wd) -> list[int]:
+    return sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit())
+
+
+def state(wd, step) -> dict:
+    tree = ocp.StandardCheckpointer().restore(wd / "checkpoints" / str(step) / "state")
+    return {jax.tree_util.keystr(k): np.asarray(v)
+            for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def assert_same_run(got_wd, want_wd, step=4):
+    """Bitwise-equal train state at ``step``; equal metrics, each step once."""
+    got, want = state(got_wd, step), state(want_wd, step)
+    assert got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    lines = [ln for ln in (got_wd / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    rows = read_jsonl(got_wd / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, step + 1)) and len(lines) == step
+    for g, w in zip(rows, read_jsonl(want_wd / "metrics.jsonl")):
+        assert {k: v for k, v in g.items() if not any(t in k for t in TIMING)} == \
+            {k: v for k, v in w.items() if not any(t in k for t in TIMING)}
+    assert tensorboard_steps(got_wd, "loss") == list(range(1, step + 1))
+
+
+def tensorboard_steps(wd, tag) -> list[int]:
+    """Steps of ``tag``'s scalars as TensorBoard shows them: a SessionLog START at step S
+    (written on resume) purges the earlier events of steps >= S."""
+    from tensorboardX.proto import event_pb2
+    events = []
+    for f in sorted((wd / "tensorboard").glob("events.out.tfevents.*")):
+        data = f.read_bytes()
+        pos = 0
+        while pos < len(data):  # TFRecord: length, crc, payload, crc
+            (n,) = struct.unpack("<Q", data[pos:pos + 8])
+            events.append(event_pb2.Event.FromString(data[pos + 12:pos + 12 + n]))
+            pos += 12 + n + 4
+    seen: list[int] = []
+    for e in events:
+        if e.HasField("session_log") and e.session_log.status == event_pb2.SessionLog.START:
+            seen = [s for s in seen if s < e.step]
+        seen += [e.step for v in e.summary.value if v.tag == tag]
+    return seen
+
+
+def snapshot(wd) -> dict:
+    return {str(p.relative_to(wd)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in wd.rglob("*")}
+
+
+def corrupt(wd, step):
+    for f in (wd / "checkpoints" / str(step) / "state").rglob("*"):
+        if f.is_dir() and f.name in ("d", "ocdbt.process_0"):
+            shutil.rmtree(f)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, d1_data):
+    wd = tmp_path_factory.mktemp("uninterrupted")
+    ok(run(wd))
+    assert steps(wd) == [2, 4]
+    return wd
+
+
+@pytest.fixture(scope="module")
+def d1_data():
+    from tests.conftest import SHARED_D1
+    if not SHARED_D1.is_dir():
+        pytest.skip(f"d1 data folder {SHARED_D1} is absent")
+    return SHARED_D1
+
+
+def test_sigterm_saves_exits_75_and_resumes_bitwise_under_a_compatible_change(reference,
+                                                                              tmp_path):
+    # Preempted during step 1, on a config whose step count and save cadence differ.
+    r = run(tmp_path, "--config.train.num_steps=1000", "--config.train.save_every=1000",
+            fault=("sigterm", "1"))
+    assert r.returncode == 75, (r.stdout[-2000:], r.stderr[-3000:])
+    assert "stopped at step 2 of 1000 (SIGTERM) with a checkpoint saved" in r.stderr
+    assert "Traceback" not in r.stderr and steps(tmp_path) == [2]
+    assert not (tmp_path / "hf").exists()
+    ok(run(tmp_path))  # the plain config: 4 steps, saves every 2
+    assert_same_run(tmp_path, reference)
+
+
+def test_kill_9_during_a_save_resumes_bitwise(reference, tmp_path):
+    r = run(tmp_path, fault=("kill_in_save", "2"))
+    assert r.returncode == -9, r.stderr[-3000:]
+    ok(run(tmp_path))  # from step 2 if its save committed, else from step 0
+    assert_same_run(tmp_path, reference)
+
+
+def test_corrupt_latest_falls_back_keeps_it_aside_and_resumes_bitwise(reference, tmp_path):
+    wd = tmp_path / "run"
+    shutil.copytree(reference, wd)
+    corrupt(wd, 4)
+    r = ok(run(wd))
+    assert "checkpoint step 4 does not restore" in r.stdout and "resumed from" in r.stdout
+    assert [p.name.split(".")[0] for p in (wd / "checkpoints_unreadable").iterdir()] == ["4"]
+    assert_same_run(wd, reference)
+
+
+def test_no_restorable_checkpoint_exits_1_naming_each_step_and_changes_nothing(reference,
+                                                                              tmp_path):
+    wd = tmp_path / "run"
+    shutil.copytree(reference, wd)
+    corrupt(wd, 2)
+    corrupt(wd, 4)
+    before = snapshot(wd)
+    r = run(wd)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert error_lines(r) == [f"error: no checkpoint in {wd.resolve()}/checkpoints restores, "
+                              "nothing was changed:"]
+    assert [ln.split(":")[0].strip() for ln in r.stderr.splitlines()
+            if ln.startswith("  step")] == ["step 4", "step 2"]
+    assert snapshot(wd) == before
+
+
+def test_incompatible_config_is_refused_then_moved_aside_on_request(reference, tmp_path):
+    wd = tmp_path / "run"
+    shutil.copytree(reference, wd)
+    before = snapshot(wd)
+    r = run(wd, "--config.lora.rank=4", "--config.optim.learning_rate=0.002")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    (line,) = error_lines(r)
+    assert "holds a run at step 4 written with another config: lora.rank 8 -> 4; " \
+           "optim.learning_rate 0.001 -> 0.002." in line
+    assert "--config.train.if_incompatible=move_aside" in line
+    assert snapshot(wd) == before  # refused before anything was written
+
+    r = ok(run(wd, "--config.lora.rank=4", "--config.train.if_incompatible=move_aside"))
+    (old,) = (wd / "previous").iterdir()
+    assert "starting over" in r.stdout and steps(old) == [2, 4]
+    assert [r["step"] for r in read_jsonl(old / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert state(old, 4).keys() == state(reference, 4).keys()  # the old run, intact
+    assert steps(wd) == [2, 4] and len(read_jsonl(wd / "metrics.jsonl")) == 4
+    rank = {k: v.shape for k, v in state(wd, 4).items() if "lora_a" in k}
+    assert rank and all(s[-1] == 4 for s in rank.values()), rank
