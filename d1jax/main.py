@@ -14,7 +14,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from d1jax.config.cli import parse_flags, unknown_key_message  # noqa: F401 (re-exported)
+from d1jax.config.cli import parse_flags, unknown_key_message, user_errors  # noqa: F401
 from d1jax.train.loop import RunStopped
 
 STAGES = {
@@ -66,7 +66,7 @@ def main(argv):
         if _CHECK_FITS.value:
             check_fits(config, _CHECK_FITS.value)
         importlib.import_module(STAGES[stage]).run(config, workdir)
-    except _user_errors() as e:  # a mistake in a config or a file: one clear line
+    except user_errors() as e:  # a mistake in a config or a file: one clear line
         sys.exit(f"error: {e}")
     except RunStopped as e:  # saved and stopped early: "rerun me", not "done" (docs/training.md)
         print(e, file=sys.stderr, flush=True)
@@ -77,6 +77,7 @@ def check_fits(config, topology: str) -> None:
     """``plan.check_fits`` for ``topology`` ('attached': the TPU this process runs on); a
     program that does not fit ends the run with the planner's line, before any weights load."""
     from d1jax import plan
+    plan.require_libtpu()
     if config.stage not in ("grpo", "sft", "eval"):
         raise plan.DoesNotFit(f"--check_fits plans grpo, sft and eval runs, not stage={config.stage!r}")
     estimates = plan.check_fits(config, None if topology == "attached" else topology)
@@ -84,18 +85,6 @@ def check_fits(config, topology: str) -> None:
     print(f"check_fits: {len(estimates)} programs fit on {worst.topology} (largest: {worst.program}, "
           f"{worst.total_bytes / 2**30:.1f} of {worst.capacity_bytes / 2**30:.1f} GiB per chip)",
           flush=True)
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from d1jax.model import UnsupportedConfigError
-    from d1jax.tasks.sources import DataUnavailableError
-    from d1jax.config import ConfigError
-    from d1jax.model.weights import CheckpointError
-    from d1jax.plan.compile import DoesNotFit
-    from d1jax.checkpoint import RestoreError
-    from d1jax.tasks.sources import BadRecordError
-    return (ConfigError, CheckpointError, UnsupportedConfigError, DataUnavailableError,
-            DoesNotFit, RestoreError, BadRecordError)
 
 
 if __name__ == "__main__":

@@ -76,3 +76,84 @@ def _check_workdir_many(path: str) -> str | None:
     except ConfigError as e:
         return str(e)
     return None
+
+
+def _quiet_env(**extra) -> dict:
+    """The environment of a user's shell: no JAX_PLATFORMS (libtpu installed, no TPU)."""
+    import os
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    return {**env, **extra}
+
+
+@pytest.mark.parametrize("module,args,message", [
+    ("d1jax.main", ["--config=configs/grpo_sudoku.py:tiny", "--config.grpo.beta=abc"],
+     "error: --config.grpo.beta=abc: could not convert string to float: 'abc'"),
+    ("d1jax.main", ["--config=configs/grpo_sudoku.py:tiyn"],
+     "error: --config=configs/grpo_sudoku.py:tiyn: unknown config variant 'tiyn': use ':tiny' "
+     "or nothing"),
+    ("d1jax.main", ["--config=configs/nope.py"], "error: config file 'configs/nope.py' does not "
+     "exist"),
+    ("d1jax.main", ["--config=configs/grpo_sudoku.py:tiny", "--config.model.path=/nonexistent"],
+     "error: config.model.path='/nonexistent' is not a directory"),
+    ("d1jax.main", ["--config=configs/grpo_sudoku.py:tiny", "--config.mesh.shape=(1,2"],
+     "error: --config.mesh.shape=(1,2: Error while parsing string"),
+    ("d1jax.main", ["--config=configs/grpo_sudoku.py:tiny", "--config.train.if_incompatible=x"],
+     "error: train.if_incompatible='x': refuse or move_aside"),
+    ("d1jax.eval", ["--config=configs/eval.py:sudoku-tiny", "--config.model.path=/nope"],
+     "error: config.model.path='/nope' is not a directory"),
+    ("d1jax.eval", ["--config=configs/eval.py:sudoku-tinyy"],
+     "error: --config=configs/eval.py:sudoku-tinyy: unknown config variant 'tinyy'"),
+    ("d1jax.plan", ["--config=configs/grpo_gsm8k.py:tiyn"],
+     "error: --config=configs/grpo_gsm8k.py:tiyn: unknown config variant 'tiyn'"),
+])
+def test_bad_flags_values_variants_and_paths_are_one_line(module, args, message, tmp_path):
+    wd = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", module, *args, f"--workdir={wd}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env=_quiet_env())
+    assert r.returncode == 1, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), r.stderr[-2000:]
+    assert not wd.exists() or not any(wd.iterdir())
+
+
+def test_commands_print_no_libtpu_or_info_lines_on_a_cpu_host(tmp_path):
+    """The forward demo saves nothing; the Checkpointer saves once: neither prints libtpu's
+    probe errors nor absl INFO lines (Orbax's ~40 per save); -v 0 brings INFO back."""
+    r = subprocess.run([sys.executable, "-m", "d1jax.main", "--config=configs/forward_demo.py",
+                        f"--workdir={tmp_path}", "--config.model.preset=test-tiny",
+                        "--config.seq_len=16"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env=_quiet_env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stderr.strip() == "", r.stderr[-2000:]
+    save = ("import sys, jax.numpy as jnp; from d1jax.config.cli import parse_flags; "
+            "rest = parse_flags(sys.argv); from d1jax.checkpoint import Checkpointer; "
+            "c = Checkpointer(rest[1], save_every=1); c.save(1, {'w': jnp.zeros(3)}, {}); "
+            "c.close()")
+    for verbosity, info in (([], 0), (["-v", "0"], 10)):
+        r = subprocess.run([sys.executable, "-c", save, *verbosity, str(tmp_path / str(info))],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env=_quiet_env())
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "TPU initialization" not in r.stderr and "TPU_" not in r.stderr, r.stderr[-2000:]
+        n_info = sum(ln.startswith("INFO:absl") or ln.startswith("I") and ln[1:5].isdigit()
+                     for ln in r.stderr.splitlines())
+        assert (n_info == 0) if not info else (n_info >= info), r.stderr[-2000:]
+        assert r.stdout.count("checkpoint: saving step 1") == 1
+
+
+MISSING = "import sys; sys.modules[{name!r}] = None; import runpy; sys.argv = {argv!r}; " \
+          "runpy.run_module({module!r}, run_name='__main__')"
+
+
+def test_plan_without_libtpu_is_one_line_before_any_compile(tmp_path):
+    code = MISSING.format(name="libtpu", module="d1jax.plan",
+                          argv=["d1jax.plan", "--config=configs/grpo_sudoku.py:tiny"])
+    code = code.replace("sys.modules['libtpu'] = None;",
+                        "import importlib.util as u; f = u.find_spec; "
+                        "u.find_spec = lambda n, *a: None if n == 'libtpu' else f(n, *a);")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        "error: planning for TPU needs libtpu (no TPU): python -m pip install -e \".[tpu]\" "
+        "(or \".[test]\"), then rerun"], r.stderr[-2000:]

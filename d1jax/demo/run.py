@@ -26,6 +26,7 @@ interrupted one continues from its last checkpoint, evaluations already written 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import time
@@ -112,6 +113,10 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict:
     logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every save at INFO
     log = lambda msg: print(msg, flush=True) if jax.process_index() == 0 else None
     t_start = time.perf_counter()
+    plot = importlib.util.find_spec("matplotlib") is not None
+    if not plot:  # said before the work, not found after it: the table needs no plot
+        log("[demo] matplotlib is not installed (pip install -e \".[demo]\"): the demo writes "
+            "its table without the reward plot")
     data = demo_data.prepare_data(demo, wd)
     runs, times = _train_stages(demo, data, wd, log)
     evals, set_names = evaluation.evaluate_all(demo, data, runs, wd, log)
@@ -122,8 +127,9 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict:
         (wd / "results.json").write_text(json.dumps(results, indent=2))
         table = report.results_table(results)
         (wd / "results.md").write_text(table + "\n")
-        report.plot_rewards(wd, runs, wd / "reward_curves.png", evals,
-                            mu=demo.grpo.num_iterations)
+        if plot:
+            report.plot_rewards(wd, runs, wd / "reward_curves.png", evals,
+                                mu=demo.grpo.num_iterations)
         log(table)
         log(f"[demo] wall time {results['wall_time_s']:.0f} s; workdir {wd}")
     return results

@@ -10,7 +10,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from d1jax.config.cli import parse_flags
+from d1jax.config.cli import parse_flags, user_errors
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/eval.py:TASK[-tiny].")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory; default config.workdir.")
@@ -18,11 +18,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory; default confi
 
 def main(argv) -> None:
     del argv
-    from d1jax.config import ConfigError
     from d1jax.eval import evaluate
-    from d1jax.model import UnsupportedConfigError
-    from d1jax.model.weights import CheckpointError
-    from d1jax.tasks.sources import DataUnavailableError
 
     config = _CONFIG.value
     if config is None:
@@ -32,7 +28,7 @@ def main(argv) -> None:
         sys.exit("error: no workdir: pass --workdir=DIR or set config.workdir")
     try:
         evaluate.run(config, workdir)
-    except (ConfigError, CheckpointError, UnsupportedConfigError, DataUnavailableError) as e:
+    except user_errors() as e:
         sys.exit(f"error: {e}")
 
 

@@ -7,6 +7,6 @@ any host (libtpu, no TPU) and read per-chip HBM, loop-aware FLOPs, time and MFU.
 loads weights (docs/tpu_plan.md).
 """
 
-from d1jax.plan.compile import DoesNotFit, Estimate, check_fits, plan
+from d1jax.plan.compile import DoesNotFit, Estimate, check_fits, plan, require_libtpu
 
-__all__ = ["DoesNotFit", "Estimate", "check_fits", "plan"]
+__all__ = ["DoesNotFit", "Estimate", "check_fits", "plan", "require_libtpu"]

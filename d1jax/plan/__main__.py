@@ -14,7 +14,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from d1jax.config.cli import parse_flags
+from d1jax.config.cli import parse_flags, user_errors
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config (.py), ':variant' allowed.")
 _TOPOLOGY = flags.DEFINE_string("topology", "v5p:2x2x1",
@@ -47,9 +47,10 @@ def main(argv):
     if config is None:
         raise app.UsageError("--config is required, e.g. --config=configs/grpo_gsm8k.py")
     try:
+        plan_lib.require_libtpu()
         estimates = plan_lib.plan(config, _TOPOLOGY.value, _mesh_shape(_MESH.value),
                                   on_estimate=_progress)
-    except (ValueError, ImportError) as e:
+    except (ValueError, ImportError, *user_errors()) as e:
         sys.exit(f"error: {e}")
     print(report.table(estimates))
     if _JSON.value:

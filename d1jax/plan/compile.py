@@ -227,6 +227,14 @@ def _compile(lowered) -> tuple:
     return compiled.memory_analysis(), compiled.cost_analysis(), compiled.as_text()
 
 
+def require_libtpu() -> None:
+    """Planning compiles with libtpu; without it, one DoesNotFit line says how to get it."""
+    import importlib.util
+    if importlib.util.find_spec("libtpu") is None:
+        raise DoesNotFit("planning for TPU needs libtpu (no TPU): python -m pip install -e "
+                         "\".[tpu]\" (or \".[test]\"), then rerun")
+
+
 def plan(config, topology: str, mesh_shape: tuple[int, ...] | None = None,
          on_estimate=None) -> list[Estimate]:
     """Estimates for every program of ``config`` on ``topology`` ("v5p:2x2x1", "v5e-8", ...);

@@ -50,6 +50,7 @@ EQUIVALENCES = ("d1", "math_verify")
 
 def _equal(equivalence: str, timeout_s: float, train: bool):
     if equivalence == "math_verify":
+        math_equiv.require_math_verify()  # when the task is built, not at the first score
         return functools.partial(_math_verify, timeout_s=timeout_s)
     return math_equiv.d1_equiv if train else math_equiv.d1_eval_equiv
 

@@ -193,6 +193,11 @@ def sampler_config(group, prefix: str, gen_length: int, steps: int) -> smp.Sampl
 
 def _model(c) -> ModelSpec:
     m = c.model
+    if m.path and not Path(m.path).is_dir():  # a path wins over random_init: it must exist
+        raise ConfigError(f"config.model.path={m.path!r} is not a directory; download "
+                          "a LLaDA checkpoint there (see README) or fix the path")
+    if m.tokenizer_path and not Path(m.tokenizer_path).is_dir():
+        raise ConfigError(f"config.model.tokenizer_path={m.tokenizer_path!r} is not a directory")
     if not m.random_init:
         if not m.path:
             raise ConfigError(
