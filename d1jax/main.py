@@ -8,12 +8,12 @@ Each stage module exposes ``run(config, workdir)`` so tests and notebooks call i
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 from absl import app, flags
 from ml_collections import config_flags
 
+from d1jax import distributed
 from d1jax.config.cli import parse_flags, unknown_key_message, user_errors  # noqa: F401
 from d1jax.train.loop import RunStopped
 
@@ -33,26 +33,9 @@ _CHECK_FITS = flags.DEFINE_string(
     "that does not fit in HBM (d1jax.plan; needs libtpu, not a TPU).")
 
 
-def maybe_initialize_distributed() -> None:
-    """Joins a multi-process run when launch/ (or the user) set D1JAX_COORDINATOR."""
-    coordinator = os.environ.get("D1JAX_COORDINATOR")
-    if not coordinator:
-        return
-    import jax
-    if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS") == "cpu":
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        # Every process waits for the others' CPU topology (default 2 minutes): on a loaded
-        # machine a slow starter is not a failure.
-        minutes = int(os.environ.get("D1JAX_TOPOLOGY_TIMEOUT_MINUTES", "10"))
-        jax.config.update("jax_cpu_get_local_topology_timeout_minutes", minutes)
-        jax.config.update("jax_cpu_get_global_topology_timeout_minutes", minutes)
-    jax.distributed.initialize(coordinator, int(os.environ["D1JAX_NUM_PROCESSES"]),
-                               int(os.environ["D1JAX_PROCESS_ID"]))
-
-
 def main(argv):
     del argv
-    maybe_initialize_distributed()
+    distributed.initialize_from_env()
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config is required, e.g. --config=configs/grpo_sudoku.py:tiny")
@@ -69,8 +52,13 @@ def main(argv):
     except user_errors() as e:  # a mistake in a config or a file: one clear line
         sys.exit(f"error: {e}")
     except RunStopped as e:  # saved and stopped early: "rerun me", not "done" (docs/training.md)
+        distributed.finish()
         print(e, file=sys.stderr, flush=True)
         sys.exit(e.exit_code)
+    except Exception as e:  # a peer died inside a collective: one line naming it
+        distributed.on_failure(e)
+        raise
+    distributed.finish()
 
 
 def check_fits(config, topology: str) -> None:
