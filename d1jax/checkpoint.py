@@ -93,7 +93,8 @@ class Checkpointer:
             state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
         self._pending.append(step)
         if jax.process_index() == 0:
-            print(f"checkpoint: saving step {step} to {self.directory}", flush=True)
+            from tqdm import tqdm  # above the progress bar, not inside it
+            tqdm.write(f"checkpoint: saving step {step} to {self.directory}")
         return True
 
     def restore(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]] | None:

@@ -75,5 +75,5 @@ def check_fits(config, topology: str) -> None:
           flush=True)
 
 
-if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+if __name__ == "__main__":  # model and data paths and the task checked before any work
+    app.run(main, flags_parser=lambda argv: parse_flags(argv, check_inputs=True))

@@ -85,35 +85,67 @@ def _quiet_env(**extra) -> dict:
     return {**env, **extra}
 
 
+TINY = "--config=configs/grpo_sudoku.py:tiny"
+EVAL_TINY = "--config=configs/eval.py:sudoku-tiny"
+
+
 @pytest.mark.parametrize("module,args,message", [
-    ("d1jax.main", ["--config=configs/grpo_sudoku.py:tiny", "--config.grpo.beta=abc"],
-     "error: --config.grpo.beta=abc: could not convert string to float: 'abc'"),
+    # A value of the wrong type: the key, the value and the type the config's value has.
+    ("d1jax.main", [TINY, "--config.grpo.beta=abc"],
+     "error: --config.grpo.beta=abc: expected a float (the config has 0.04), got 'abc'"),
+    ("d1jax.main", [TINY, "--config.train.num_steps=2.5"],
+     "error: --config.train.num_steps=2.5: expected an integer (the config has 4), got '2.5'"),
+    ("d1jax.main", [TINY, "--config.lora.enabled=maybe"],
+     "error: --config.lora.enabled=maybe: expected true or false (the config has True), got "
+     "'maybe'"),
+    ("d1jax.main", [TINY, "--config.mesh.shape=(1,2"],
+     "error: --config.mesh.shape=(1,2: expected a tuple such as --config.mesh.shape='(-1, 1, 1)'"),
+    # Config files and variants: the valid variants named.
     ("d1jax.main", ["--config=configs/grpo_sudoku.py:tiyn"],
      "error: --config=configs/grpo_sudoku.py:tiyn: unknown config variant 'tiyn': use ':tiny' "
      "or nothing"),
+    ("d1jax.main", ["--config=configs/forward_demo.py:tiny"],
+     "error: --config=configs/forward_demo.py:tiny: configs/forward_demo.py takes no "
+     "':variant'; drop it"),
     ("d1jax.main", ["--config=configs/nope.py"], "error: config file 'configs/nope.py' does not "
      "exist"),
-    ("d1jax.main", ["--config=configs/grpo_sudoku.py:tiny", "--config.model.path=/nonexistent"],
+    ("d1jax.main", ["--config=configs"], "error: config file 'configs' is a directory"),
+    ("d1jax.main", [], "error: --config is required, e.g. --config=configs/grpo_sudoku.py:tiny"),
+    # Paths and names, before the workdir is created.
+    ("d1jax.main", [TINY, "--config.model.path=/nonexistent", "--config.model.random_init="],
      "error: config.model.path='/nonexistent' is not a directory"),
-    ("d1jax.main", ["--config=configs/grpo_sudoku.py:tiny", "--config.mesh.shape=(1,2"],
-     "error: --config.mesh.shape=(1,2: Error while parsing string"),
-    ("d1jax.main", ["--config=configs/grpo_sudoku.py:tiny", "--config.train.if_incompatible=x"],
+    ("d1jax.main", [TINY, "--config.task.source=/nonexistent.jsonl"],
+     "error: config.task.source='/nonexistent.jsonl': no such file or directory"),
+    ("d1jax.main", [TINY, "--config.task.name=sudokuu"],
+     "error: config.task: unknown task 'sudokuu': choose one of gsm8k, math500, sudoku, "
+     "countdown"),
+    ("d1jax.main", [TINY, "--config.train.if_incompatible=x"],
      "error: train.if_incompatible='x': refuse or move_aside"),
-    ("d1jax.eval", ["--config=configs/eval.py:sudoku-tiny", "--config.model.path=/nope"],
+    ("d1jax.eval", [EVAL_TINY, "--config.model.path=/nope", "--config.model.random_init="],
      "error: config.model.path='/nope' is not a directory"),
+    ("d1jax.eval", ["--config=configs/eval.py:sudokuu-tiny"],
+     "error: --config=configs/eval.py:sudokuu-tiny: unknown eval config 'sudokuu-tiny': use "
+     "':TASK' or ':TASK-tiny' with TASK one of gsm8k, math500, sudoku, countdown"),
     ("d1jax.eval", ["--config=configs/eval.py:sudoku-tinyy"],
-     "error: --config=configs/eval.py:sudoku-tinyy: unknown config variant 'tinyy'"),
+     "error: --config=configs/eval.py:sudoku-tinyy: unknown eval config 'sudoku-tinyy'"),
     ("d1jax.plan", ["--config=configs/grpo_gsm8k.py:tiyn"],
      "error: --config=configs/grpo_gsm8k.py:tiyn: unknown config variant 'tiyn'"),
+    ("d1jax.plan", [TINY, "--config.grpo.beta=abc"],
+     "error: --config.grpo.beta=abc: expected a float (the config has 0.04), got 'abc'"),
+    ("d1jax.plan", [TINY, "--config.model.path=/nope"],
+     "error: config.model.path='/nope' is not a directory"),
 ])
 def test_bad_flags_values_variants_and_paths_are_one_line(module, args, message, tmp_path):
+    """Exit 1, one `error:` line on stderr (no traceback, no libtpu lines), nothing written."""
     wd = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", module, *args, f"--workdir={wd}"], cwd=ROOT,
+    workdir = [] if module == "d1jax.plan" else [f"--workdir={wd}"]
+    r = subprocess.run([sys.executable, "-m", module, *args, *workdir], cwd=ROOT,
                        capture_output=True, text=True, timeout=300, env=_quiet_env())
     assert r.returncode == 1, r.stderr[-2000:]
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), r.stderr[-2000:]
-    assert not wd.exists() or not any(wd.iterdir())
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert not wd.exists()
 
 
 def test_commands_print_no_libtpu_or_info_lines_on_a_cpu_host(tmp_path):
@@ -157,3 +189,41 @@ def test_plan_without_libtpu_is_one_line_before_any_compile(tmp_path):
     assert r.stderr.strip().splitlines() == [
         "error: planning for TPU needs libtpu (no TPU): python -m pip install -e \".[tpu]\" "
         "(or \".[test]\"), then rerun"], r.stderr[-2000:]
+
+
+def test_quiet_defaults_leave_jax_alone_where_an_accelerator_may_be_attached(monkeypatch):
+    """Only a host with no TPU and no GPU device file skips the TPU probe; JAX_PLATFORMS or
+    D1JAX_PROBE_TPU=1 from the user always wins."""
+    import jax
+
+    from d1jax.config import cli
+    seen = []
+    monkeypatch.setattr(jax.config, "update", lambda k, v: seen.append((k, v)))
+    import fnmatch
+    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda *a: object())  # libtpu there
+    files = set()
+    monkeypatch.setattr(cli.glob, "glob", lambda pattern: fnmatch.filter(files, pattern))
+    monkeypatch.setattr(cli.os.path, "exists", lambda p: p in files)
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.delenv("D1JAX_PROBE_TPU", raising=False)
+    from jax._src import hardware_utils
+    monkeypatch.setattr(hardware_utils, "num_available_tpu_chips_and_device_id", lambda: (0, None))
+    for attached in ("/dev/accel0", "/dev/vfio/0", "/dev/nvidiactl", "/dev/kfd"):
+        files.clear()
+        files.add(attached)
+        cli.quiet_defaults()
+    assert seen == []  # a TPU or GPU may be there: JAX probes as it would
+    files.clear()
+    monkeypatch.setattr(hardware_utils, "num_available_tpu_chips_and_device_id", lambda: (4, 5))
+    cli.quiet_defaults()  # a TPU on the PCI bus (JAX's own check)
+    assert seen == []
+    monkeypatch.setattr(hardware_utils, "num_available_tpu_chips_and_device_id", lambda: (0, None))
+    monkeypatch.setenv("D1JAX_PROBE_TPU", "1")
+    cli.quiet_defaults()
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    cli.quiet_defaults()
+    assert seen == []
+    monkeypatch.delenv("D1JAX_PROBE_TPU")
+    monkeypatch.delenv("JAX_PLATFORMS")
+    cli.quiet_defaults()  # nothing attached: the CPU JAX would fall back to, without the probe
+    assert seen == [("jax_platforms", "cpu")]

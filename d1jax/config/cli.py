@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import glob
 import importlib.util
 import os
 import sys
@@ -15,30 +16,36 @@ from ml_collections import config_flags
 def quiet_defaults() -> None:
     """What every d1jax command prints by default: its own lines, warnings and errors.
 
-    * No TPU probe where no TPU is attached: with libtpu installed (the ``test`` and ``tpu``
-      extras) JAX would try the TPU backend on every start and print libtpu's error lines.
-      A TPU on the PCI bus (JAX's own check), ``JAX_PLATFORMS`` set by the user, or
-      ``D1JAX_PROBE_TPU=1`` leaves JAX's choice alone. Planning for TPU from a CPU host
-      (``d1jax.plan``) does not need the TPU backend.
+    * No TPU probe where no accelerator is attached: with libtpu installed (the ``test`` and
+      ``tpu`` extras) JAX would try the TPU backend on every start and print libtpu's error
+      lines before falling back to the CPU. JAX is left to choose, as it would without
+      d1jax, where a TPU shows (on the PCI bus, JAX's own check, or as /dev/accel* or
+      /dev/vfio/N), where a GPU shows (/dev/nvidia*, /dev/dxg, /dev/kfd), where the user set
+      ``JAX_PLATFORMS``, or with ``D1JAX_PROBE_TPU=1``. Planning for TPU from a CPU host
+      (``d1jax.plan``) loads libtpu itself and does not need the TPU backend.
     * absl INFO lines (Orbax logs about 40 per checkpoint) only with ``--verbosity=0``
       (``-v 0``); the default here is warnings.
     """
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     if os.environ.get("JAX_PLATFORMS") or os.environ.get("D1JAX_PROBE_TPU") == "1":
         return
-    if importlib.util.find_spec("libtpu") is None:
-        return
-    try:
-        from jax._src import hardware_utils
-        chips, _ = hardware_utils.num_available_tpu_chips_and_device_id()
-        gpu = hardware_utils.has_visible_nvidia_gpu()
-    except Exception:  # noqa: BLE001 - JAX moved its helper: let JAX probe as it would
-        return
-    if chips:
+    if importlib.util.find_spec("libtpu") is None or _accelerator_attached():
         return
     import jax
-    cuda = gpu and any(importlib.util.find_spec(f"jax_cuda{v}_plugin") for v in (12, 13))
-    jax.config.update("jax_platforms", "cuda,cpu" if cuda else "cpu")
+    jax.config.update("jax_platforms", "cpu")  # what JAX falls back to here, minus the probe
+
+
+def _accelerator_attached() -> bool:
+    """A TPU or GPU may be attached (any doubt counts as attached: JAX then probes)."""
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):  # TPU VMs (v4/v5p, v5e+)
+        return True
+    if any(os.path.exists(d) for d in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/kfd")):
+        return True
+    try:
+        from jax._src import hardware_utils
+        return hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
+    except Exception:  # noqa: BLE001 - JAX moved its helper: let JAX probe as it would
+        return True
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -57,36 +64,54 @@ def one_line(e: BaseException) -> str:
     """The message a user needs from ``e``: the innermost cause's, on one line
     (ml_collections wraps an error raised in a config file in ``Error whilst parsing config
     file`` and a traceback)."""
-    while e.__cause__ is not None or (e.__context__ is not None and not e.__suppress_context__):
-        e = e.__cause__ or e.__context__
+    e = _innermost(e)
     return " ".join(str(e).split()) or type(e).__name__
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parser, after ``quiet_defaults``, except that a bad flag ends in one line:
-    an unknown ``--config.KEY`` (with the closest keys), a value of the wrong type, a config
-    file that is missing or raises (an unknown ``:variant``)."""
+def _innermost(e: BaseException) -> BaseException:
+    while e.__cause__ is not None or (e.__context__ is not None and not e.__suppress_context__):
+        e = e.__cause__ or e.__context__
+    return e
+
+
+def parse_flags(argv: list[str], *, example: str = "configs/grpo_sudoku.py:tiny",
+                check_inputs: bool = False) -> list[str]:
+    """absl's flag parser, after ``quiet_defaults``, except that a mistake ends in one
+    ``error:`` line: an unknown ``--config.KEY`` (with the closest keys), a value of the wrong
+    type (with the type expected), a config file that is missing or raises (an unknown
+    ``:variant``), no ``--config`` (``example`` shows one); with ``check_inputs``, also a model
+    or data path that does not exist or an unknown task (``d1jax.config.check_inputs``)."""
     quiet_defaults()
     try:
         rest = _parse(argv)
         if not any(a.split("=")[0] in ("--verbosity", "-v", "--v") for a in argv):
             absl_logging.set_verbosity(absl_logging.WARNING)
-        if "config" in flags.FLAGS and flags.FLAGS["config"].value is not None:
-            flags.FLAGS["config"].value.get("stage")  # a file that failed to load raises here
-        return rest
+        config = flags.FLAGS["config"].value if "config" in flags.FLAGS else None
+        if config is not None:
+            config.get("stage")  # a file that failed to load raises here
     except SystemExit:
         raise
     except flags.IllegalFlagValueError as e:  # "flag --config.x=abc: <the cause>"
-        flag, _, body = str(e).removeprefix("flag ").partition(": ")
-        wrapped = "Traceback" in body  # an error raised by the config file: its own message
-        sys.exit(f"error: {flag}: {one_line(e) if wrapped else ' '.join(body.split())}")
+        sys.exit(f"error: {_bad_value(argv, e)}")
     except OSError as e:  # ml_collections: "Failed loading config file ..."
-        path = [a.split("=", 1)[1].split(":")[0] for a in argv if a.startswith("--config=")]
-        if path and not os.path.isfile(path[-1]):
-            sys.exit(f"error: config file {path[-1]!r} does not exist")
-        sys.exit(f"error: config file {path[-1] if path else '?'!r}: {one_line(e)}")
+        path = _config_path(argv)
+        if path and os.path.isdir(path):
+            sys.exit(f"error: config file {path!r} is a directory; name a file in it")
+        if path and not os.path.isfile(path):
+            sys.exit(f"error: config file {path!r} does not exist")
+        sys.exit(f"error: config file {path or '?'!r}: {one_line(e)}")
     except Exception as e:  # noqa: BLE001 - an error raised by the config file itself
-        sys.exit(f"error: {one_line(e)}")
+        path = _config_path(argv)
+        sys.exit(f"error: config file {path!r}: {one_line(e)}" if path else f"error: {one_line(e)}")
+    if "config" in flags.FLAGS and config is None:
+        sys.exit(f"error: --config is required, e.g. --config={example} (--help lists the flags)")
+    if check_inputs:
+        from d1jax.config import ConfigError, check_inputs as check
+        try:
+            check(config)
+        except ConfigError as e:
+            sys.exit(f"error: {e}")
+    return rest
 
 
 def _parse(argv: list[str]) -> list[str]:
@@ -94,17 +119,70 @@ def _parse(argv: list[str]) -> list[str]:
         return flags.FLAGS(argv)
     except (AttributeError, KeyError):  # what ml_collections raises for a missing key
         overrides = [a for a in argv[1:] if a.startswith("--config.")]
-        # The config without overrides, loaded by a fresh flag set (FLAGS keeps the failed parse).
-        plain = [a for a in argv if a not in overrides]
-        fresh = flags.FlagValues()
-        config = config_flags.DEFINE_config_file("config", None, "", flag_values=fresh,
-                                                 sys_argv=plain)
-        fresh(plain, known_only=True)
+        config = _plain_config(argv)
         for arg in overrides:
-            message = unknown_key_message(config.value, arg[len("--config."):].split("=", 1)[0])
+            message = unknown_key_message(config, arg[len("--config."):].split("=", 1)[0])
             if message:
                 sys.exit(f"error: {message}")
         raise
+
+
+def _plain_config(argv: list[str]):
+    """The config file's config without the ``--config.KEY`` overrides, loaded by a fresh flag
+    set (FLAGS keeps a failed parse)."""
+    plain = [a for a in argv if not a.startswith("--config.")]
+    fresh = flags.FlagValues()
+    config = config_flags.DEFINE_config_file("config", None, "", flag_values=fresh,
+                                             sys_argv=plain)
+    fresh(plain, known_only=True)
+    return config.value
+
+
+def _config_path(argv: list[str]) -> str | None:
+    """The file of ``--config=FILE[:variant]`` (or ``--config FILE``), if given."""
+    values = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    values += [b for a, b in zip(argv, argv[1:]) if a == "--config"]
+    return values[-1].split(":")[0] if values else None
+
+
+def _bad_value(argv: list[str], e: flags.IllegalFlagValueError) -> str:
+    """One line for a flag absl refused: the flag, the value and what was expected."""
+    flag, _, body = str(e).removeprefix("flag ").partition(": ")
+    if "Traceback" in body:  # an error raised by the config file: its own message
+        inner = _innermost(e)
+        if isinstance(inner, TypeError) and "get_config()" in str(inner):
+            return f"{flag}: {_config_path(argv)} takes no ':variant'; drop it"
+        return f"{flag}: {one_line(e)}"
+    name, _, value = flag.partition("=")
+    if name.startswith("--config."):
+        key = name[len("--config."):]
+        try:
+            node = _plain_config(argv)
+            for part in key.split("."):
+                node = node[part]
+        except Exception:  # noqa: BLE001 - no default to compare with: absl's own message
+            node = None
+        expected = _expected(node, name)
+        if expected:
+            return f"{flag}: expected {expected}, got {value!r}"
+    return f"{flag}: {' '.join(body.split())}"
+
+
+def _expected(current, name: str) -> str | None:
+    """What a ``--config.KEY`` override must look like, from the config's own value."""
+    if isinstance(current, bool):
+        return f"true or false (the config has {current})"
+    if isinstance(current, int):
+        return f"an integer (the config has {current})"
+    if isinstance(current, float):
+        return f"a float (the config has {current})"
+    if isinstance(current, tuple):
+        return (f"a tuple such as {name}='{current!r}' (the config's value; quote it for the "
+                "shell)")
+    if hasattr(current, "keys"):
+        field = next(iter(current.keys()), "FIELD")
+        return f"one field of this group at a time, e.g. {name}.{field}=..."
+    return None
 
 
 def unknown_key_message(config, key: str) -> str | None:

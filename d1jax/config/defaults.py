@@ -135,6 +135,38 @@ def check_workdir(workdir: str) -> Path:
     return path
 
 
+def check_inputs(config, data: bool = True) -> None:
+    """The model paths, and with ``data`` the data source and task, a run config names,
+    checked before anything is written (``d1jax.main`` and ``d1jax.eval`` call it after
+    parsing their flags; ``d1jax.plan``, which reads no data, with ``data=False``)."""
+    model = config.get("model") or {}
+    for key in ("path", "tokenizer_path"):  # a path wins over random_init: it must exist
+        path = model.get(key)
+        if path and not Path(path).expanduser().is_dir():
+            hint = ("; download a LLaDA checkpoint there (see README) or fix the path"
+                    if key == "path" else "")
+            raise ConfigError(f"config.model.{key}={path!r} is not a directory{hint}")
+    task = config.get("task")
+    if not data or not task or config.get("stage") not in ("grpo", "sft", "eval"):
+        return
+    from d1jax import tasks
+    from d1jax.tasks.sources import _FILE_SUFFIXES
+    source = task.get("source") or ""
+    # The rule of tasks.sources.load_rows: a URL, a local path, or a Hub id "owner/name".
+    local = (source.endswith(_FILE_SUFFIXES) or source.startswith((".", "/", "~"))
+             or source.count("/") != 1)
+    if (source and local and not source.startswith(("http://", "https://"))
+            and not Path(source).expanduser().exists()):
+        raise ConfigError(f"config.task.source={source!r}: no such file or directory (and not "
+                          "a Hub id of the form owner/name)")
+    if config.stage == "sft" and task.name == "s1k":
+        return
+    try:
+        tasks.task_from_config(config)
+    except ValueError as e:  # an unknown task name or prompt
+        raise ConfigError(f"config.task: {e}") from None
+
+
 def step_rows(config) -> int:
     """Rows of one optimizer step (all hosts) of a run config: SFT's batch, GRPO's prompts x
     G, an eval's generate batch."""
@@ -244,7 +276,11 @@ def _variant(arg: str | None) -> bool:
 def eval_config(arg: str | None) -> mlc.ConfigDict:
     """d1's evaluation protocol. ``arg``: "TASK" or "TASK-tiny" (e.g. "sudoku-tiny")."""
     task, _, variant = (arg or "gsm8k").partition("-")
-    tiny = _variant(variant or None)
+    from d1jax.tasks import TASK_NAMES
+    if task not in TASK_NAMES or variant not in ("", "tiny"):
+        raise ConfigError(f"unknown eval config {arg!r}: use ':TASK' or ':TASK-tiny' with TASK "
+                          f"one of {', '.join(TASK_NAMES)} (e.g. ':sudoku-tiny')")
+    tiny = variant == "tiny"
     c = base("eval", task, tiny)
     c.lora.enabled = False  # Evaluate plain weights (export LoRA runs first: <workdir>/hf).
     c.sampler = sampler_fields(tiny, rollout=False)

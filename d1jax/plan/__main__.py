@@ -42,11 +42,13 @@ def _progress(e) -> None:
 
 def main(argv):
     del argv
+    from d1jax.config import check_inputs
     from d1jax.plan import compile as plan_lib, report
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config is required, e.g. --config=configs/grpo_gsm8k.py")
     try:
+        check_inputs(config, data=False)  # a model path that is set must exist: before libtpu
         plan_lib.require_libtpu()
         estimates = plan_lib.plan(config, _TOPOLOGY.value, _mesh_shape(_MESH.value),
                                   on_estimate=_progress)
@@ -64,4 +66,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    app.run(main, flags_parser=lambda argv: parse_flags(argv, example="configs/grpo_gsm8k.py"))
