@@ -11,6 +11,7 @@ checkpoint.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -57,7 +58,9 @@ class PeerWatchdog:
             self.client.key_value_set(f"{_KEY}/beat/{self.pid}", str(self._beat),
                                       allow_overwrite=True)
             beats = dict(self.client.key_value_dir_get(f"{_KEY}/beat/"))
-            done = {k.rsplit("/", 1)[-1] for k, _ in self.client.key_value_dir_get(f"{_KEY}/done/")}
+            # A peer that failed is still watched: it leaves when its wait (_leave) ends.
+            done = {k.rsplit("/", 1)[-1] for k, v in self.client.key_value_dir_get(f"{_KEY}/done/")
+                    if v != "failed"}
             self._last_ok = now
         except Exception:  # noqa: BLE001 - the store is on process 0: unreachable = lost
             if self.pid != 0 and now - self._last_ok > self.timeout_s:
@@ -82,14 +85,16 @@ class PeerWatchdog:
         sys.stderr.flush()
         os._exit(LOST_EXIT_CODE)  # the main thread may be blocked inside a collective
 
-    def finish(self) -> None:
-        """Marks this process finished and waits, still watching, until every peer has
-        finished too; then stops, so JAX's shutdown sees no watchdog."""
+    def finish(self, state: str = "finished", wait_s: float | None = None) -> bool:
+        """Marks this process ``finished`` (or ``failed``) and waits, still watching, until
+        every peer has finished or failed too (at most ``wait_s``); then stops, so JAX's
+        shutdown sees no watchdog. True when every peer got there."""
         try:
-            self.client.key_value_set(f"{_KEY}/done/{self.pid}", "1", allow_overwrite=True)
+            self.client.key_value_set(f"{_KEY}/done/{self.pid}", state, allow_overwrite=True)
         except Exception:  # noqa: BLE001 - the watchdog reports an unreachable coordinator
             pass
-        while True:
+        deadline = None if wait_s is None else time.monotonic() + wait_s
+        while deadline is None or time.monotonic() < deadline:
             try:
                 done = self.client.key_value_dir_get(f"{_KEY}/done/")
             except Exception:  # noqa: BLE001
@@ -97,8 +102,11 @@ class PeerWatchdog:
             if done is not None and len(done) >= self.n:
                 break
             time.sleep(0.2)
+        else:
+            done = None
         self._stop.set()
         self._thread.join()
+        return done is not None
 
 
 _watchdog: PeerWatchdog | None = None
@@ -126,6 +134,7 @@ def initialize_from_env() -> None:
     if n > 1 and timeout_s > 0:
         from jax._src import distributed as jax_distributed
         _watchdog = PeerWatchdog(jax_distributed.global_state.client, pid, n, timeout_s).start()
+        atexit.register(_leave)  # runs before JAX's exit handler (registered when jax loaded)
 
 
 def on_failure(e: BaseException) -> None:
@@ -159,3 +168,19 @@ def finish() -> None:
     if _watchdog is not None:
         _watchdog.finish()
         _watchdog = None
+
+
+def _leave() -> None:
+    """At exit without ``finish()``, this process failed (its error is printed already). It
+    says so, so that finished peers stop waiting for it, and waits up to the timeout for the
+    others to finish or fail too; then JAX's shutdown barrier at exit passes at once. A peer
+    still running (blocked in a collective with this one) would keep that barrier waiting
+    until JAX aborts both after 5 minutes, so then exit 1 at once: its watchdog names us."""
+    global _watchdog
+    if _watchdog is None:
+        return
+    watchdog, _watchdog = _watchdog, None
+    if not watchdog.finish("failed", wait_s=watchdog.timeout_s):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(LOST_EXIT_CODE)

@@ -227,3 +227,18 @@ def test_quiet_defaults_leave_jax_alone_where_an_accelerator_may_be_attached(mon
     monkeypatch.delenv("JAX_PLATFORMS")
     cli.quiet_defaults()  # nothing attached: the CPU JAX would fall back to, without the probe
     assert seen == [("jax_platforms", "cpu")]
+
+
+def test_check_inputs_accepts_hub_ids_urls_and_existing_paths(tmp_path):
+    from d1jax.config import ConfigError, check_inputs, grpo
+    c = grpo("sudoku", "tiny")
+    for source in ("", "owner/name", "https://example.com/x.csv", str(tmp_path)):
+        c.task.source = source
+        check_inputs(c)
+    c.model.path = str(tmp_path)
+    check_inputs(c)
+    for source in ("data/x.jsonl", "./x", "a/b/c"):  # local-looking and missing
+        c.task.source = source
+        with pytest.raises(ConfigError, match="no such file or directory"):
+            check_inputs(c)
+    check_inputs(c, data=False)  # d1jax.plan reads no data

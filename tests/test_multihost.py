@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -137,3 +138,70 @@ def test_a_killed_process_ends_its_peer_within_the_timeout_in_one_line(tmp_path,
     assert lines == ["error: lost process 1 of 2 (no heartbeat for 10 s); rerun all processes "
                      "to resume from the last checkpoint"], out[-3000:]
     assert "Fatal Python error" not in out and "Traceback" not in out, out[-3000:]
+
+
+def test_a_process_failing_alone_after_its_peer_finished_ends_both_at_once(tmp_path, shared_d1):
+    """Process 0's HF export fails (a file where the export directory goes) after process 1
+    did its part and finished: process 0 exits 1 with its error, process 1 exits 0, at once.
+    Caught: process 1 waiting for process 0 to finish while process 0 waited for process 1 in
+    JAX's shutdown barrier, until JAX aborted both 5 minutes later."""
+    wd = tmp_path / "run"
+    wd.mkdir()
+    (wd / "hf").write_text("in the way")
+    start = time.monotonic()
+    procs = _start_two(wd, "--config.train.num_steps=2", D1JAX_PEER_TIMEOUT_S="10")
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    took = time.monotonic() - start
+    codes = [p.returncode for p in procs]
+    if codes != [1, 0] and _never_trained(wd):  # never met (the port race): not under test
+        pytest.skip("the two processes never trained together:\n" + _report(codes, outs))
+    assert codes == [1, 0], _report(codes, outs)
+    assert "FileExistsError" in outs[0], _report(codes, outs)
+    assert not any("Fatal Python error" in o or "lost process" in o for o in outs), _report(
+        codes, outs)
+    assert took < 250, f"took {took:.0f} s (JAX's shutdown barrier waits 300 s)"
+
+
+class _FakeStore:
+    """The coordination service's key-value store, in memory (the client calls it needs)."""
+
+    def __init__(self):
+        self.kv, self.lock = {}, threading.Lock()
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        with self.lock:
+            self.kv[key] = value
+
+    def key_value_dir_get(self, prefix):
+        with self.lock:
+            return [(k, v) for k, v in self.kv.items() if k.startswith(prefix)]
+
+
+def test_a_finished_process_stops_waiting_for_a_failed_one_and_it_for_the_finished():
+    from d1jax.distributed import PeerWatchdog
+    store = _FakeStore()
+    done, failed = (PeerWatchdog(store, i, 2, timeout_s=5).start() for i in range(2))
+    result = []
+    waiter = threading.Thread(target=lambda: result.append(done.finish()))
+    waiter.start()
+    assert failed.finish("failed", wait_s=5)
+    waiter.join(5)
+    assert result == [True]
+
+
+def test_a_failed_process_waits_at_most_the_timeout_then_its_running_peer_names_it_lost():
+    """The peer may be blocked in a collective with it: the failed one leaves (exit 1, by
+    d1jax.distributed._leave), its heartbeat stops, and the peer's watchdog names it."""
+    from d1jax.distributed import PeerWatchdog
+    store, lost = _FakeStore(), []
+    running, failed = (PeerWatchdog(store, i, 2, timeout_s=0.6) for i in range(2))
+    running.lost = lambda peer, why: lost.append(peer)  # instead of os._exit
+    running.start(), failed.start()
+    start = time.monotonic()
+    assert not failed.finish("failed", wait_s=0.6)
+    assert 0.5 < time.monotonic() - start < 2
+    deadline = time.monotonic() + 5
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.05)
+    running._stop.set()
+    assert lost and set(lost) == {1}
