@@ -8,9 +8,12 @@ documented HBM sizes; the runtime keeps a little for itself, hence ``USABLE_FRAC
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
+import sys
+import tempfile
 
 GB = 10**9
 GIB = 2**30
@@ -79,6 +82,27 @@ def parse_topology(name: str) -> tuple[Chip, str, tuple[int, ...]]:
     return CHIPS[m.group(1)], raw, grid
 
 
+@contextlib.contextmanager
+def _libtpu_init_quiet():
+    """libtpu, loaded on a host with no TPU, writes lines about the attached accelerator it
+    cannot find to the process's stderr; none concern the topology compiled for. Shown only
+    if loading fails."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            captured.seek(0)
+            sys.stderr.write(captured.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def topology_devices(name: str) -> tuple[Chip, list]:
     """(chip, compile-only TPU devices, one per chip) of a topology, from libtpu on this host.
 
@@ -93,10 +117,11 @@ def topology_devices(name: str) -> tuple[Chip, list]:
         # One host holds at most 2x2x1 chips; a smaller slice is one host.
         per_host = tuple(min(g, 2) if i < 2 else 1 for i, g in enumerate(grid))
         per_host = per_host + (1,) * (3 - len(per_host))
-        desc = topologies.get_topology_desc(
-            topology_name=topo, platform="tpu",
-            chip_config_name="megacore" if chip.megacore else "default",
-            chips_per_host_bounds=per_host, num_slices=1, wrap=(False, False, False))
+        with _libtpu_init_quiet():
+            desc = topologies.get_topology_desc(
+                topology_name=topo, platform="tpu",
+                chip_config_name="megacore" if chip.megacore else "default",
+                chips_per_host_bounds=per_host, num_slices=1, wrap=(False, False, False))
     except (ImportError, RuntimeError) as e:
         raise ImportError(f"cannot build TPU topology {topo!r} ({e}); the planner needs libtpu: "
                           "pip install 'jax[tpu]' (or the libtpu version jax pins)") from e
