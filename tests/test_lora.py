@@ -10,6 +10,7 @@ from flax import traverse_util
 
 import d1jax
 from d1jax.model import lora as lora_lib
+from d1jax.model.layers import Proj
 from d1jax.train import optim
 from d1jax.train import steps as steps_lib
 from d1jax.train import update
@@ -118,3 +119,49 @@ def test_a_grpo_step_changes_only_adapters(lora_setup):
         assert changed == (k[-1] == "lora_b") or k[-1] == "lora_a", k  # A: weight decay only
         if k[-1] == "lora_b":
             assert changed, k
+
+
+def _np_merge(params, lora: LoraConfig):
+    """Each targeted kernel + (alpha / r) A @ B in float64 numpy, adapters dropped (PEFT's
+    ``merge_and_unload`` with its default scaling alpha / r, not rsLoRA's alpha / sqrt(r))."""
+    flat = {k: np.asarray(v, np.float64) for k, v in traverse_util.flatten_dict(params).items()}
+    out = {}
+    for k, v in flat.items():
+        if lora_lib.is_adapter(k):
+            continue
+        if k[:-1] + ("lora_a",) in flat:
+            a, b = flat[k[:-1] + ("lora_a",)], flat[k[:-1] + ("lora_b",)]
+            v = v + (lora.alpha / lora.rank) * np.einsum("...ir,...ro->...io", a, b)
+        out[k] = v.astype(np.float32)
+    return traverse_util.unflatten_dict(out)
+
+
+@pytest.mark.parametrize("rank, alpha", [(4, 6.0), (8, 2.0)])
+def test_lora_scale_is_alpha_over_rank_against_numpy(rank, alpha):
+    """One projection: x W + (alpha / r) (x A) B, computed in numpy; alpha / r differs from
+    alpha, r / alpha and alpha / sqrt(r) in both cases."""
+    cfg = LoraConfig(rank=rank, alpha=alpha, dropout=0.0)
+    rs = np.random.RandomState(rank)
+    d_in, d_out = 6, 5
+    w, a, b = (rs.normal(size=s).astype(np.float32)
+               for s in ((d_in, d_out), (d_in, rank), (rank, d_out)))
+    x = rs.normal(size=(2, 3, d_in)).astype(np.float32)
+    proj = Proj(d_out, ("embed", "mlp"), jnp.float32, jnp.float32, lora=cfg)
+    variables = {"params": {"kernel": w, "lora_a": a, "lora_b": b}}
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    want = x64 @ w64 + (alpha / rank) * (x64 @ a.astype(np.float64)) @ b.astype(np.float64)
+    np.testing.assert_allclose(np.asarray(proj.apply(variables, x)), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(proj.apply(variables, x, use_lora=False)), x64 @ w64,
+                               rtol=1e-5, atol=1e-5)
+    merged = lora_lib.merge({"p": variables["params"]}, cfg)["p"]["kernel"]
+    np.testing.assert_allclose(np.asarray(merged), w64 + (alpha / rank) * a @ b, rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_lora_model_equals_the_plain_model_on_numpy_merged_kernels(lora_setup):
+    """The whole LoRA model (every target, stacked layers) equals the plain model whose
+    kernels are merged in numpy with alpha / r: the scale reaches every projection."""
+    _, _, params, ids, apply, apply_plain = lora_setup
+    trained = _with_random_b(params)
+    np.testing.assert_allclose(apply_plain(_np_merge(trained, LORA), ids), apply(trained, ids),
+                               atol=1e-5)

@@ -120,6 +120,61 @@ def test_sft_loss_matches_numpy(tiny_model, tiny_params, tiny_config):
                                rtol=1e-5)
 
 
+def _np_ce(model, params, noisy, ids):
+    """Cross-entropy [B, L] of ``ids`` under the full-sequence logits, float64 numpy."""
+    logits = np.asarray(model.apply({"params": params}, noisy), np.float64)
+    logits -= logits.max(-1, keepdims=True)
+    lsm = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    return -np.take_along_axis(lsm, ids[..., None], -1)[..., 0]
+
+
+@pytest.mark.parametrize("eps", [1e-3, 0.05])
+def test_sft_mask_ratio_floor_and_inverse_t_weight_on_pinned_draws(tiny_model, tiny_params,
+                                                                  tiny_config, monkeypatch, eps):
+    """d1's forward_process and compute_loss with the draws pinned: u ~ U(0, 1) per row at
+    0 and 1e-6 (where only the floor keeps t = (1 - eps) u + eps away from 0), 0.5 and just
+    below 1; a token is masked when its own uniform draw is below t; loss = sum over masked
+    tokens of CE / t, over the completion positions of the batch."""
+    c = tiny_config
+    b, l = 4, 10
+    ids = np.random.RandomState(3).randint(0, c.vocab_size - 4, (b, l)).astype(np.int32)
+    plen = np.array([2, 0, 3, 1], np.int32)
+    u_b = np.array([0.0, 1e-6, 0.5, 1.0 - 2.0 ** -24], np.float32)
+    # Per token: 0 (masked whenever t > 0), eps / 2 (masked iff t >= eps, the floor), 0.3 and
+    # 0.7 (around t ~ 0.5), 0.999 (masked only when t ~ 1); away from every t boundary.
+    pattern = np.array([0.0, eps / 2, 0.3, 0.7, 0.999], np.float32)
+    u_bl = np.tile(pattern, (b, l // len(pattern)))
+    real = jax.random.uniform
+
+    def pinned(key, shape=(), dtype=jnp.float32, minval=0.0, maxval=1.0):
+        for draw in (u_b, u_bl):
+            if tuple(shape) == draw.shape and (minval, maxval) == (0.0, 1.0):
+                return jnp.asarray(draw, dtype)
+        return real(key, shape, dtype, minval, maxval)
+
+    monkeypatch.setattr(jax.random, "uniform", pinned)
+    loss, m = losses.sft_loss(tiny_model, tiny_params, ids, plen, jax.random.key(0), eps=eps)
+    _, is_mask, t = (np.asarray(a) for a in losses.sft_noise(jax.random.key(0), ids, plen,
+                                                              c.mask_token_id, eps))
+    monkeypatch.undo()
+
+    t_want = (1.0 - eps) * u_b.astype(np.float64) + eps
+    mask_want = (u_bl < t_want[:, None]) & (np.arange(l)[None] >= plen[:, None])
+    # Rows 0 and 1 (t = eps): the 0 and eps / 2 tokens of the completion; row 2: those and
+    # the 0.3 ones; row 3 (t ~ 1): every completion token.
+    assert mask_want.sum(1).tolist() == [2, 4, 3, 9]
+    noisy = np.where(mask_want, c.mask_token_id, ids)
+    ce = _np_ce(tiny_model, tiny_params, noisy, ids)
+    n_completion = b * l - plen.sum()
+    want = (ce * mask_want / t_want[:, None]).sum() / n_completion
+    np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+    np.testing.assert_allclose(float(m["unscaled_loss"]), (ce * mask_want).sum() / mask_want.sum(),
+                               rtol=1e-5)
+    np.testing.assert_allclose(float(m["mask_ratio"]), mask_want.sum() / n_completion, rtol=1e-6)
+    np.testing.assert_allclose(t, t_want, rtol=1e-6)
+    np.testing.assert_array_equal(is_mask, mask_want)
+
+
 def test_tiny_model_overfits_eight_sequences():
     """Masked SFT through sft_update_step (AdamW, clipping): 8 random sequences memorised."""
     c = d1jax.preset("test-tiny", d_model=64, mlp_hidden_size=128)

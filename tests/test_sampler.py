@@ -2,9 +2,13 @@
 
 The reference loop gets its logits from the same model (a full forward over the whole
 sequence, no slicing) and does everything else in numpy, as generate.py / d1 do: budgets
-from the block's mask count, float64 softmax over all positions, -inf beyond the block and
-for decoded positions, per-row top-k, CFG, EOS options, padding.
+from the block's mask count, float64 Gumbel noise as ``exp(l) / (-log u)^T`` and float64
+softmax over all positions, -inf beyond the block and for decoded positions, per-row top-k,
+CFG, EOS options, padding. At T > 0 it is fed the sampler's own uniform draws (recomputed
+from its per-step keys), so the two must agree token for token.
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -54,8 +58,28 @@ def ref_confidence(logits, x0, cfg, rng, gstep, s, e):
     return np.take_along_axis(p, x0[..., None], -1)[..., 0]
 
 
+def ref_noise(rng, gstep, shape, s, e):
+    """LLaDA's ``noise = torch.rand_like(logits)`` [B, L, V] (float64) of global step gstep,
+    holding the sampler's draws on the block [s, e): 32 random bits per entry from the step's
+    Gumbel key, v = min((bits + 0.5) / 2^32, 1 - 2^-24), u = 1 - v (the sampler's Gumbel is
+    -log(-log1p(-v)) = -log(-log u)). Elsewhere any draw: those positions are decoded or
+    beyond the block, so their proposals are never used."""
+    b, _, v = shape
+    noise = np.random.RandomState(gstep).uniform(size=shape)
+    key_g, _ = smp.step_keys(rng, gstep)
+    bits = np.asarray(jax.random.bits(key_g, (b, e - s, v), jnp.uint32), np.float64)
+    noise[:, s:e] = 1.0 - np.minimum((bits + 0.5) * 2.0 ** -32, 1.0 - 2.0 ** -24)
+    return noise
+
+
+def ref_add_gumbel_noise(logits, temperature, noise):
+    """LLaDA's add_gumbel_noise in float64, given its uniform draws."""
+    return np.exp(logits) / (-np.log(noise)) ** temperature
+
+
 def reference_generate(model, params, prompt, mask, cfg: smp.SamplerConfig, rng=None):
-    """LLaDA generate.py / d1 DiffuGRPOTrainer.generate at temperature 0, step by step."""
+    """LLaDA generate.py / d1 DiffuGRPOTrainer.generate, step by step (T > 0: the sampler's
+    uniform draws, from ``rng``)."""
     full = jax.jit(lambda ids, m: model.apply({"params": params}, ids, m))
     b, lp = prompt.shape
     x = np.concatenate([prompt, np.full((b, cfg.gen_length), cfg.mask_id)], 1)
@@ -71,7 +95,11 @@ def reference_generate(model, params, prompt, mask, cfg: smp.SamplerConfig, rng=
         for i in range(spb):
             mask_index = x == cfg.mask_id
             logits = ref_logits(full, x, attn, prompt_index, cfg)
-            x0 = logits.argmax(-1)
+            if cfg.temperature > 0:
+                noise = ref_noise(rng, blk * spb + i, logits.shape, s, e)
+                x0 = ref_add_gumbel_noise(logits, cfg.temperature, noise).argmax(-1)
+            else:  # (-log u)^0 = 1: the argmax of the logits
+                x0 = logits.argmax(-1)
             x0_p = ref_confidence(logits, x0, cfg, rng, blk * spb + i, s, e)
             x0_p[:, e:] = -np.inf
             x0 = np.where(mask_index, x0, x)
@@ -129,6 +157,33 @@ def test_temperature0_matches_reference_loop(name, tiny_model, peaked_params, ti
     rng = jax.random.key(7)
     out = smp.generate(smp.llada_apply_fn(tiny_model), peaked_params, ids, mask, rng, cfg)
     ref = reference_generate(tiny_model, peaked_params, ids, mask, cfg, rng)
+    np.testing.assert_array_equal(np.asarray(out.ids), ref)
+
+
+SAMPLED_CASES = {  # T != 1 tells T g from g / T or g; CFG and EOS change the logits fed in
+    "1block_T0.7": dict(block_length=16, steps=16, temperature=0.7),
+    "cfg_eos_inf_d1_mode_T1.3": dict(block_length=8, steps=8, temperature=1.3, cfg_scale=0.5,
+                                     logits_eos_inf=True, use_attention_mask=False),
+    "random_remasking_4blocks_T1": dict(block_length=4, steps=8, temperature=1.0,
+                                        remasking="random"),  # its own key for the draw
+}
+
+
+@pytest.mark.parametrize("name", list(SAMPLED_CASES))
+def test_temperature_matches_reference_loop_same_noise(name, tiny_model, peaked_params,
+                                                       tiny_config):
+    """T > 0: LLaDA's add_gumbel_noise (x0 = argmax exp(l) / (-log u)^T) and its confidence
+    (softmax of the clean logits at x0), on the sampler's own uniform draws. Logits several
+    units apart: the noise changes many argmaxes, and float32 against float64 changes none."""
+    c = tiny_config
+    cfg = cfg_for(c, **SAMPLED_CASES[name])
+    ids, mask = make_prompts(c.vocab_size, c.pad_token_id)
+    rng = jax.random.key(11)
+    out = smp.generate(smp.llada_apply_fn(tiny_model), peaked_params, ids, mask, rng, cfg)
+    ref = reference_generate(tiny_model, peaked_params, ids, mask, cfg, rng)
+    greedy = reference_generate(tiny_model, peaked_params, ids, mask,
+                                dataclasses.replace(cfg, temperature=0.0), rng)
+    assert (ref != greedy)[:, ids.shape[1]:].mean() > 0.2  # the noise decides many tokens
     np.testing.assert_array_equal(np.asarray(out.ids), ref)
 
 

@@ -56,6 +56,36 @@ def test_eval_parser_equals_d1(text, extracted, correct):
     assert (v.extracted, v.correct) == (extracted, correct)
 
 
+# The first \\boxed{} wins over every other number (the <answer> text, numbers after the box,
+# later boxes), and inside it the first number, not the last. Expected values from d1's
+# eval/parse_and_get_acc.py ``parse_gsm_answers`` run on these strings (scratch dir, not
+# committed); ground truth 72.0.
+D1_EVAL_BOX_VS_OTHER_NUMBERS = [
+    ("<reasoning>\n12 * 6 = 72, plus 18 is 90\n</reasoning>\n<answer>\n\\boxed{72}\n</answer>\n"
+     "Check: 90 - 18 = 100", 72.0, True),
+    ("<answer>\nThe total is 90\n</answer>\n\\boxed{72}", 72.0, True),  # box over <answer>
+    ("<answer>\n\\boxed{72}, with tax 90\n</answer>", 72.0, True),
+    ("\\boxed{72} dollars, not 90", 72.0, True),
+    ("\\boxed{72 + 18 = 90}", 72.0, True),  # first number inside the box
+    ("\\boxed{x = 18, so 72}", 18.0, False),
+    ("\\boxed{72} or \\boxed{90}", 72.0, True),  # first box
+    ("\\boxed{18} or \\boxed{72}", 18.0, False),
+    ("\\boxed{1,072}", 1.0, False),  # float() fails: the first number, 1
+    ("\\boxed{\\$72.00 total: 90}", 72.0, True),
+    ("\\boxed{x} <answer>18 then 72</answer> 90", 72.0, True),  # no number boxed: <answer>'s last
+    ("\\boxed{...} \\boxed{..} <answer>5 and 72</answer>", 72.0, True),
+    ("<answer>72 first, then 90</answer> <answer>72</answer>", 90.0, False),  # first <answer>
+    ("\\boxed{}\n<answer>\n90 - 18 = 72\n</answer>\n\\boxed{x}", 72.0, True),
+    ("\\boxed{72\n} <answer>90</answer>", 90.0, False),  # a box never spans lines
+]
+
+
+@pytest.mark.parametrize("text, extracted, correct", D1_EVAL_BOX_VS_OTHER_NUMBERS)
+def test_eval_parser_prefers_the_first_boxed_number_as_d1(text, extracted, correct):
+    v = gsm8k.verdict({"question": "q", "generations": text, "ground_truth": 72.0})
+    assert (v.extracted, v.correct) == (extracted, correct)
+
+
 def test_reference_answers():
     assert gsm8k.extract_hash_answer("so 5+5=10\n#### 1,000") == "1,000"
     assert gsm8k.extract_hash_answer("no marker") is None

@@ -1,16 +1,20 @@
 """Update steps: sharded equals single-device, skipped non-finite updates, the reference pass
-only when beta != 0, mask seeds per inner iteration, AdamW against numpy, accumulation."""
+only when beta != 0 and equal by value to the base model's, mask seeds per inner iteration
+(drawn per iteration, used by value), AdamW against numpy, accumulation."""
+
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import traverse_util
 from jax.sharding import PartitionSpec as P
 
 import d1jax
 from d1jax.objectives import coupled_grpo, logprob, masking, wd1
 from d1jax.model import lora as lora_lib
-from d1jax.train import optim, update
+from d1jax.train import engine, optim, update
 from d1jax.train import state as state_lib
 from d1jax.train import steps as steps_lib
 from d1jax.train.batch import GRPOBatch
@@ -346,3 +350,135 @@ def test_coupled_old_and_reference_passes_score_the_update_masks(full_ft):
         _, m = update.grpo_update_step(model, opt, cfg, state, rows, jax.random.key(0))
         assert abs(float(m["ratio_min"]) - 1) < 1e-5 and abs(float(m["ratio_max"]) - 1) < 1e-5
         np.testing.assert_allclose(float(m["mask_ratio"]), float(t_b[0]), rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------- by value
+def _np_one_step_logps(plain_model, params, batch: GRPOBatch, seed: int, p_mask_prompt: float):
+    """d1's one-step estimator by hand, [B, C] float64: the prompt tokens masked where the
+    seed's uniform draw falls below p, the completion fully masked, one full-sequence
+    forward of the adapter-free model with the prompt padding masked out, log-softmax of
+    the completion positions in float64."""
+    mask_id = plain_model.config.mask_token_id
+    b, c = batch.completion_ids.shape
+    u = np.asarray(jax.random.uniform(logprob.mask_key(seed), batch.prompt_ids.shape))
+    prompt = np.where(u < p_mask_prompt, mask_id, batch.prompt_ids)
+    ids = np.concatenate([prompt, np.full((b, c), mask_id)], axis=1).astype(np.int32)
+    attn = np.concatenate([batch.prompt_mask, np.ones((b, c), np.int32)], axis=1)
+    logits = np.asarray(plain_model.apply({"params": params}, ids, attn), np.float64)[:, -c:]
+    logits -= logits.max(-1, keepdims=True)
+    lsm = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    return np.take_along_axis(lsm, batch.completion_ids[..., None], -1)[..., 0]
+
+
+def _merged(base, adapters, lora: LoraConfig):
+    """Plain params with every adapter merged in numpy: kernel + (alpha / r) A @ B."""
+    flat, extra = (traverse_util.flatten_dict(t) for t in (base, adapters))
+    out = {}
+    for k, v in flat.items():
+        a = extra.get(k[:-1] + ("lora_a",))
+        if a is not None:
+            b = np.asarray(extra[k[:-1] + ("lora_b",)], np.float64)
+            ab = np.einsum("...ir,...ro->...io", np.asarray(a, np.float64), b)
+            v = np.asarray(v, np.float64) + lora.alpha / lora.rank * ab
+        out[k] = np.asarray(v, np.float32)
+    return traverse_util.unflatten_dict(out)
+
+
+@pytest.fixture(scope="module")
+def lora_policy(tiny_config):
+    """A LoRA model at init (lora_b = 0), adapters as after training (lora_b random) and the
+    plain model that evaluates merged or base params."""
+    lora = LoraConfig(rank=4, alpha=8.0, dropout=0.0)
+    model = d1jax.LLaDA(tiny_config, lora=lora)
+    params = d1jax.init_params(model, jax.random.key(0))
+    base, adapters = lora_lib.split(params)
+    flat = traverse_util.flatten_dict(adapters)
+    keys = dict(zip(flat, jax.random.split(jax.random.key(5), len(flat))))
+    trained = traverse_util.unflatten_dict(
+        {k: 0.3 * jax.random.normal(keys[k], v.shape) if k[-1] == "lora_b" else v
+         for k, v in flat.items()})
+    opt = optim.make_optimizer(optim.OptimConfig(learning_rate=1e-2))
+    return model, d1jax.LLaDA(tiny_config), params, base, trained, opt, lora
+
+
+@pytest.mark.parametrize("keep_reference", [False, True], ids=["adapters_off", "adapter_copy"])
+def test_reference_logps_are_the_base_models_not_the_policys(lora_policy, keep_reference):
+    """The reference of a LoRA run is the base model (d1: PEFT's disable_adapter()).
+    keep_reference=False (sync_ref_model off): the base with adapters off.
+    keep_reference=True (the default config: sync_ref_model on, LoRA, beta > 0): a copy of
+    the adapters at init (lora_b = 0, so again the base), mixed toward the policy only by
+    sync_reference. Checked by value against the plain model's one-step log-probs on the base
+    weights, while the policy (trained adapters) scores differently."""
+    model, plain, params, base, trained, opt, lora = lora_policy
+    cfg = update.GRPOConfig(num_iterations=2, beta=0.04, p_mask_prompt=0.0)
+    steps = steps_lib.make_jitted_steps(model, None, opt, lora=True,
+                                        keep_reference=keep_reference, grpo=cfg)
+    state = steps.init(params).replace(params=trained)  # the policy after some training
+    batch = rollout_batch(mu=2)
+    out = jax.device_get(steps.rollout_logps(state, batch))
+    want_ref = _np_one_step_logps(plain, base, batch, 0, 0.0)
+    want_policy = _np_one_step_logps(plain, _merged(base, trained, lora), batch, 0, 0.0)
+    assert np.abs(want_ref - want_policy).max() > 0.05  # the adapters matter
+    for s in range(2):
+        np.testing.assert_allclose(out["ref_logps"][s], want_ref, atol=2e-5, err_msg=s)
+        np.testing.assert_allclose(out["old_logps"][s], want_policy, atol=2e-5, err_msg=s)
+    if not keep_reference:
+        assert state.ref is None
+        return
+    # sync_reference: ref adapters <- 0.6 policy + 0.4 ref, leaf by leaf (TRL's mixup).
+    start = lora_lib.split(params)[1]
+    mixed = jax.tree.map(lambda p, r: 0.6 * np.asarray(p) + 0.4 * np.asarray(r), trained, start)
+    state = steps.sync_reference(state, 0.6)
+    out = jax.device_get(steps.rollout_logps(state, batch))
+    want_mixed = _np_one_step_logps(plain, _merged(base, mixed, lora), batch, 0, 0.0)
+    assert np.abs(want_mixed - want_ref).max() > 0.01
+    np.testing.assert_allclose(out["ref_logps"][1], want_mixed, atol=2e-5)
+
+
+def test_mask_seeds_are_drawn_per_inner_iteration_and_update_it_uses_seed_it():
+    """GRPOEngine: mu distinct seeds per rollout with random_masking (d1's randint(0, 2**12)
+    per iteration), fresh ones next rollout, 42 for all without; update(batch, it) hands
+    iteration ``it`` to the jitted step."""
+    eng = engine.GRPOEngine.__new__(engine.GRPOEngine)
+    eng.mu, eng.key = 12, jax.random.key(0)
+    eng.spec = SimpleNamespace(grpo=SimpleNamespace(beta=0.0), grpo_run=SimpleNamespace(
+        random_masking=True, sync_ref_model=False))
+    draws = [eng._mask_seeds(jax.random.key(k)) for k in range(3)]
+    for seeds in draws:
+        assert seeds.shape == (12,) and seeds.dtype == np.int32
+        assert len(set(seeds.tolist())) == 12 and seeds.min() >= 0 and seeds.max() < 4096
+    assert len({tuple(s.tolist()) for s in draws}) == 3  # fresh per rollout
+    eng.spec.grpo_run.random_masking = False
+    np.testing.assert_array_equal(eng._mask_seeds(jax.random.key(0)), np.full(12, 42))
+
+    seen = []
+
+    def grpo_update(state, batch, rng):
+        seen.append(int(batch.iteration))
+        return state, {"loss": np.float32(0.0)}
+    eng.steps, eng.state = SimpleNamespace(grpo_update=grpo_update), None
+    for it in range(3):
+        eng.update(rollout_batch(mu=12), it, step=it)
+    assert seen == [0, 1, 2]
+
+
+def test_update_of_iteration_i_scores_with_mask_seed_i(ft_steps, full_ft):
+    """p_mask_prompt = 0.5, seeds (1, 2, 3): the rollout's old log-probs of row i equal the
+    hand-computed estimator under seed i (and differ between seeds); given those
+    independent log-probs as old_logps, the first update (policy = old policy) has ratio
+    exactly 1 at iteration i only: it masks the prompt with seed i and reads row i."""
+    steps, params, batch = ft_steps
+    model = full_ft[0]
+    want = np.stack([_np_one_step_logps(model, params, batch, s, 0.5)
+                     for s in batch.mask_seeds])
+    assert np.abs(want[0] - want[1]).max() > 1e-2 and np.abs(want[1] - want[2]).max() > 1e-2
+    np.testing.assert_allclose(batch.old_logps, want, atol=2e-5)
+    mine = batch.replace(old_logps=want.astype(np.float32))
+    for it in range(3):
+        _, m = steps.grpo_update(steps.init(params), mine.replace(iteration=np.int32(it)),
+                                 jax.random.key(0))
+        assert abs(float(m["ratio_min"]) - 1) < 1e-4 and abs(float(m["ratio_max"]) - 1) < 1e-4
+    # Iteration 1 paired with seed 0's log-probs: the ratio moves off 1.
+    wrong = mine.replace(old_logps=want[[1, 0, 2]].astype(np.float32), iteration=np.int32(1))
+    _, m = steps.grpo_update(steps.init(params), wrong, jax.random.key(0))
+    assert float(m["ratio_max"]) - float(m["ratio_min"]) > 1e-2
