@@ -188,6 +188,14 @@ def test_no_restorable_checkpoint_exits_1_naming_each_step_and_changes_nothing(r
             if ln.startswith("  step")] == ["step 4", "step 2"]
     assert snapshot(wd) == before
 
+    # Asked to: the unreadable run moves aside whole and a new one starts at step 0.
+    r = ok(run(wd, "--config.train.if_incompatible=move_aside"))
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("starting over")]
+    assert line.startswith("starting over: no checkpoint restores (step 4: ") and "; step 2: " in line
+    (old,) = (wd / "previous").iterdir()
+    assert steps(old) == [2, 4] and len(read_jsonl(old / "metrics.jsonl")) == 4
+    assert_same_run(wd, reference)  # the same config from scratch: the same run, bitwise
+
 
 def test_incompatible_config_is_refused_then_moved_aside_on_request(reference, tmp_path):
     wd = tmp_path / "run"

@@ -65,7 +65,8 @@ class RunContext:
             if self.loop.if_incompatible != "move_aside":
                 raise
             self.checkpointer.close()
-            resume.start_over(self.workdir, f"no checkpoint restores ({e})".split("\n")[0])
+            steps = "; ".join(ln.strip() for ln in str(e).splitlines()[1:] if ln.startswith("  "))
+            resume.start_over(self.workdir, f"no checkpoint restores ({steps})")
             self.checkpointer = ckpt_lib.Checkpointer(
                 self.workdir, save_every=self.loop.save_every, max_to_keep=self.loop.max_to_keep,
                 best_metric=self.loop.keep_best_metric or None,
