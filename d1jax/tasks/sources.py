@@ -164,9 +164,7 @@ def _read_jsonl(path: Path) -> Rows:
             except json.JSONDecodeError as e:
                 raise BadRecordError(f"{path} line {n}: not valid JSON ({e.msg}, column "
                                      f"{e.colno}): {show(line.strip())}") from None
-            if not isinstance(row, dict):
-                raise BadRecordError(f"{path} line {n}: expected a JSON object (one row), "
-                                     f"got {type(row).__name__} {show(row)}")
+            _require_object(row, f"{path} line {n}")
             rows.append(row)
             lines.append(n)
     return Rows(rows, str(path), lines)
@@ -183,10 +181,14 @@ def _read_json(path: Path) -> Rows:
         raise BadRecordError(f"{path}: expected a JSON list of row objects, got "
                              f"{type(data).__name__}")
     for i, row in enumerate(data):
-        if not isinstance(row, dict):
-            raise BadRecordError(f"{path} row index {i}: expected a JSON object (one row), "
-                                 f"got {type(row).__name__} {show(row)}")
+        _require_object(row, f"{path} row index {i}")
     return Rows(data, str(path))
+
+
+def _require_object(row: Any, where: str) -> None:
+    if not isinstance(row, dict):
+        raise BadRecordError(f"{where}: expected a JSON object (one row), got "
+                             f"{type(row).__name__} {show(row)}")
 
 
 def _from_dir(path: Path, split: str, cache_dir: str | None) -> Rows:

@@ -49,11 +49,8 @@ class RunContext:
 
     @classmethod
     def create(cls, spec: RunSpec, workdir: Path) -> "RunContext":
-        t = spec.train
-        ck = ckpt_lib.Checkpointer(
-            workdir, save_every=t.save_every, max_to_keep=t.max_to_keep,
-            best_metric=t.keep_best_metric or None, async_save=t.async_checkpoints)
-        return cls(workdir, t, ck, ckpt_lib.PreemptionFlag().install(), spec.config_json)
+        return cls(workdir, spec.train, _checkpointer(spec.train, workdir),
+                   ckpt_lib.PreemptionFlag().install(), spec.config_json)
 
     def restore(self, state: Any) -> tuple[int, Any, dict]:
         """(step, state, meta) of the newest readable checkpoint, or (0, state, {}) for a
@@ -67,10 +64,7 @@ class RunContext:
             self.checkpointer.close()
             steps = "; ".join(ln.strip() for ln in str(e).splitlines()[1:] if ln.startswith("  "))
             resume.start_over(self.workdir, f"no checkpoint restores ({steps})")
-            self.checkpointer = ckpt_lib.Checkpointer(
-                self.workdir, save_every=self.loop.save_every, max_to_keep=self.loop.max_to_keep,
-                best_metric=self.loop.keep_best_metric or None,
-                async_save=self.loop.async_checkpoints)
+            self.checkpointer = _checkpointer(self.loop, self.workdir)
             out = None
         step, restored, meta = out if out is not None else (0, state, {})
         if out is not None:
@@ -117,6 +111,12 @@ class RunContext:
         """Raises RunStopped when the loop ended before ``total`` (SIGTERM or stop_after)."""
         if step < total:
             raise RunStopped(step, total, self.stop_reason, self.loop.stopped_exit_code)
+
+
+def _checkpointer(t: LoopSpec, workdir: Path) -> ckpt_lib.Checkpointer:
+    return ckpt_lib.Checkpointer(workdir, save_every=t.save_every, max_to_keep=t.max_to_keep,
+                                 best_metric=t.keep_best_metric or None,
+                                 async_save=t.async_checkpoints)
 
 
 def export_hf(workdir: Path, setup, state, source_dir: str | None) -> Path:
