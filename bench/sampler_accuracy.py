@@ -45,15 +45,15 @@ import numpy as np  # noqa: E402
 
 from common import device_name, load_reference  # noqa: E402  (bench/common.py)
 from sampler import compile_mode  # noqa: E402  (bench/sampler.py)
-from d1jax import sharding, tasks
 from d1jax import sampling as smp
-from d1jax.model import weights  # noqa: E402
-from d1jax.model import LLaDA  # noqa: E402
-from d1jax.tasks import sudoku  # noqa: E402
-from d1jax.model.tokenizer import load_tokenizer, special_ids  # noqa: E402
+from d1jax import sharding, tasks
 from d1jax.eval.score import percentages, score_records  # noqa: E402
+from d1jax.model import LLaDA  # noqa: E402
+from d1jax.model import weights  # noqa: E402
+from d1jax.model.tokenizer import load_tokenizer, special_ids  # noqa: E402
+from d1jax.run.build import Setup  # noqa: E402
+from d1jax.tasks import sudoku  # noqa: E402
 from d1jax.train.rollout import encode_prompts, uniform_prompt_length  # noqa: E402
-from d1jax.train.setup import Setup  # noqa: E402
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 

@@ -33,12 +33,13 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import d1jax  # noqa: E402
-from d1jax.objectives import logprob  # noqa: E402
-from d1jax.plan import flops  # noqa: E402
-from d1jax.train import optim, update  # noqa: E402
-from d1jax.train import steps as steps_lib  # noqa: E402
-from d1jax.train.batch import GRPOBatch  # noqa: E402
 from d1jax.model import LoraConfig  # noqa: E402
+from d1jax.objectives import logprob  # noqa: E402
+from d1jax.objectives import table  # noqa: E402
+from d1jax.objectives.batch import GRPOBatch  # noqa: E402
+from d1jax.plan import flops  # noqa: E402
+from d1jax.run import optim  # noqa: E402
+from d1jax.train import jit_steps as steps_lib  # noqa: E402
 from bench import common  # noqa: E402
 
 
@@ -84,9 +85,9 @@ def build_measurements(args) -> tuple[dict, dict]:
         runs[f"estimator_mu{mu}"] = (lambda f, x: lambda: f(params, x))(compiled, x)
 
         opt = optim.make_optimizer(optim.OptimConfig(learning_rate=3e-6))
-        cfg = update.GRPOConfig(num_iterations=mu, beta=0.04, epsilon=0.5,
+        cfg = table.GRPOConfig(num_iterations=mu, beta=0.04, epsilon=0.5,
                                 use_attention_mask=False)
-        # The same jitted programs the training loop runs (d1jax.train.steps).
+        # The same jitted programs the training loop runs (d1jax.train.jit_steps).
         steps = steps_lib.make_jitted_steps(model, None, opt, lora=lora is not None,
                                             keep_reference=lora is None, grpo=cfg)
         state = steps.init(params)

@@ -4,7 +4,7 @@
   synced reference). Restored onto the *current* shardings, so a run saved on one mesh
   resumes on another.
 * ``meta``: JSON (data iterator position, step metrics, the config fields that shape the
-  state: ``d1jax.train.resume``).
+  state: ``d1jax.run.resume``).
 
 Nothing readable is ever deleted. Retention is d1jax's, not Orbax's: a step is removed only
 when it is older than a step this process saved *and read back* (or restored), so a failed

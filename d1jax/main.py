@@ -15,7 +15,7 @@ from ml_collections import config_flags
 
 from d1jax import distributed
 from d1jax.config.cli import parse_flags, unknown_key_message, user_errors  # noqa: F401
-from d1jax.train.loop import RunStopped
+from d1jax.run.context import RunStopped
 
 STAGES = {
     "sft": "d1jax.train.sft",

@@ -158,7 +158,7 @@ def test_pretraining_documents_are_noisy_as_configured():
 def test_production_sft_trains_on_clean_trajectories_and_the_demo_on_its_corpus(tmp_path):
     from d1jax import config as config_lib
     from d1jax.train import sft
-    from d1jax.train import spec as spec_lib
+    from d1jax.run import spec as spec_lib
     rows = sudoku.generate_puzzles(64, seed=5)
     path = tmp_path / "train.csv"
     demo_data.write_csv(str(path), rows)  # the demo's own train-pool writer
@@ -199,8 +199,8 @@ def test_demo_model_switches_give_bench_tiny_shape(tmp_path):
     than the tokenizer's is refused."""
     from d1jax.model import PRESETS
     from d1jax.model.tokenizer import train_tiny_tokenizer
-    from d1jax.train import setup
-    from d1jax.train import spec as spec_lib
+    from d1jax.run import build as setup
+    from d1jax.run import spec as spec_lib
     texts = [sudoku.question(ex) for ex in sudoku.generate_puzzles(50, seed=2)]
     tok = train_tiny_tokenizer(texts, tmp_path / "tok", vocab_size=320)
     d = demo_config.get_config(None).demo
@@ -218,7 +218,7 @@ def test_demo_model_switches_give_bench_tiny_shape(tmp_path):
 
 
 def test_stage_configs_take_the_sampler_from_the_demo(tmp_path):
-    from d1jax.train import spec as spec_lib
+    from d1jax.run import spec as spec_lib
     d = demo_config.get_config(None).demo
     d.unlock()
     d.sampler.threshold = 0.8
@@ -237,8 +237,8 @@ def test_compare_variant_runs_every_objective_on_one_budget(tmp_path):
     """configs/demo_sudoku.py:compare: one GRPO-loop run per objective and seed from SFT, the
     rollout and update budget identical across objectives (the learning rate is each
     objective's); beta only where the objective has a reference term (wd1 and SPG refuse one)."""
-    from d1jax.train import spec as spec_lib
-    from d1jax.train.update import OBJECTIVES
+    from d1jax.run import spec as spec_lib
+    from d1jax.train.pure_steps import OBJECTIVES
     d = demo_config.get_config("compare").demo
     assert set(d.grpo.objectives) == set(OBJECTIVES)
     assert tuple(d.grpo.starts) == ("sft",) and tuple(d.seeds) == (0, 1, 2)

@@ -9,12 +9,12 @@ import pytest
 from flax import traverse_util
 
 import d1jax
+from d1jax.model import LoraConfig
 from d1jax.model import lora as lora_lib
 from d1jax.model.layers import Proj
-from d1jax.train import optim
-from d1jax.train import steps as steps_lib
-from d1jax.train import update
-from d1jax.model import LoraConfig
+from d1jax.objectives import table
+from d1jax.run import optim
+from d1jax.train import jit_steps as steps_lib
 
 LORA = LoraConfig(rank=4, alpha=8.0, dropout=0.0)
 
@@ -97,7 +97,7 @@ def test_split_join_optax_mask_and_counts(lora_setup, tiny_config):
 def test_a_grpo_step_changes_only_adapters(lora_setup):
     model, _, params = lora_setup[:3]
     opt = optim.make_optimizer(optim.OptimConfig(learning_rate=1e-2))
-    cfg = update.GRPOConfig(num_iterations=1, beta=0.04, grad_accum=1)
+    cfg = table.GRPOConfig(num_iterations=1, beta=0.04, grad_accum=1)
     steps = steps_lib.make_jitted_steps(model, None, opt, lora=True, grpo=cfg)
     state = steps.init(params)
     assert state.ref is None  # the reference is the base model, adapters off: no copy

@@ -7,9 +7,9 @@ import pytest
 
 import d1jax
 from d1jax.objectives import losses
-from d1jax.train import optim
-from d1jax.train import steps as steps_lib
-from d1jax.train import update
+from d1jax.objectives import table
+from d1jax.run import optim
+from d1jax.train import jit_steps as steps_lib
 
 
 def np_grpo(logps, old, ref, adv, mask, eps, beta):
@@ -182,7 +182,7 @@ def test_tiny_model_overfits_eight_sequences():
     params = d1jax.init_params(model, jax.random.key(0))
     opt = optim.make_optimizer(optim.OptimConfig(learning_rate=3e-3, weight_decay=0.0,
                                                  max_grad_norm=1.0))
-    steps = steps_lib.make_jitted_steps(model, None, opt, lora=False, sft=update.SFTConfig())
+    steps = steps_lib.make_jitted_steps(model, None, opt, lora=False, sft=table.SFTConfig())
     state = steps.init(params)
     ids = np.random.RandomState(1).randint(0, 100, (8, 16)).astype(np.int32)
     batch = {"input_ids": ids, "prompt_len": np.full(8, 4, np.int32)}

@@ -1,4 +1,4 @@
-"""Resume compatibility (d1jax/train/resume.py) on hand-made workdirs: which config changes
+"""Resume compatibility (d1jax/run/resume.py) on hand-made workdirs: which config changes
 are refused, accepted by name, or moved aside. End-to-end runs: tests/test_faults.py."""
 
 import json
@@ -6,8 +6,8 @@ import json
 import pytest
 
 from d1jax import config as config_lib
-from d1jax.train import resume
-from d1jax.train import spec as spec_lib
+from d1jax.run import resume
+from d1jax.run import spec as spec_lib
 
 
 def _workdir(tmp_path, identity: dict, step: int = 4):

@@ -173,7 +173,7 @@ def test_config_is_translated_once_into_typed_configs():
     the rollout sampler's mask switches, HF's warmup rounding, the reference-copy rule."""
     import math
     from d1jax import config as config_lib
-    from d1jax.train import spec as spec_lib
+    from d1jax.run import spec as spec_lib
     c = config_lib.eval_config("sudoku-tiny")
     c.eval.gen_lengths, c.sampler.kv_cache = (32, 64), "dual"
     got = [(s.gen_length, s.steps, s.block_length, s.kv_cache, s.temperature)

@@ -9,8 +9,8 @@ import pytest
 
 from d1jax.config import ConfigError
 from d1jax.metrics import read_jsonl
+from d1jax.run.context import RunStopped
 from d1jax.train import grpo
-from d1jax.train.loop import RunStopped
 
 ROOT = Path(__file__).resolve().parents[1]
 # Each objective's own metric, compared across the resume beside the shared ones.
@@ -61,7 +61,7 @@ def test_objective_trains_checkpoints_and_resumes_exactly(objective, tmp_path, s
 ])
 def test_bad_objective_settings_fail_with_one_clear_line(objective, field, value, message):
     from d1jax import config as config_lib
-    from d1jax.train import spec as spec_lib
+    from d1jax.run import spec as spec_lib
     c = config_lib.grpo("sudoku", "tiny", objective=objective)
     group, _, name = field.rpartition(".")
     setattr(c.grpo[group] if group else c.grpo, name, value)
@@ -73,7 +73,7 @@ def test_bad_objective_settings_fail_with_one_clear_line(objective, field, value
 def test_objective_knobs_reach_the_typed_config():
     """Shared knobs (G, block length, beta, epsilon) come from the fields the loop uses."""
     from d1jax import config as config_lib
-    from d1jax.train import spec as spec_lib
+    from d1jax.run import spec as spec_lib
     c = config_lib.grpo("sudoku", "tiny", objective="spg")
     c.grpo.spg.eubo_beta, c.grpo.spg.num_t = 1.0, 1
     h = spec_lib.from_config(c).grpo.hparams

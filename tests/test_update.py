@@ -11,16 +11,18 @@ import pytest
 from flax import traverse_util
 from jax.sharding import PartitionSpec as P
 
-import d1jax
-from d1jax.objectives import coupled_grpo, logprob, masking, wd1
-from d1jax.model import lora as lora_lib
-from d1jax.train import engine, optim, update
-from d1jax.train import state as state_lib
-from d1jax.train import steps as steps_lib
-from d1jax.train.batch import GRPOBatch
 from d1jax import sharding as shd
+import d1jax
 from d1jax.model import LoraConfig
+from d1jax.model import lora as lora_lib
+from d1jax.objectives import coupled_grpo, logprob, masking, wd1
+from d1jax.objectives import table
+from d1jax.objectives.batch import GRPOBatch
+from d1jax.run import optim
 from d1jax.sampling import SamplerConfig
+from d1jax.train import engine, pure_steps
+from d1jax.train import jit_steps as steps_lib
+from d1jax.train import state as state_lib
 
 
 def rollout_batch(b=8, p=6, c=5, mu=2, seed=0):
@@ -41,7 +43,7 @@ def test_sharded_update_equals_single_device(tiny_config):
     model = d1jax.LLaDA(tiny_config, lora=LoraConfig(rank=4, alpha=8.0, dropout=0.0))
     params = jax.tree.map(np.asarray, d1jax.init_params(model, jax.random.key(0)))
     opt = optim.make_optimizer(optim.OptimConfig(learning_rate=1e-2))
-    cfg = update.GRPOConfig(num_iterations=2, beta=0.04, grad_accum=2)
+    cfg = table.GRPOConfig(num_iterations=2, beta=0.04, grad_accum=2)
     results = []
     for mesh in (None, shd.make_mesh((2, 2, 2))):
         steps = steps_lib.make_jitted_steps(model, mesh, opt, lora=True, keep_reference=True,
@@ -83,7 +85,7 @@ def full_ft(tiny_model, tiny_params):
 def ft_steps(full_ft):
     """Full fine-tuning, mu = 3, beta = 0, p_mask = 0.5: compiled once for two tests."""
     model, params, opt = full_ft
-    cfg = update.GRPOConfig(num_iterations=3, beta=0.0, p_mask_prompt=0.5)
+    cfg = table.GRPOConfig(num_iterations=3, beta=0.0, p_mask_prompt=0.5)
     steps = steps_lib.make_jitted_steps(model, None, opt, lora=False, grpo=cfg)
     batch = rollout_batch(mu=3, p=12).replace(mask_seeds=np.array([1, 2, 3], np.int32))
     batch = batch.replace(**jax.device_get(steps.rollout_logps(steps.init(params), batch)))
@@ -122,10 +124,10 @@ def test_each_inner_iteration_uses_its_own_mask_seed(ft_steps):
 
 def test_default_iteration_is_step_mod_mu(full_ft):
     model, params, opt = full_ft
-    cfg = update.GRPOConfig(num_iterations=3, beta=0.0)
+    cfg = table.GRPOConfig(num_iterations=3, beta=0.0)
     state = state_lib.init_train_state(params, opt, lora=False).replace(step=jnp.int32(4))
     batch = rollout_batch(mu=3).replace(old_logps=jnp.zeros((3, 8, 5)).at[1].set(1.0))
-    seed, rows = update.iteration_rows(cfg, state, batch)  # 4 % 3 = 1
+    seed, rows = pure_steps.iteration_rows(cfg, state, batch)  # 4 % 3 = 1
     assert int(seed[0]) == int(batch.mask_seeds[1]) and float(rows.old_logps.min()) == 1.0
 
 
@@ -137,24 +139,24 @@ def test_reference_pass_only_when_beta_is_nonzero(full_ft, monkeypatch):
     def counting(*args, **kwargs):
         calls.append(kwargs.get("use_lora", True))
         return real(*args, **kwargs)
-    monkeypatch.setattr(update.logprob, "per_token_logps", counting)
+    monkeypatch.setattr(logprob, "per_token_logps", counting)
     state = state_lib.init_train_state(params, opt, lora=False, keep_reference=True)
     for mu, beta, want_keys in ((2, 0.0, {"old_logps"}), (2, 0.04, {"old_logps", "ref_logps"}),
                                 (1, 0.0, set()), (1, 0.04, {"ref_logps"})):
-        cfg = update.GRPOConfig(num_iterations=mu, beta=beta)
+        cfg = table.GRPOConfig(num_iterations=mu, beta=beta)
         calls.clear()
-        out = jax.eval_shape(lambda s, b: update.rollout_logps(model, cfg, s, b), state,
+        out = jax.eval_shape(lambda s, b: pure_steps.rollout_logps(model, cfg, s, b), state,
                              rollout_batch(mu=mu))
         assert set(out) == want_keys and len(calls) == len(want_keys), (mu, beta)
     # The update with beta = 0 needs no ref_logps and runs one estimator pass.
-    cfg = update.GRPOConfig(num_iterations=1, beta=0.0)
+    cfg = table.GRPOConfig(num_iterations=1, beta=0.0)
     calls.clear()
-    jax.eval_shape(lambda s, b: update.grpo_update_step(model, opt, cfg, s, b, jax.random.key(0)),
+    jax.eval_shape(lambda s, b: pure_steps.grpo_update_step(model, opt, cfg, s, b, jax.random.key(0)),
                    state, rollout_batch(mu=1))
     assert len(calls) == 1
     with pytest.raises(ValueError, match="keep_reference=True"):
         no_ref = state_lib.init_train_state(params, opt, lora=False)
-        update.rollout_logps(model, update.GRPOConfig(num_iterations=2), no_ref,
+        pure_steps.rollout_logps(model, table.GRPOConfig(num_iterations=2), no_ref,
                              rollout_batch(mu=2))
 
 
@@ -214,12 +216,12 @@ def test_sync_reference_mixes_toward_the_policy(full_ft):
     model, params, opt = full_ft
     state = state_lib.init_train_state(params, opt, lora=False, keep_reference=True)
     moved = jax.tree.map(lambda x: x + 1.0, state.params)
-    synced = update.sync_reference(state.replace(params=moved), 0.6)
+    synced = pure_steps.sync_reference(state.replace(params=moved), 0.6)
     for p, r0, r in zip(*(jax.tree.leaves(t) for t in (moved, state.ref, synced.ref))):
         np.testing.assert_allclose(np.asarray(r), 0.6 * np.asarray(p) + 0.4 * np.asarray(r0),
                                    rtol=1e-6, atol=1e-6)
     no_ref = state_lib.init_train_state(params, opt, lora=False)
-    assert update.sync_reference(no_ref, 0.6) is no_ref
+    assert pure_steps.sync_reference(no_ref, 0.6) is no_ref
 
 
 def test_batch_shardings_come_from_the_field_axes():
@@ -243,7 +245,7 @@ def test_update_compiled_from_abstract_inputs_is_the_one_training_calls(tiny_con
     sampler = SamplerConfig(gen_length=4, block_length=4, steps=2,
                             mask_id=tiny_config.mask_token_id)
     steps = steps_lib.make_jitted_steps(model, mesh, opt, lora=True, sampler=sampler,
-                                        grpo=update.GRPOConfig(num_iterations=2, beta=0.04))
+                                        grpo=table.GRPOConfig(num_iterations=2, beta=0.04))
     abstract, rng = steps.abstract_state(), steps.rng_like()
     like = steps.grpo_batch_like(rows=8, prompt_len=6, completion_len=5)
     compiled = steps.program("grpo_update", like).lower(abstract, like, rng).compile()
@@ -271,7 +273,7 @@ def test_bfloat16_model_with_gradient_accumulation(tiny_config):
     float32 model (to bfloat16 forward precision)."""
     lora = LoraConfig(rank=4, alpha=8.0, dropout=0.0)
     opt = optim.make_optimizer(optim.OptimConfig(learning_rate=1e-2))
-    cfg = update.GRPOConfig(num_iterations=1, beta=0.0, grad_accum=2)
+    cfg = table.GRPOConfig(num_iterations=1, beta=0.0, grad_accum=2)
     moved = {}
     params32 = d1jax.init_params(d1jax.LLaDA(tiny_config, lora=lora), jax.random.key(0))
     for dtype in (jnp.float32, jnp.bfloat16):
@@ -304,11 +306,11 @@ def test_bfloat16_model_with_gradient_accumulation(tiny_config):
 
 def test_unknown_objective_and_mismatched_hparams_are_refused():
     with pytest.raises(ValueError, match="objective='ppo'"):
-        update.GRPOConfig(objective="ppo")
+        table.GRPOConfig(objective="ppo")
     with pytest.raises(ValueError, match="takes hparams of type WD1Config, got NoneType"):
-        update.GRPOConfig(objective="wd1", beta=0.0)
+        table.GRPOConfig(objective="wd1", beta=0.0)
     with pytest.raises(ValueError, match="differ from the GRPO config's beta=0.04"):
-        update.GRPOConfig(objective="coupled_grpo", hparams=coupled_grpo.CoupledGRPOConfig())
+        table.GRPOConfig(objective="coupled_grpo", hparams=coupled_grpo.CoupledGRPOConfig())
 
 
 def test_wd1_update_weights_whole_groups_under_strided_micro_batches(full_ft):
@@ -323,23 +325,23 @@ def test_wd1_update_weights_whole_groups_under_strided_micro_batches(full_ft):
             [batch.prompt_mask, np.ones_like(batch.completion_ids)], axis=1))[0]
     want, _ = wd1.wd1_objective(logps_bc, batch.completion_mask, batch.advantages, group_size=4)
     for accum in (1, 2):
-        cfg = update.GRPOConfig(num_iterations=1, beta=0.0, grad_accum=accum, objective="wd1",
+        cfg = table.GRPOConfig(num_iterations=1, beta=0.0, grad_accum=accum, objective="wd1",
                                 hparams=wd1.WD1Config(group_size=4))
         state = state_lib.init_train_state(params, opt, lora=False)
-        _, m = update.grpo_update_step(model, opt, cfg, state, batch, jax.random.key(0))
+        _, m = pure_steps.grpo_update_step(model, opt, cfg, state, batch, jax.random.key(0))
         np.testing.assert_allclose(float(m["loss"]), float(want), rtol=1e-5, err_msg=accum)
-        assert update.rollout_logps(model, cfg, state, batch) == {}  # no old/ref pass
+        assert pure_steps.rollout_logps(model, cfg, state, batch) == {}  # no old/ref pass
 
 
 def test_coupled_old_and_reference_passes_score_the_update_masks(full_ft):
     """Coupled-GRPO's rollout pass equals ``coupled_logps`` on the seed's mask draw, and the
     first update (policy = old policy) sees ratio exactly 1 under grad accumulation."""
     model, params, opt = full_ft
-    cfg = update.GRPOConfig(num_iterations=2, beta=0.04, grad_accum=2, objective="coupled_grpo",
+    cfg = table.GRPOConfig(num_iterations=2, beta=0.04, grad_accum=2, objective="coupled_grpo",
                             hparams=coupled_grpo.CoupledGRPOConfig(beta=0.04))
     state = state_lib.init_train_state(params, opt, lora=False, keep_reference=True)
     batch = rollout_batch(mu=2)
-    out = update.rollout_logps(model, cfg, state, batch)
+    out = pure_steps.rollout_logps(model, cfg, state, batch)
     for it in range(2):
         is_mask_bc, t_b = masking.coupled_masks(logprob.mask_key(batch.mask_seeds[it]), 8, 5)
         want = coupled_grpo.coupled_logps(model, params, batch.prompt_ids, batch.prompt_mask,
@@ -347,7 +349,7 @@ def test_coupled_old_and_reference_passes_score_the_update_masks(full_ft):
         np.testing.assert_allclose(out["old_logps"][it], want, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(out["ref_logps"][it], want, rtol=1e-5, atol=1e-5)
         rows = batch.replace(iteration=np.int32(it), **out)
-        _, m = update.grpo_update_step(model, opt, cfg, state, rows, jax.random.key(0))
+        _, m = pure_steps.grpo_update_step(model, opt, cfg, state, rows, jax.random.key(0))
         assert abs(float(m["ratio_min"]) - 1) < 1e-5 and abs(float(m["ratio_max"]) - 1) < 1e-5
         np.testing.assert_allclose(float(m["mask_ratio"]), float(t_b[0]), rtol=1e-6)
 
@@ -410,7 +412,7 @@ def test_reference_logps_are_the_base_models_not_the_policys(lora_policy, keep_r
     sync_reference. Checked by value against the plain model's one-step log-probs on the base
     weights, while the policy (trained adapters) scores differently."""
     model, plain, params, base, trained, opt, lora = lora_policy
-    cfg = update.GRPOConfig(num_iterations=2, beta=0.04, p_mask_prompt=0.0)
+    cfg = table.GRPOConfig(num_iterations=2, beta=0.04, p_mask_prompt=0.0)
     steps = steps_lib.make_jitted_steps(model, None, opt, lora=True,
                                         keep_reference=keep_reference, grpo=cfg)
     state = steps.init(params).replace(params=trained)  # the policy after some training

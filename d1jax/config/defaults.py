@@ -90,7 +90,7 @@ def _train(tiny: bool, steps: int) -> mlc.ConfigDict:
     t.export_hf = True  # Write the final model in the Hugging Face layout to <workdir>/hf.
     t.stop_after = 0  # Stop (as if preempted, with a save) after this many steps; 0 off.
     t.if_incompatible = "refuse"  # Workdir checkpoints from another config, or none restores: "refuse" (exit 1, nothing changed) or "move_aside" (old run moved to <workdir>/previous/<time>, start at step 0).
-    t.accept_changes = ""  # Comma-separated resume fields whose change is accepted on resume, e.g. "optim.learning_rate" (d1jax.train.resume.RESUME_FIELDS).
+    t.accept_changes = ""  # Comma-separated resume fields whose change is accepted on resume, e.g. "optim.learning_rate" (d1jax.run.resume.RESUME_FIELDS).
     t.stopped_exit_code = 75  # Exit code after a save on SIGTERM or stop_after, so a scheduler reruns the job (75: EX_TEMPFAIL); 0 if it must read as success.
     return t
 
@@ -227,7 +227,7 @@ def grpo(task: str, arg: str | None, objective: str = "diffu_grpo") -> mlc.Confi
     g.p_mask_prompt = 0.15  # Probability of masking each prompt token in the log-prob estimator.
     g.random_masking = True  # Fresh random mask seed per inner iteration (False: seed 42 for all, as d1).
     g.advantage = "group_mean"  # group_mean (d1), grpo (std-normalised) or dr_grpo.
-    g.objective = objective  # Policy loss: diffu_grpo, wd1, spg or coupled_grpo (d1jax.train.update.OBJECTIVES); knobs of each below.
+    g.objective = objective  # Policy loss: diffu_grpo, wd1, spg or coupled_grpo (d1jax.train.pure_steps.OBJECTIVES); knobs of each below.
     g.wd1 = mlc.ConfigDict()  # wd1 (arXiv 2507.08838); its group is G = num_generations.
     g.wd1.negative = True  # Keep the negative-advantage term - sum w- log pi (False: the authors' positive-only variant).
     g.spg = mlc.ConfigDict()  # SPG (arXiv 2510.09541); block masks use sampler.block_length.

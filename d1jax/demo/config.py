@@ -97,7 +97,7 @@ def _sft() -> mlc.ConfigDict:
     return g
 
 
-# The GRPO loop's objectives (d1jax/train/update.py OBJECTIVES) in the demo's table order.
+# The GRPO loop's objectives (d1jax/train/pure_steps.py OBJECTIVES) in the demo's table order.
 OBJECTIVES = ("diffu_grpo", "wd1", "spg", "coupled_grpo")
 
 

@@ -39,8 +39,8 @@ from d1jax import config as config_lib
 from d1jax.demo import config as demo_config
 from d1jax.demo import data as demo_data
 from d1jax.demo import evaluation, report
+from d1jax.run import spec as spec_lib
 from d1jax.train import grpo, sft
-from d1jax.train import spec as spec_lib
 
 
 def _finished(stage_dir: Path) -> bool:

@@ -22,9 +22,10 @@ import numpy as np
 from d1jax import sampling as smp
 from d1jax import sharding
 from d1jax.eval import score
-from d1jax.train import loop, rollout
-from d1jax.train.setup import build
-from d1jax.train.spec import RunSpec, with_tokens
+from d1jax.run import context
+from d1jax.run.build import build
+from d1jax.run.spec import RunSpec, with_tokens
+from d1jax.train import rollout
 
 
 def generate_texts(s, task, examples, scfg: smp.SamplerConfig, batch_size: int,
@@ -83,7 +84,7 @@ def evaluate(spec: RunSpec, s, task, examples, workdir: Path) -> list[dict]:
 
 def run(config, workdir: str) -> list[dict]:
     """The evaluation a config describes; writes accuracy.json and the table, accuracy.md."""
-    spec, wd = loop.prepare(config, workdir)
+    spec, wd = context.prepare(config, workdir)
     task = spec.task.build()
     examples = list(task.load_test(spec.task.source))
     if spec.eval.num_examples:

@@ -1,7 +1,7 @@
 """The objectives: the diffu-GRPO policy loss and d1's masked SFT loss.
 
 ``grpo_loss`` is a pure function of per-token log-probs (any estimator's); ``sft_loss`` runs
-the model. ``update.py`` wires them to an optimizer. Shape letters: B batch, C completion
+the model. ``objectives.table`` wires them to the update. Shape letters: B batch, C completion
 length, L sequence length.
 """
 

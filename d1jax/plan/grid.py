@@ -79,7 +79,7 @@ def plan_config(path: str, topology: str, seen: dict, progress=None,
     from d1jax.plan import chips as chips_lib
     from d1jax.plan import compile as plan_lib
     from d1jax.plan.programs import PlanSpec, build_programs
-    from d1jax.train.setup import make_model
+    from d1jax.run.build import make_model
 
     chip, devices = chips_lib.topology_devices(topology)
     base = load_config(path)

@@ -2,7 +2,7 @@
 
 ``build_programs(spec, mesh)`` is the one place that knows the training and sampling
 interfaces; everything else in ``d1jax.plan`` sees only ``Program`` values. The programs
-are the run's own: ``d1jax.train.steps.for_run`` builds the jitted rollout sampler and
+are the run's own: ``d1jax.train.jit_steps.for_run`` builds the jitted rollout sampler and
 update steps exactly as training does, and the planner only lowers them with abstract
 inputs.
 """
@@ -24,8 +24,9 @@ from d1jax import sharding as shd
 from d1jax.model import LLaDA, LLaDAConfig, preset
 from d1jax.objectives import logprob
 from d1jax.plan import flops as fl
-from d1jax.train import setup, steps as steps_lib
-from d1jax.train import spec as spec_lib
+from d1jax.run import build as setup
+from d1jax.run import spec as spec_lib
+from d1jax.train import jit_steps as steps_lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,2 +1,4 @@
-"""Training: the run spec, train state, typed batches, pure update steps, their one jit
-layer (steps), and the SFT and diffu-GRPO loops built on them."""
+"""Training stages: the train state, the pure update steps (``pure_steps``), their one jit
+layer (``jit_steps``), rollouts, and the SFT and diffu-GRPO loops built on them. What every
+stage shares (spec, building, run context) is ``d1jax.run``; the objectives by name are
+``d1jax.objectives.table``."""

@@ -15,10 +15,10 @@ import numpy as np
 
 from d1jax import sharding
 from d1jax.objectives import advantages as adv_lib
+from d1jax.objectives.batch import GRPOBatch
+from d1jax.run.spec import RunSpec
+from d1jax.train import jit_steps as steps_lib
 from d1jax.train import rollout as rl
-from d1jax.train import steps as steps_lib
-from d1jax.train.batch import GRPOBatch
-from d1jax.train.spec import RunSpec
 
 
 class GRPOEngine:

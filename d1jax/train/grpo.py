@@ -12,15 +12,16 @@ from __future__ import annotations
 
 from d1jax import config as config_lib
 from d1jax.metrics import Progress
-from d1jax.train import engine, loop, rollout
+from d1jax.run import context
+from d1jax.run.build import build, data_parallel_size
+from d1jax.train import engine, rollout
 from d1jax.train.data import ExampleIterator
-from d1jax.train.setup import build, data_parallel_size
 
 
 def run(config, workdir: str) -> dict:
     """Runs diffu-GRPO as configured; returns the last step's metrics. Raises
-    ``loop.RunStopped`` when stopped early (SIGTERM, stop_after) after saving."""
-    spec, wd = loop.prepare(config, workdir)
+    ``context.RunStopped`` when stopped early (SIGTERM, stop_after) after saving."""
+    spec, wd = context.prepare(config, workdir)
     g, t = spec.grpo_run, spec.train
     mu = spec.grpo.num_iterations
     mesh = spec.mesh.build()
@@ -31,7 +32,7 @@ def run(config, workdir: str) -> dict:
     examples = _train_examples(spec, task)
     s = build(spec, wd, mesh, texts=lambda: _tokenizer_texts(task, examples))
     eng = engine.GRPOEngine(spec, s)
-    ctx = loop.RunContext.create(spec, wd)
+    ctx = context.RunContext.create(spec, wd)
     data = ExampleIterator(examples, g.prompts_per_step, seed=spec.seed)
     step, eng.state, meta = ctx.restore(eng.state)
     if meta:
@@ -55,7 +56,7 @@ def run(config, workdir: str) -> dict:
         ctx.save(step, eng.state, {"data": data.get_state(), "metrics": last}, spec, force=True)
         ctx.checkpointer.wait()
         if t.export_hf and step >= t.num_steps:
-            loop.export_hf(wd, s, eng.state, source_dir=spec.model.path or None)
+            context.export_hf(wd, s, eng.state, source_dir=spec.model.path or None)
     finally:
         ctx.close()
     ctx.check_finished(step, t.num_steps)

@@ -17,14 +17,14 @@ import jax
 from d1jax import config as config_lib
 from d1jax import sharding
 from d1jax.metrics import Progress
+from d1jax.objectives.batch import SFTBatch
+from d1jax.run import context
+from d1jax.run.build import build, data_parallel_size
+from d1jax.run.spec import RunSpec
 from d1jax.tasks import s1k
-from d1jax.train import loop
-from d1jax.train import steps as steps_lib
-from d1jax.train.batch import SFTBatch
+from d1jax.train import jit_steps as steps_lib
 from d1jax.train.data import ExampleIterator
-from d1jax.train.setup import build, data_parallel_size
 from d1jax.train.sft_data import encode_sft, trajectory_examples
-from d1jax.train.spec import RunSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +49,8 @@ def sft_examples(spec: RunSpec) -> list[dict]:
 
 def run(config, workdir: str, data: SFTData | None = None) -> dict:
     """Runs masked SFT as configured (on ``data`` when given); returns the last metrics.
-    Raises ``loop.RunStopped`` when stopped early (SIGTERM, stop_after) after saving."""
-    spec, wd = loop.prepare(config, workdir)
+    Raises ``context.RunStopped`` when stopped early (SIGTERM, stop_after) after saving."""
+    spec, wd = context.prepare(config, workdir)
     data = data if data is not None else SFTData(sft_examples(spec))
     rows, sr = data.rows, spec.sft_run
     mesh = spec.mesh.build()
@@ -61,7 +61,7 @@ def run(config, workdir: str, data: SFTData | None = None) -> dict:
     total = sr.num_steps(len(rows), spec.train.num_steps)
     steps = steps_lib.for_run(spec, s.model, s.mesh, s.ids, total)
     state = steps.init(s.params)
-    ctx = loop.RunContext.create(spec, wd)
+    ctx = context.RunContext.create(spec, wd)
     it = ExampleIterator(rows, sr.batch_size, seed=spec.seed)
     step, state, meta = ctx.restore(state)
     if meta:
@@ -86,7 +86,7 @@ def run(config, workdir: str, data: SFTData | None = None) -> dict:
         ctx.save(step, state, {"data": it.get_state(), "metrics": last}, spec, force=True)
         ctx.checkpointer.wait()
         if spec.train.export_hf and step >= total:
-            loop.export_hf(wd, s, state, source_dir=spec.model.path or None)
+            context.export_hf(wd, s, state, source_dir=spec.model.path or None)
     finally:
         ctx.close()
     ctx.check_finished(step, total)

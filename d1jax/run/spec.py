@@ -20,9 +20,9 @@ from d1jax import sharding
 from d1jax.config import ConfigError
 from d1jax.model import LoraConfig
 from d1jax.objectives import coupled_grpo, spg, wd1
+from d1jax.objectives.table import GRPOConfig, SFTConfig
+from d1jax.run import optim
 from d1jax.tasks import Task, get_task
-from d1jax.train import optim
-from d1jax.train.update import GRPOConfig, SFTConfig
 
 STAGES = ("sft", "grpo", "eval")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -89,7 +89,7 @@ class LoopSpec:
     async_checkpoints: bool
     export_hf: bool
     stop_after: int
-    if_incompatible: str = "refuse"  # or "move_aside" (d1jax.train.resume)
+    if_incompatible: str = "refuse"  # or "move_aside" (d1jax.run.resume)
     accept_changes: tuple[str, ...] = ()  # resume fields whose change is accepted
     stopped_exit_code: int = 75  # a run stopped early with a save (EX_TEMPFAIL)
 
@@ -286,7 +286,7 @@ def _eval(c) -> EvalSpec:
 
 # What a checkpoint's state and data order depend on: architecture, LoRA, optimizer,
 # objective, batch, data order and task. A change to any of them is refused on resume
-# (d1jax.train.resume); steps, cadences, mesh, compute dtype and sampler knobs may change.
+# (d1jax.run.resume); steps, cadences, mesh, compute dtype and sampler knobs may change.
 RESUME_FIELDS = (
     "stage", "seed", "max_prompt_length",
     "model.path", "model.tokenizer_path", "model.random_init", "model.width", "model.n_layers",

@@ -4,7 +4,7 @@ A rollout (prompts, G completions each, advantages) is used for mu optimizer ste
 ``num_iterations``), each with its own mask seed. Per rollout the loop calls
 ``rollout_logps`` once (old and reference log-probs for all mu seeds), then
 ``grpo_update_step`` mu times; every ``ref_model_sync_steps`` steps it may call
-``sync_reference``. ``d1jax.train.steps`` jits them for a mesh.
+``sync_reference``. ``d1jax.train.jit_steps`` jits them for a mesh.
 
 The GRPO loss is chosen by name (``GRPOConfig.objective``, see ``OBJECTIVES``: d1's
 diffu-GRPO, wd1, SPG, coupled-GRPO); every objective shares the rollout, advantages,
@@ -23,72 +23,12 @@ import optax
 from d1jax.model import LLaDA
 from d1jax.model import lora as lora_lib
 from d1jax.objectives import logprob, losses
-from d1jax.train import optim
-from d1jax.train.objective_steps import SUCCESSORS, Objective, check_hparams, mask_prompt_rows
-from d1jax.train.batch import GRPOBatch, SFTBatch
+from d1jax.objectives.batch import GRPOBatch, SFTBatch
+from d1jax.objectives.table import OBJECTIVES, GRPOConfig, SFTConfig
+from d1jax.run import optim
 from d1jax.train.state import Params, TrainState
 
 Array = jax.Array
-
-
-@dataclasses.dataclass(frozen=True)
-class GRPOConfig:
-    """diffu-GRPO knobs (static under jit); symbols as in d1 (arXiv 2504.12216)."""
-
-    num_iterations: int = 12  # mu: updates per rollout, each with its own mask seed.
-    beta: float = 0.04  # beta: weight of the k3 KL to the reference (0: no reference pass).
-    epsilon: float = 0.5  # epsilon: ratio clip.
-    p_mask_prompt: float = 0.15  # p_mask: probability of masking each prompt token.
-    cfg_scale: float = 0.0  # Classifier-free guidance inside the estimator (d1: 0).
-    use_attention_mask: bool = True  # False attends to prompt padding, as d1 does.
-    grad_accum: int = 1  # Micro-batches per optimizer step (each its own token mean).
-    lora_dropout: bool = False  # LoRA dropout in the policy pass of the update.
-    seq_chunk: int | None = None  # Completion positions per head chunk (None: automatic).
-    max_tokens: int | None = None  # None: d1's token mean; int: Dr. GRPO constant normaliser.
-    objective: str = "diffu_grpo"  # The policy loss, a key of OBJECTIVES.
-    # The objective's own knobs: wd1.WD1Config, spg.SPGConfig or
-    # coupled_grpo.CoupledGRPOConfig (its beta and epsilon equal to the fields above); None
-    # for diffu_grpo.
-    hparams: Any = None
-
-    def __post_init__(self):
-        if self.num_iterations < 1 or self.grad_accum < 1 or not 0 <= self.p_mask_prompt <= 1:
-            raise ValueError(f"invalid GRPO config {self}: num_iterations, grad_accum >= 1 and "
-                             "0 <= p_mask_prompt <= 1 are required")
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective={self.objective!r}: choose one of {sorted(OBJECTIVES)}")
-        check_hparams(self.objective, OBJECTIVES[self.objective], self.hparams, self.beta,
-                      self.epsilon)
-
-
-@dataclasses.dataclass(frozen=True)
-class SFTConfig:
-    """Masked SFT knobs (d1's SFT trainer)."""
-
-    eps: float = 1e-3  # Lower bound of the mask ratio t ~ U(eps, 1).
-    grad_accum: int = 1  # Micro-batches per optimizer step.
-    lora_dropout: bool = False  # LoRA dropout in the forward pass.
-    seq_chunk: int | None = None  # Positions per head chunk (None: automatic).
-
-
-def _attention_mask(batch: GRPOBatch, use_mask: bool) -> Array | None:
-    """[B, P + C]: the prompt mask, completion always attended; None when not used."""
-    if not use_mask:
-        return None
-    return jnp.concatenate([batch.prompt_mask, jnp.ones_like(batch.completion_ids)], axis=1)
-
-
-def estimate_logps(model: LLaDA, cfg: GRPOConfig, params: Params, batch: GRPOBatch,
-                   seeds_s: Array, use_lora: bool = True, dropout_rng: Array | None = None,
-                   p_mask_prompt: float | None = None) -> Array:
-    """d1's one-step per-token log-probs [S, B, C] of the completions, one row block per
-    mask seed (``logprob.per_token_logps`` with this config's estimator settings)."""
-    p = cfg.p_mask_prompt if p_mask_prompt is None else p_mask_prompt
-    return logprob.per_token_logps(
-        model, params, batch.prompt_ids, batch.completion_ids, seeds_s, p_mask_prompt=p,
-        attention_mask_bl=_attention_mask(batch, cfg.use_attention_mask),
-        cfg_scale=cfg.cfg_scale, use_lora=use_lora, seq_chunk=cfg.seq_chunk,
-        dropout_rng=dropout_rng)
 
 
 def rollout_logps(model: LLaDA, cfg: GRPOConfig, state: TrainState, batch: GRPOBatch
@@ -137,28 +77,6 @@ def iteration_rows(cfg: GRPOConfig, state: TrainState, batch: GRPOBatch
     rows = batch.replace(mask_seeds=None, iteration=None, old_logps=pick(batch.old_logps),
                          ref_logps=pick(batch.ref_logps))
     return jax.lax.dynamic_slice_in_dim(batch.mask_seeds, it, 1), rows
-
-
-def diffu_grpo_loss(model: LLaDA, cfg: GRPOConfig, params: Params, rows: GRPOBatch,
-                    seed_1: Array, dropout_rng: Array | None) -> tuple[Array, dict]:
-    """d1's ``compute_loss``: clipped ratio to the old policy, k3 KL to the reference,
-    token mean (``losses.grpo_loss``), on this iteration's mask seed ``seed_1`` [1]."""
-    logps_bc = estimate_logps(model, cfg, params, rows, seed_1, dropout_rng=dropout_rng,
-                              p_mask_prompt=0.0)[0]
-    return losses.grpo_loss(logps_bc, rows.old_logps, rows.ref_logps, rows.advantages,
-                            rows.completion_mask, epsilon=cfg.epsilon, beta=cfg.beta,
-                            max_tokens=cfg.max_tokens)
-
-
-def _diffu_grpo_logps(model: LLaDA, cfg: GRPOConfig, params: Params, batch: GRPOBatch,
-                      seeds_s: Array, use_lora: bool) -> Array:
-    return estimate_logps(model, cfg, params, batch, seeds_s, use_lora=use_lora)
-
-
-# Rows of a loss carry old/ref log-probs [B, C] when the config computes them.
-OBJECTIVES: dict[str, Objective] = {
-    "diffu_grpo": Objective(diffu_grpo_loss, mask_prompt_rows, _diffu_grpo_logps, None),
-    **SUCCESSORS}
 
 
 def _finish(optimizer, state: TrainState, loss, grads, metrics):

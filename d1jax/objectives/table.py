@@ -1,13 +1,15 @@
-"""The GRPO loop's objectives: each pure loss of ``d1jax.objectives`` wired to the update.
+"""The GRPO objectives by name, and what the update does around each.
 
-An ``Objective`` says what the loop does around a loss: ``prepare`` makes the update's random
-draws (prompt masks, coupled masks, SPG's noisy copies) and per-group weights on the whole
-batch, from the inner iteration's mask key, before ``optim.accumulate_gradients`` splits the
-rows into strided micro-batches; so a row's draw and weight do not depend on ``grad_accum``.
-``logps`` is the estimator of the rollout's old and reference passes (None: ratio-free, no
-such pass). ``update.OBJECTIVES`` holds them by name, ``diffu_grpo`` included.
+``OBJECTIVES`` maps a name (``GRPOConfig.objective``) to an ``Objective``: its ``loss`` (the
+function the training step differentiates, and the one the tests and parity checks call),
+``prepare`` (the update's random draws: prompt masks, coupled masks, SPG's noisy copies, and
+per-group weights, made on the whole batch from the inner iteration's mask key before
+``run.optim.accumulate_gradients`` splits the rows into strided micro-batches, so a row's
+draw and weight do not depend on ``grad_accum``), and ``logps``, the estimator of the
+rollout's old and reference passes (None: ratio-free, no such pass). The pure update steps
+(``d1jax.train.pure_steps``) look objectives up here.
 
-``cfg`` is the run's ``update.GRPOConfig``; ``cfg.hparams`` the objective's own config.
+``cfg`` is the run's ``GRPOConfig``; ``cfg.hparams`` the objective's own config.
 Shape letters: S mask seeds, B rows, J noisy copies, P prompt, C completion, L = P + C.
 """
 
@@ -19,8 +21,8 @@ from typing import Any, Callable
 import jax
 
 from d1jax.model import LLaDA
-from d1jax.objectives import coupled_grpo, logprob, masking, spg, wd1
-from d1jax.train.batch import GRPOBatch
+from d1jax.objectives import coupled_grpo, logprob, losses, masking, spg, wd1
+from d1jax.objectives.batch import GRPOBatch
 
 Array = jax.Array
 Params = Any
@@ -44,6 +46,37 @@ def mask_prompt_rows(model: LLaDA, cfg, rows: GRPOBatch, key: Array) -> GRPOBatc
     """d1's prompt noise (each token masked with probability ``cfg.p_mask_prompt``)."""
     return rows.replace(prompt_ids=logprob.mask_prompt(
         key, rows.prompt_ids, cfg.p_mask_prompt, model.config.mask_token_id))
+
+
+# ---------------------------------------------------------------------------- diffu-GRPO
+def estimate_logps(model: LLaDA, cfg: GRPOConfig, params: Params, batch: GRPOBatch,
+                   seeds_s: Array, use_lora: bool = True, dropout_rng: Array | None = None,
+                   p_mask_prompt: float | None = None) -> Array:
+    """d1's one-step per-token log-probs [S, B, C] of the completions, one row block per
+    mask seed (``logprob.per_token_logps`` with this config's estimator settings)."""
+    p = cfg.p_mask_prompt if p_mask_prompt is None else p_mask_prompt
+    return logprob.per_token_logps(
+        model, params, batch.prompt_ids, batch.completion_ids, seeds_s, p_mask_prompt=p,
+        attention_mask_bl=masking.attention_mask(batch.prompt_mask, batch.completion_ids.shape[1],
+                                                  cfg.use_attention_mask),
+        cfg_scale=cfg.cfg_scale, use_lora=use_lora, seq_chunk=cfg.seq_chunk,
+        dropout_rng=dropout_rng)
+
+
+def diffu_grpo_loss(model: LLaDA, cfg: GRPOConfig, params: Params, rows: GRPOBatch,
+                    seed_1: Array, dropout_rng: Array | None) -> tuple[Array, dict]:
+    """d1's ``compute_loss``: clipped ratio to the old policy, k3 KL to the reference,
+    token mean (``losses.grpo_loss``), on this iteration's mask seed ``seed_1`` [1]."""
+    logps_bc = estimate_logps(model, cfg, params, rows, seed_1, dropout_rng=dropout_rng,
+                              p_mask_prompt=0.0)[0]
+    return losses.grpo_loss(logps_bc, rows.old_logps, rows.ref_logps, rows.advantages,
+                            rows.completion_mask, epsilon=cfg.epsilon, beta=cfg.beta,
+                            max_tokens=cfg.max_tokens)
+
+
+def _diffu_grpo_logps(model: LLaDA, cfg: GRPOConfig, params: Params, batch: GRPOBatch,
+                      seeds_s: Array, use_lora: bool) -> Array:
+    return estimate_logps(model, cfg, params, batch, seeds_s, use_lora=use_lora)
 
 
 # ---------------------------------------------------------------------------- wd1
@@ -117,7 +150,9 @@ def _coupled_loss(model: LLaDA, cfg, params: Params, rows: GRPOBatch, seed_1: Ar
         dropout_rng=dropout_rng)
 
 
-SUCCESSORS: dict[str, Objective] = {
+# Rows of a loss carry old/ref log-probs [B, C] when the config computes them.
+OBJECTIVES: dict[str, Objective] = {
+    "diffu_grpo": Objective(diffu_grpo_loss, mask_prompt_rows, _diffu_grpo_logps, None),
     "wd1": Objective(_wd1_loss, _wd1_prepare, None, wd1.WD1Config),
     "spg": Objective(_spg_loss, _spg_prepare, None, spg.SPGConfig),
     "coupled_grpo": Objective(_coupled_loss, _coupled_prepare, _coupled_logps,
@@ -139,3 +174,44 @@ def check_hparams(objective: str, entry: Objective, hparams: Any, beta: float,
             (hparams.beta, hparams.epsilon) != (beta, epsilon)):
         raise ValueError(f"coupled_grpo hparams beta={hparams.beta}, epsilon={hparams.epsilon} "
                          f"differ from the GRPO config's beta={beta}, epsilon={epsilon}")
+
+
+# ---------------------------------------------------------------------------- configs
+@dataclasses.dataclass(frozen=True)
+class GRPOConfig:
+    """diffu-GRPO knobs (static under jit); symbols as in d1 (arXiv 2504.12216)."""
+
+    num_iterations: int = 12  # mu: updates per rollout, each with its own mask seed.
+    beta: float = 0.04  # beta: weight of the k3 KL to the reference (0: no reference pass).
+    epsilon: float = 0.5  # epsilon: ratio clip.
+    p_mask_prompt: float = 0.15  # p_mask: probability of masking each prompt token.
+    cfg_scale: float = 0.0  # Classifier-free guidance inside the estimator (d1: 0).
+    use_attention_mask: bool = True  # False attends to prompt padding, as d1 does.
+    grad_accum: int = 1  # Micro-batches per optimizer step (each its own token mean).
+    lora_dropout: bool = False  # LoRA dropout in the policy pass of the update.
+    seq_chunk: int | None = None  # Completion positions per head chunk (None: automatic).
+    max_tokens: int | None = None  # None: d1's token mean; int: Dr. GRPO constant normaliser.
+    objective: str = "diffu_grpo"  # The policy loss, a key of OBJECTIVES.
+    # The objective's own knobs: wd1.WD1Config, spg.SPGConfig or
+    # coupled_grpo.CoupledGRPOConfig (its beta and epsilon equal to the fields above); None
+    # for diffu_grpo.
+    hparams: Any = None
+
+    def __post_init__(self):
+        if self.num_iterations < 1 or self.grad_accum < 1 or not 0 <= self.p_mask_prompt <= 1:
+            raise ValueError(f"invalid GRPO config {self}: num_iterations, grad_accum >= 1 and "
+                             "0 <= p_mask_prompt <= 1 are required")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective={self.objective!r}: choose one of {sorted(OBJECTIVES)}")
+        check_hparams(self.objective, OBJECTIVES[self.objective], self.hparams, self.beta,
+                      self.epsilon)
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """Masked SFT knobs (d1's SFT trainer)."""
+
+    eps: float = 1e-3  # Lower bound of the mask ratio t ~ U(eps, 1).
+    grad_accum: int = 1  # Micro-batches per optimizer step.
+    lora_dropout: bool = False  # LoRA dropout in the forward pass.
+    seq_chunk: int | None = None  # Positions per head chunk (None: automatic).

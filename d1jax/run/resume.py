@@ -20,7 +20,7 @@ import jax
 
 from d1jax import checkpoint as ckpt_lib
 from d1jax.config import ConfigError
-from d1jax.train.spec import RunSpec
+from d1jax.run.spec import RunSpec
 
 # What a run writes in its workdir that belongs to its lineage (moved aside together).
 RUN_FILES = ("checkpoints", "checkpoints_unreadable", "metrics.jsonl", "samples.jsonl",

@@ -71,7 +71,7 @@ class GRPOBatch(_Typed):
     from ``rollout_logps`` (old only when mu > 1, ref only when beta != 0); iteration []
     int32: which of the mu seeds an update uses (None: ``state.step % mu``, as d1);
     per_row {name: [B, ...]}: draws and weights an objective makes on the whole batch inside
-    the update, before the micro-batch split (``objective_steps.Objective.prepare``).
+    the update, before the micro-batch split (``table.Objective.prepare``).
     """
 
     prompt_ids: Array = _field(ROWS)

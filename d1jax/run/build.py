@@ -11,7 +11,7 @@ import jax
 from d1jax.model import LLaDA, LLaDAConfig, init_params, preset, weights
 from d1jax.model import lora as lora_lib
 from d1jax.model.tokenizer import load_tokenizer, special_ids, train_tiny_tokenizer
-from d1jax.train.spec import ModelSpec, RunSpec
+from d1jax.run.spec import ModelSpec, RunSpec
 
 
 @dataclasses.dataclass

@@ -1,15 +1,15 @@
 """The one jit layer of the update steps, used by training, tests, benchmarks and the planner.
 
 ``make_jitted_steps`` jits, for one model, optimizer and mesh: ``rollout_logps``, the GRPO
-and SFT updates and ``sync_reference`` (``d1jax.train.update``), with explicit shardings
+and SFT updates and ``sync_reference`` (``d1jax.train.pure_steps``), with explicit shardings
 (state by ``state_shardings``, batch by its type, rng and metrics replicated), the moving
 part of the state donated, the frozen base and the reference passed through untouched.
 
 Each program is also reachable for compilation without weights or data::
 
-    spec = spec_lib.from_config(config)             # d1jax.train.spec
+    spec = spec_lib.from_config(config)             # d1jax.run.spec
     mesh = spec.mesh.build(devices)                 # e.g. a TPU topology's devices
-    model = setup.make_model(spec.model, llada_config)
+    model = build.make_model(spec.model, llada_config)
     steps = for_run(spec, model, mesh, ids, total_steps)
     state = steps.abstract_state()                  # ShapeDtypeStructs with shardings
     rng = steps.rng_like()
@@ -37,11 +37,12 @@ from jax.sharding import Mesh, NamedSharding
 from d1jax import sampling as smp
 from d1jax import sharding as shd
 from d1jax.model import LLaDA
-from d1jax.train import optim
+from d1jax.objectives.batch import GRPOBatch, SFTBatch
+from d1jax.objectives.table import OBJECTIVES, GRPOConfig, SFTConfig
+from d1jax.run import optim
+from d1jax.run.spec import RunSpec, with_tokens
+from d1jax.train import pure_steps
 from d1jax.train import state as state_lib
-from d1jax.train import update as upd
-from d1jax.train.batch import GRPOBatch, SFTBatch
-from d1jax.train.spec import RunSpec, with_tokens
 from d1jax.train.state import Params, TrainState
 
 Array = jax.Array
@@ -94,8 +95,8 @@ class JittedSteps:
     mesh: Mesh | None
     lora: bool
     keep_reference: bool = False
-    grpo: upd.GRPOConfig | None = None
-    sft: upd.SFTConfig | None = None
+    grpo: GRPOConfig | None = None
+    sft: SFTConfig | None = None
     sampler: smp.SamplerConfig | None = None
     rules: tuple = shd.DEFAULT_RULES
     _programs: dict = dataclasses.field(default_factory=dict, repr=False)
@@ -109,7 +110,7 @@ class JittedSteps:
         # prompts over the batch axes).
         self.generate = None if self.sampler is None else smp.make_generate_fn(
             smp.llada_fns(self.model), self.sampler, self.model.config.max_sequence_length)
-        self._mix = jax.jit(upd.mix_reference, donate_argnums=(1,))
+        self._mix = jax.jit(pure_steps.mix_reference, donate_argnums=(1,))
 
     # ------------------------------------------------------------------ state
     def init(self, params: Params) -> TrainState:
@@ -152,19 +153,19 @@ class JittedSteps:
     def _build_grpo_update(self, batch: GRPOBatch) -> Program:
         cfg = self._need("grpo")
         return self._build_update(
-            lambda m, o, s, b, r: upd.grpo_update_step(m, o, cfg, s, b, r), batch)
+            lambda m, o, s, b, r: pure_steps.grpo_update_step(m, o, cfg, s, b, r), batch)
 
     def _build_sft_update(self, batch: SFTBatch) -> Program:
         cfg = self._need("sft")
         return self._build_update(
-            lambda m, o, s, b, r: upd.sft_update_step(m, o, cfg, s, b, r), batch)
+            lambda m, o, s, b, r: pure_steps.sft_update_step(m, o, cfg, s, b, r), batch)
 
     def _build_rollout_logps(self, batch: GRPOBatch) -> Program:
         cfg = self._need("grpo")
         kw = {}
         if self.mesh is not None:
             kw = dict(in_shardings=(self.state_shardings, batch.shardings(self.mesh, self.rules)))
-        jitted = jax.jit(lambda s, b: upd.rollout_logps(self.model, cfg, s, b), **kw)
+        jitted = jax.jit(lambda s, b: pure_steps.rollout_logps(self.model, cfg, s, b), **kw)
         return Program(jitted, lambda state, batch: (state, batch), lambda args, out: out,
                        self._context)
 
@@ -195,7 +196,7 @@ class JittedSteps:
         return self.program("sft_update", batch)(state, batch, rng)
 
     def sync_reference(self, state: TrainState, alpha: float) -> TrainState:
-        """``update.sync_reference`` with the old reference copy donated."""
+        """``pure_steps.sync_reference`` with the old reference copy donated."""
         if state.ref is None:
             return state
         return state.replace(ref=self._mix(state.params, state.ref, jnp.float32(alpha)))
@@ -213,7 +214,7 @@ class JittedSteps:
         old/ref pass receives it (without them)."""
         cfg = self._need("grpo")
         mu, i32 = cfg.num_iterations, jnp.int32
-        ratio = upd.OBJECTIVES[cfg.objective].logps is not None  # old/ref passes exist
+        ratio = OBJECTIVES[cfg.objective].logps is not None  # old/ref passes exist
         with_old = for_update and ratio and mu > 1
         with_ref = for_update and ratio and cfg.beta != 0.0
         b = GRPOBatch(
@@ -246,7 +247,7 @@ class JittedSteps:
 
 def make_jitted_steps(model: LLaDA, mesh: Mesh | None, optimizer: optax.GradientTransformation,
                       *, lora: bool, keep_reference: bool = False,
-                      grpo: upd.GRPOConfig | None = None, sft: upd.SFTConfig | None = None,
+                      grpo: GRPOConfig | None = None, sft: SFTConfig | None = None,
                       sampler: smp.SamplerConfig | None = None,
                       rules=shd.DEFAULT_RULES) -> JittedSteps:
     """The jitted steps of one run (see the module doc); ``mesh=None`` runs unsharded."""
