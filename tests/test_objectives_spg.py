@@ -9,7 +9,15 @@ import pytest
 
 from d1jax.objectives import masking
 from d1jax.objectives import spg
-from objective_checks import assert_step_moves_likelihoods, brute_logps, group_batch
+from d1jax.objectives import logprob
+from d1jax.objectives.table import GRPOConfig
+from objective_checks import assert_step_moves_likelihoods, brute_logps, grpo_batch, group_batch, training_loss
+
+
+def _grpo_config(spg_cfg):
+    """SPG as training runs it: the GRPO config names the objective."""
+    return GRPOConfig(objective="spg", beta=0.0, hparams=spg_cfg)
+
 
 LENGTHS = np.array([12, 5, 1, 9, 8])  # real lengths (C = 12, blocks of 4): full, partial, 1
 
@@ -115,7 +123,7 @@ def test_loss_matches_numpy_on_brute_force_logps(tiny_model, tiny_params, tiny_c
     comp_mask = _comp_mask(np.array([8, 3, 6]), 8)
     adv = np.array([1.0, -1.0, -0.5], np.float32)
     cfg = spg.SPGConfig(block_length=4, num_t=2, p_mask_prompt=0.3)
-    key = jax.random.key(2)
+    key = logprob.mask_key(2)  # the update's draw for mask seed 2
     ids, scored = (np.asarray(a) for a in spg.spg_inputs(key, prompt, comp, comp_mask,
                                                          tiny_config.mask_token_id, cfg))
     assert ids.shape == (3, 2, 13)
@@ -123,8 +131,8 @@ def test_loss_matches_numpy_on_brute_force_logps(tiny_model, tiny_params, tiny_c
     attn = np.repeat(np.concatenate([prompt_mask, np.ones_like(comp)], 1), 2, 0)
     logps = brute_logps(tiny_model, tiny_params, ids.reshape(6, 13), np.repeat(comp, 2, 0), attn)
     want = np_spg(logps.reshape(3, 2, 8), scored, comp_mask, adv, 1.5, 0.5)
-    loss, _ = spg.spg_loss(tiny_model, tiny_params, prompt, prompt_mask, comp, comp_mask, adv,
-                           key, cfg)
+    loss, _ = training_loss(tiny_model, _grpo_config(cfg), tiny_params,
+                            grpo_batch(prompt, prompt_mask, comp, comp_mask, adv), seed=2)
     np.testing.assert_allclose(float(loss), want, rtol=1e-4)
 
 
@@ -133,9 +141,10 @@ def test_one_step_moves_likelihoods_by_advantage_sign(tiny_model, tiny_params, t
     adv = jnp.array([1.0, -1.0])
     cfg = spg.SPGConfig(block_length=4)
 
+    batch = grpo_batch(prompt, prompt_mask, comp, comp_mask, adv)
+
     def loss(params):
-        return spg.spg_loss(tiny_model, params, prompt, prompt_mask, comp, comp_mask, adv,
-                            jax.random.key(0), cfg)[0]
+        return training_loss(tiny_model, _grpo_config(cfg), params, batch, seed=0)[0]
     assert_step_moves_likelihoods(tiny_model, tiny_params, loss, prompt, comp)
 
 

@@ -9,7 +9,14 @@ import pytest
 
 from d1jax.objectives import logprob
 from d1jax.objectives import wd1
-from objective_checks import assert_step_moves_likelihoods, brute_logps, group_batch
+from d1jax.objectives.table import GRPOConfig
+from objective_checks import assert_step_moves_likelihoods, brute_logps, grpo_batch, group_batch, training_loss
+
+
+def _grpo_config(**kw):
+    """wd1 as training runs it: the GRPO config names the objective (G = 2)."""
+    return GRPOConfig(objective="wd1", beta=0.0, hparams=wd1.WD1Config(group_size=2), **kw)
+
 
 
 def np_softmax(x):
@@ -47,8 +54,9 @@ def test_weights_are_per_group_softmaxes():
 @pytest.mark.parametrize("negative", [True, False])
 def test_objective_value_and_gradient(negative):
     logps, mask, adv = _random()
-    f = lambda lp: wd1.wd1_objective(lp, jnp.asarray(mask), jnp.asarray(adv), group_size=3,
-                                     negative=negative)
+    w_pos_b, w_neg_b = wd1.wd1_weights(jnp.asarray(adv), 3)
+    f = lambda lp: wd1.wd1_weighted_loss(lp, jnp.asarray(mask), w_pos_b, w_neg_b, 2,
+                                         negative=negative)
     loss, m = f(jnp.asarray(logps, jnp.float32))
     np.testing.assert_allclose(float(loss), np_wd1(logps, mask, adv, 3, negative), rtol=1e-5)
     np.testing.assert_allclose(float(m["positive_loss"]), np_wd1(logps, mask, adv, 3, False),
@@ -68,32 +76,31 @@ def test_loss_matches_numpy_on_the_one_step_estimator(tiny_model, tiny_params, t
     comp = rs.randint(0, 100, (4, 8)).astype(np.int32)
     comp_mask = (rs.uniform(size=(4, 8)) < 0.8).astype(np.int32)
     adv = np.array([0.5, -0.5, 1.0, -1.0], np.float32)
-    key = jax.random.key(5)
-    cfg = wd1.WD1Config(group_size=2, p_mask_prompt=0.3)
+    cfg = _grpo_config(p_mask_prompt=0.3)
     mask_id = tiny_config.mask_token_id
-    # The estimator's prompt noise is drawn from mask_key(0, rng); the rest is brute force.
-    noisy = np.asarray(logprob.mask_prompt(logprob.mask_key(0, key), prompt, 0.3, mask_id))
+    # The update's prompt noise is drawn from the iteration's mask key; the rest is brute force.
+    noisy = np.asarray(logprob.mask_prompt(logprob.mask_key(5), prompt, 0.3, mask_id))
     assert (noisy != prompt).any()
     ids = np.concatenate([noisy, np.full_like(comp, mask_id)], 1)
     attn = np.concatenate([prompt_mask, np.ones_like(comp)], 1)
     logps = brute_logps(tiny_model, tiny_params, ids, comp, attn)
-    loss, _ = wd1.wd1_loss(tiny_model, tiny_params, prompt, prompt_mask, comp, comp_mask, adv,
-                           key, cfg)
+    loss, _ = training_loss(tiny_model, cfg, tiny_params,
+                            grpo_batch(prompt, prompt_mask, comp, comp_mask, adv), seed=5)
     np.testing.assert_allclose(float(loss), np_wd1(logps, comp_mask, adv, 2), rtol=1e-4)
 
 
 def test_one_step_moves_likelihoods_by_advantage_sign(tiny_model, tiny_params, tiny_config):
     prompt, prompt_mask, comp, comp_mask = group_batch(tiny_config)
     adv = jnp.array([1.0, -1.0])
-    cfg = wd1.WD1Config(group_size=2)
+    cfg = _grpo_config()
+    batch = grpo_batch(prompt, prompt_mask, comp, comp_mask, adv)
 
     def loss(params):
-        return wd1.wd1_loss(tiny_model, params, prompt, prompt_mask, comp, comp_mask, adv,
-                            jax.random.key(0), cfg)[0]
+        return training_loss(tiny_model, cfg, params, batch, seed=0)[0]
     assert_step_moves_likelihoods(tiny_model, tiny_params, loss, prompt, comp)
 
 
-@pytest.mark.parametrize("kw", [dict(group_size=0), dict(p_mask_prompt=1.5)])
+@pytest.mark.parametrize("kw", [dict(group_size=0)])
 def test_config_rejects_bad_values(kw):
     with pytest.raises(ValueError):
         wd1.WD1Config(**kw)

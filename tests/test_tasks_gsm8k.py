@@ -91,7 +91,8 @@ def test_reference_answers():
     assert gsm8k.extract_hash_answer("no marker") is None
     assert gsm8k.reference_value("so\n#### $1,000.50") == 1000.5
     ex = {"question": "q?", "answer": "10", "solution": "5+5\n#### 10"}
-    assert gsm8k.make_task().is_correct("<answer>\\boxed{10}</answer>", ex) is True
+    task = gsm8k.make_task()
+    assert task.verdict(task.record(ex, "<answer>\\boxed{10}</answer>")).correct is True
     assert gsm8k.make_task().record(ex, "g") == {"question": "q?", "generations": "g",
                                                   "ground_truth": 10.0}
 

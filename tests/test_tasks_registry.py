@@ -122,5 +122,6 @@ def test_reward_batch_shapes_and_total():
 ])
 def test_eval_protocol_on_examples(name, text, expected):
     task = get_task(name)
-    assert task.is_correct(text, EXAMPLES[name]) == expected
-    assert task.parse_eval(text, EXAMPLES[name]) is not None
+    v = task.verdict(task.record(EXAMPLES[name], text))  # what d1jax.eval.score reads
+    assert (v.credit if name == "sudoku" else v.correct) == expected
+    assert v.extracted is not None

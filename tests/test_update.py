@@ -323,7 +323,11 @@ def test_wd1_update_weights_whole_groups_under_strided_micro_batches(full_ft):
         model, params, jnp.asarray(batch.prompt_ids), jnp.asarray(batch.completion_ids), seed,
         p_mask_prompt=0.15, attention_mask_bl=jnp.concatenate(
             [batch.prompt_mask, np.ones_like(batch.completion_ids)], axis=1))[0]
-    want, _ = wd1.wd1_objective(logps_bc, batch.completion_mask, batch.advantages, group_size=4)
+    seq_ng = (np.asarray(logps_bc, np.float64) * np.asarray(batch.completion_mask)).sum(-1)
+    seq_ng, a_ng = seq_ng.reshape(-1, 4), np.asarray(batch.advantages, np.float64).reshape(-1, 4)
+    softmax = lambda x: np.exp(x - x.max(-1, keepdims=True)) / np.exp(
+        x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)
+    want = np.mean(-(softmax(a_ng) * seq_ng).sum(-1) + (softmax(-a_ng) * seq_ng).sum(-1))
     for accum in (1, 2):
         cfg = table.GRPOConfig(num_iterations=1, beta=0.0, grad_accum=accum, objective="wd1",
                                 hparams=wd1.WD1Config(group_size=4))

@@ -4,7 +4,7 @@ The adapters live inside the model (``Proj`` in llada.py: ``lora_a`` [in, r] he-
 ``lora_b`` [r, out] zeros, output ``x W + (alpha / r) (x A) B``, dropout on the adapter
 input); ``use_lora=False`` runs the base weights alone, which is d1's reference policy
 (PEFT's ``disable_adapter()``) with no second copy of the model. This module splits a param
-tree into (base, adapters), joins them back, freezes the base for optax, counts params and
+tree into (base, adapters), joins them back, counts params and
 merges adapters into the kernels for export.
 
 Why not qwix: qwix (PyPI ``qwix`` 0.1.8, the library Tunix uses) adds LoRA by intercepting
@@ -21,7 +21,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax import traverse_util
 
 from d1jax.model.config import LoraConfig
@@ -54,17 +53,6 @@ def join(base: Params, adapters: Params | None) -> Params:
         raise ValueError(f"join: paths present in both trees: {sorted(clash)[:3]}")
     flat.update(extra)
     return traverse_util.unflatten_dict(flat)
-
-
-def freeze_base(optimizer: optax.GradientTransformation, params: Params,
-                lora_enabled: bool = True) -> optax.GradientTransformation:
-    """``optimizer`` on the adapters and zero updates (no optimizer state) for the base, for
-    users who keep one param tree. d1jax's TrainState instead splits the tree, so the base
-    gets neither gradients nor optimizer state."""
-    flat = traverse_util.flatten_dict(params)
-    labels = traverse_util.unflatten_dict(
-        {k: "trainable" if is_adapter(k) or not lora_enabled else "frozen" for k in flat})
-    return optax.multi_transform({"trainable": optimizer, "frozen": optax.set_to_zero()}, labels)
 
 
 def merge(params: Params, lora: LoraConfig | None) -> Params:

@@ -4,16 +4,15 @@
   the completion fully masked, each prompt token masked independently with probability
   ``p_mask_prompt`` (a draw fixed by the mask seed), one forward pass, log-softmax in
   float32 at completion positions only. All mask seeds (d1's mu inner iterations) go in one
-  call; they run one after another (``seed_batch`` at a time), so peak memory is flat in mu.
+  call; they run one after another, so peak memory is flat in mu.
 * ``sequence_logps``: d1's mean-field sequence estimate, the sum over the completion mask.
-* ``elbo_logps``: LLaDA's Monte Carlo likelihood bound (``get_log_likelihood.py``).
 
 Memory: the transformer runs on the whole sequence, but the output head only on completion
 positions, ``seq_chunk`` of them at a time and rematerialised in the backward pass: never
 [B, L, V] logits, at most [B, seq_chunk, V] float32 live (8B: V = 126,464).
 
 Shape letters: S mask seeds, B batch, P prompt length, C completion length, L = P + C,
-D d_model, V vocabulary, M Monte Carlo samples per group.
+D d_model, V vocabulary.
 """
 
 from __future__ import annotations
@@ -143,7 +142,7 @@ def _check_pair(prompt_ids_bp: Array, completion_ids_bc: Array, attention_mask_b
 def per_token_logps(model: LLaDA, params: Any, prompt_ids_bp: Array, completion_ids_bc: Array,
                     mask_seeds_s: Array, *, p_mask_prompt: float, mask_rng: Array | None = None,
                     attention_mask_bl: Array | None = None, cfg_scale: float = 0.0,
-                    use_lora: bool = True, seq_chunk: int | None = None, seed_batch: int = 1,
+                    use_lora: bool = True, seq_chunk: int | None = None,
                     dropout_rng: Array | None = None) -> Array:
     """d1's one-step per-token log-probs of the completion, one row per mask seed.
 
@@ -157,7 +156,6 @@ def per_token_logps(model: LLaDA, params: Any, prompt_ids_bp: Array, completion_
       cfg_scale: classifier-free guidance as d1's ``get_logits`` (0: off).
       use_lora: False evaluates the base model, adapters off (the reference policy).
       seq_chunk: completion positions per head chunk (None: automatic, 0: all at once).
-      seed_batch: seeds evaluated together (vmapped); 1 keeps memory flat in S.
       dropout_rng: enables LoRA dropout (training); None is deterministic.
     Returns:
       [S, B, C] float32 log p(completion token | completion masked, prompt partly masked).
@@ -182,75 +180,9 @@ def per_token_logps(model: LLaDA, params: Any, prompt_ids_bp: Array, completion_
 
     if mask_seeds_s.shape[0] == 1:  # the update step: no loop at all
         return one_seed(mask_seeds_s[0])[None]
-    return jax.lax.map(one_seed, mask_seeds_s, batch_size=seed_batch if seed_batch > 1 else None)
+    return jax.lax.map(one_seed, mask_seeds_s)  # one seed at a time: memory flat in S
 
 
 def sequence_logps(per_token_bc: Array, completion_mask_bc: Array) -> Array:
     """d1's mean-field sequence log-prob: the sum over the completion mask. [..., C] -> [...]."""
     return jnp.sum(per_token_bc * completion_mask_bc, axis=-1)
-
-
-def elbo_mask(key: Array, num: int, length: int, valid: Array | int | None = None
-              ) -> tuple[Array, Array]:
-    """LLaDA get_log_likelihood's stratified masks over ``valid`` leading positions.
-
-    One draw k in [1, n] (n = ``valid``, default ``length``); sample i masks
-    ``x_i = ((round(k + i n / num) - 1) mod n) + 1`` of the first n positions, chosen
-    uniformly. Returns (is_mask [num, length] bool, t = x / n [num] float32).
-    """
-    n = length if valid is None else valid
-    n_f = jnp.asarray(n, jnp.float32)
-    k1, k2 = jax.random.split(key)
-    k = jax.random.randint(k1, (), 1, n + 1).astype(jnp.float32)
-    x_m = jnp.round(k + jnp.arange(num) * (n_f / num)).astype(jnp.int32)
-    x_m = (x_m - 1) % jnp.asarray(n, jnp.int32) + 1
-    u_ml = jax.random.uniform(k2, (num, length))
-    u_ml = jnp.where(jnp.arange(length) < n, u_ml, 2.0)  # padding ranks last
-    rank_ml = jnp.argsort(jnp.argsort(u_ml, axis=-1), axis=-1)
-    return rank_ml < x_m[:, None], x_m.astype(jnp.float32) / n_f
-
-
-def elbo_logps(model: LLaDA, params: Any, prompt_ids_bp: Array, completion_ids_bc: Array,
-               rng: Array, *, mc_num: int = 128, mc_batch: int = 16,
-               completion_mask_bc: Array | None = None, attention_mask_bl: Array | None = None,
-               cfg_scale: float = 0.0, use_lora: bool = True,
-               seq_chunk: int | None = None) -> Array:
-    """LLaDA's Monte Carlo lower bound on log p(completion | prompt), per sequence [B].
-
-    For each sequence, ``mc_num`` noisy copies in groups of ``mc_batch`` (stratified mask
-    ratios t, one forward of [mc_batch, L] at a time) give ``sum_masked log p / t``, averaged
-    over copies. The prompt is never masked. ``completion_mask_bc`` (1 = real token, a
-    prefix of each row) limits masks and ratios to each completion's real length; LLaDA's
-    own function takes one unpadded sequence, which is the all-ones mask.
-    """
-    _check_pair(prompt_ids_bp, completion_ids_bc, attention_mask_bl)
-    if mc_num % mc_batch:
-        raise ValueError(f"mc_num={mc_num} must be a multiple of mc_batch={mc_batch}")
-    prompt_ids_bp, completion_ids_bc = jnp.asarray(prompt_ids_bp), jnp.asarray(completion_ids_bc)
-    if attention_mask_bl is not None:
-        attention_mask_bl = jnp.asarray(attention_mask_bl)
-    b, p = prompt_ids_bp.shape
-    c = completion_ids_bc.shape[1]
-    mask_id = model.config.mask_token_id
-    n_b = (jnp.full((b,), c, jnp.int32) if completion_mask_bc is None
-           else jnp.sum(jnp.asarray(completion_mask_bc), axis=-1).astype(jnp.int32))
-    head, scale = model_head(model, params)
-    groups = mc_num // mc_batch
-
-    def one(idx):
-        row, g = idx // groups, idx % groups
-        is_mask_mc, t_m = elbo_mask(jax.random.fold_in(jax.random.fold_in(rng, row), g),
-                                    mc_batch, c, n_b[row])
-        comp_c = completion_ids_bc[row]
-        noisy_mc = jnp.where(is_mask_mc, mask_id, comp_c[None])
-        ids_ml = jnp.concatenate([jnp.broadcast_to(prompt_ids_bp[row], (mc_batch, p)), noisy_mc], 1)
-        attn = (None if attention_mask_bl is None
-                else jnp.broadcast_to(attention_mask_bl[row], (mc_batch, p + c)))
-        h = completion_hidden(model, params, ids_ml, attn, c, cfg_scale=cfg_scale,
-                              prompt_len=p, use_lora=use_lora)
-        lp_mc = head_logps(h, head, jnp.broadcast_to(comp_c, (mc_batch, c)), scale=scale,
-                           seq_chunk=seq_chunk)
-        return jnp.sum(jnp.where(is_mask_mc, lp_mc, 0.0) / t_m[:, None]) / mc_batch
-
-    per_sample = jax.lax.map(one, jnp.arange(b * groups))
-    return per_sample.reshape(b, groups).mean(axis=1)

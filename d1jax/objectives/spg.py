@@ -124,34 +124,13 @@ def spg_inputs(key: Array, prompt_ids_bp: Array, completion_ids_bc: Array,
     return jnp.concatenate([prompt_bjp, comp_bjc], axis=-1), is_mask_bjc
 
 
-def spg_loss(model: LLaDA, params: Any, prompt_ids_bp: Array, prompt_mask_bp: Array,
-             completion_ids_bc: Array, completion_mask_bc: Array, advantages_b: Array,
-             rng: Array, cfg: SPGConfig, *, dropout_rng: Array | None = None
-             ) -> tuple[Array, dict[str, Array]]:
-    """SPG's ``compute_loss``: one forward of the B x J noisy copies, then ``spg_objective``.
-
-    Args:
-      prompt_ids_bp: [B, P] int. prompt_mask_bp: [B, P] (1 = real token).
-      completion_ids_bc: [B, C] int, C a multiple of ``cfg.block_length``.
-      completion_mask_bc: [B, C], 1 up to and including the first EOS.
-      advantages_b: [B] A_i.
-      rng: the mask key of this inner iteration. dropout_rng: LoRA dropout (None: off).
-    Returns:
-      (loss, metrics) of ``spg_objective``.
-    """
-    ids_bjl, is_mask_bjc = spg_inputs(rng, prompt_ids_bp, completion_ids_bc, completion_mask_bc,
-                                      model.config.mask_token_id, cfg)
-    return spg_copies_loss(model, params, ids_bjl, is_mask_bjc, prompt_mask_bp,
-                           completion_ids_bc, completion_mask_bc, advantages_b, cfg,
-                           dropout_rng=dropout_rng)
-
-
 def spg_copies_loss(model: LLaDA, params: Any, ids_bjl: Array, is_mask_bjc: Array,
                     prompt_mask_bp: Array, completion_ids_bc: Array, completion_mask_bc: Array,
                     advantages_b: Array, cfg: SPGConfig, *, dropout_rng: Array | None = None
                     ) -> tuple[Array, dict[str, Array]]:
-    """``spg_loss`` on a given draw (``spg_inputs``: noisy ids [B, J, L], masked completion
-    positions [B, J, C]), e.g. one drawn on a whole batch and sliced into micro-batches."""
+    """SPG's ``compute_loss`` on a given draw (``spg_inputs``: noisy ids [B, J, L], masked
+    completion positions [B, J, C], drawn on the whole batch by the update and sliced into
+    micro-batches): one forward of the B x J noisy copies, then ``spg_objective``."""
     b, c = completion_ids_bc.shape
     j = cfg.num_t
     attn_bl = masking.attention_mask(prompt_mask_bp, c, cfg.use_attention_mask)

@@ -90,7 +90,8 @@ def _wd1_prepare(model: LLaDA, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
 
 def _wd1_loss(model: LLaDA, cfg, params: Params, rows: GRPOBatch, seed_1: Array,
               dropout_rng: Array | None) -> tuple[Array, dict]:
-    """``wd1.wd1_loss`` on prepared rows (prompt already noised, weights of whole groups)."""
+    """wd1's loss (``wd1.wd1_weighted_loss``) on prepared rows: the prompt already noised
+    (``cfg.p_mask_prompt``), the weights of whole groups; one current-policy pass."""
     h: wd1.WD1Config = cfg.hparams
     attn_bl = masking.attention_mask(rows.prompt_mask, rows.completion_ids.shape[1],
                                      h.use_attention_mask)

@@ -235,7 +235,6 @@ def _hparams(c) -> Any:
     g, s = c.grpo, c.sampler
     if g.objective == "wd1":
         return wd1.WD1Config(group_size=g.num_generations, negative=g.wd1.negative,
-                             p_mask_prompt=g.p_mask_prompt,
                              use_attention_mask=s.use_attention_mask)
     if g.objective == "spg":
         blocks = s.gen_length // s.block_length

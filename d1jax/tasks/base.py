@@ -81,15 +81,6 @@ class Task:
             raise ValueError(f"task {self.name}: {len(self.reward_funcs)} reward functions but "
                              f"{len(self.reward_weights)} weights")
 
-    def parse_eval(self, text: str, example: Example) -> Any:
-        """The answer d1's evaluation parser reads out of ``text``."""
-        return self.verdict(self.record(example, text)).extracted
-
-    def is_correct(self, text: str, example: Example) -> bool | float:
-        """d1's evaluation verdict: a bool, or for Sudoku the fraction of empty cells right."""
-        v = self.verdict(self.record(example, text))
-        return v.credit if self.name == "sudoku" else v.correct
-
     def eval_prompt(self, tokenizer, example: Example) -> str:
         """d1's evaluation prompt text: eval chat, chat template, then ``<reasoning>``."""
         prefill = EVAL_PREFILL if self.reasoning else ""
