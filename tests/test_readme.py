@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from d1jax.model import hf_files
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 MARKER = "<!-- readme-test -->"
@@ -39,7 +41,7 @@ def test_readme_snippets_run_in_order(tmp_path, monkeypatch):
     assert logps.shape == (2, 2, 16) and (logps <= 0).all()
     assert int(namespace["state"].step) == 2
     export = tmp_path / "llada-tiny-grpo"
-    assert "auto_map" not in json.loads((export / "config.json").read_text())  # no remote code
+    assert json.loads((export / "config.json").read_text())["auto_map"] == hf_files.AUTO_MAP
 
 
 def test_ci_runs_exactly_the_readme_commands():

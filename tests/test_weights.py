@@ -190,7 +190,8 @@ def test_save_over_a_sharded_checkpoint_removes_its_stale_files(tmp_path, tiny_c
     (tmp_path / "tokenizer.json").write_text("{}")
     weights.save_hf_checkpoint(tmp_path, tiny_config, tiny_params)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "README.md", "config.json", weights.SINGLE_FILE, "tokenizer.json"]
+        "README.md", "config.json", "configuration_llada.py", weights.SINGLE_FILE,
+        "modeling_llada.py", "tokenizer.json"]
 
 
 def test_failed_save_leaves_the_existing_checkpoint_intact(tmp_path, tiny_config, tiny_params,
@@ -323,7 +324,7 @@ def test_unsupported_config_is_refused(hf_dir, field, value, message):
 
 # --------------------------------------------------------------------------- self-contained export
 
-# Minimal remote code, as a Hub LLaDA directory ships it: AutoConfig imports this class.
+# Stand-ins for a Hub LLaDA directory's own remote code (an export ships d1jax's instead).
 CONFIGURATION_PY = '''from transformers import PretrainedConfig
 
 
@@ -355,8 +356,9 @@ def exported_auto_map_files(export):
     return {ref.split(".")[0] + ".py" for ref in auto_map.values()}
 
 
-def test_export_from_a_hub_directory_carries_its_remote_code_and_companions(
+def test_export_from_a_hub_directory_carries_d1jax_remote_code_and_its_companions(
         tmp_path, hub_dir, tiny_config, tiny_params):
+    from d1jax.model import hf_files
     export = tmp_path / "export"
     weights.save_hf_checkpoint(export, tiny_config, tiny_params, source_dir=hub_dir)
     assert {f.name for f in export.iterdir()} == {
@@ -364,8 +366,12 @@ def test_export_from_a_hub_directory_carries_its_remote_code_and_companions(
         "modeling_llada.py", "generation_config.json", "tokenizer_config.json",
         "special_tokens_map.json"}
     assert exported_auto_map_files(export) == {"configuration_llada.py", "modeling_llada.py"}
-    assert (export / "modeling_llada.py").read_text() == MODELING_PY
-    assert "Remote code included" in (export / "README.md").read_text()
+    for name in ("configuration_llada.py", "modeling_llada.py"):  # d1jax's, not the source's
+        assert (export / name).read_bytes() == (hf_files.remote_code_dir() / name).read_bytes()
+    for name in ("generation_config.json", "tokenizer_config.json", "special_tokens_map.json"):
+        assert (export / name).read_bytes() == (hub_dir / name).read_bytes()
+    readme = (export / "README.md").read_text()
+    assert "d1jax's own `configuration_llada.py`" in readme and "were not copied" in readme
 
 
 def test_export_opens_with_transformers_autoconfig_from_the_export_alone(
@@ -383,23 +389,26 @@ def test_export_opens_with_transformers_autoconfig_from_the_export_alone(
 
 def test_export_keeps_only_auto_map_entries_whose_module_it_holds(
         tmp_path, hub_dir, tiny_config, tiny_params):
+    from d1jax.model import hf_files
     cfg = {**TINY_CONFIG, "auto_map": {**TINY_CONFIG["auto_map"],
-                                       "AutoModelForMaskedLM": "masked_llada.Model"}}
+                                       "AutoModelForMaskedLM": "masked_llada.Model",
+                                       "AutoTokenizer": ["tokenization_llada.Tok", None]}}
     (hub_dir / "config.json").write_text(json.dumps(cfg))
-    (hub_dir / "modeling_llada.py").unlink()
+    (hub_dir / "tokenization_llada.py").write_text("class Tok: pass\n")  # masked_llada.py absent
     export = tmp_path / "export"
     weights.save_hf_checkpoint(export, tiny_config, tiny_params, source_dir=hub_dir)
     auto_map = json.loads((export / "config.json").read_text())["auto_map"]
-    assert auto_map == {"AutoConfig": "configuration_llada.LLaDAConfig"}
-    assert all((export / f).is_file() for f in exported_auto_map_files(export))
+    assert auto_map == {**hf_files.AUTO_MAP, "AutoTokenizer": ["tokenization_llada.Tok", None]}
+    assert (export / "tokenization_llada.py").is_file()
 
 
-def test_export_without_a_source_names_no_missing_module_and_says_so(
+def test_export_without_a_source_still_carries_the_remote_code_it_names(
         tmp_path, tiny_config, tiny_params):
     weights.save_hf_checkpoint(tmp_path, tiny_config, tiny_params)
-    assert "auto_map" not in json.loads((tmp_path / "config.json").read_text())
-    assert not list(tmp_path.glob("*.py"))
-    assert "No remote code included" in (tmp_path / "README.md").read_text()
+    assert exported_auto_map_files(tmp_path) == {"configuration_llada.py", "modeling_llada.py"}
+    assert {f.name for f in tmp_path.glob("*.py")} == {"configuration_llada.py",
+                                                       "modeling_llada.py"}
+    assert "d1jax's own `configuration_llada.py`" in (tmp_path / "README.md").read_text()
 
 
 def lora_params(tiny_config, lora):

@@ -293,7 +293,7 @@ def _write_safetensors(file: Path, tensors: list[tuple[str, np.ndarray]]) -> Non
 def save_hf_checkpoint(path: str | os.PathLike, config: LLaDAConfig, params: Mapping[str, Any],
                        max_shard_size: int | str = "5GB", dtype: Any = None, *,
                        source_dir: str | os.PathLike | None = None,
-                       lora: LoraConfig | None = None) -> None:
+                       tokenizer: Any = None, lora: LoraConfig | None = None) -> None:
     """Writes params in the Hugging Face LLaDA layout (loadable by the PyTorch code).
 
     Tensors are gathered to the host one at a time; files are written into a temporary
@@ -301,10 +301,14 @@ def save_hf_checkpoint(path: str | os.PathLike, config: LLaDAConfig, params: Map
     checkpoint at ``path`` survives a failed save. Only process 0 writes.
 
     Args:
-      source_dir: the Hugging Face directory the model was loaded from. Its remote code
-        (``auto_map`` modules), ``generation_config.json`` and tokenizer files are copied,
-        so ``transformers`` opens the export alone with ``trust_remote_code=True``. Without
-        it config.json carries no ``auto_map`` and the export's README.md says so.
+      source_dir: the Hugging Face directory the model was loaded from, or None. Its
+        ``generation_config.json``, tokenizer files (unless ``tokenizer`` is given) and
+        ``auto_map`` modules other than LLaDA's are copied. Every export carries d1jax's
+        own ``configuration_llada.py`` / ``modeling_llada.py`` (``hf_files``), which
+        transformers 4.x and 5.x open with ``trust_remote_code=True``; its README.md says so.
+      tokenizer: the ``transformers`` tokenizer to ship: the files of the directory it was
+        loaded from, byte for byte, or a form transformers 4.x and 5.x both read when that
+        directory holds one only 5.x reads (``hf_files``).
       lora: the model's LoRA config; adapters in ``params`` are merged into the kernels.
         Params holding adapters without it are refused (the export would be the base model).
     """
@@ -354,10 +358,7 @@ def save_hf_checkpoint(path: str | os.PathLike, config: LLaDAConfig, params: Map
             (tmp / INDEX_FILE).write_text(json.dumps(
                 {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
         hf_config = config.to_hf_dict()
-        hf_config.pop("auto_map", None)
-        auto_map = hf_files.copy_companions(source_dir, tmp)
-        if auto_map:
-            hf_config["auto_map"] = auto_map
+        hf_config["auto_map"] = hf_files.copy_companions(source_dir, tmp, tokenizer)
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
         _replace_dir(tmp, path)
     except BaseException:

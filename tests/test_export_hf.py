@@ -1,0 +1,221 @@
+"""Hugging Face exports open out of the box: a run's export (``context.export_hf``) of a random
+model and of a model loaded from an official-style LLaDA directory, opened by transformers 5.x
+(this environment) and 4.46.3 (a cached venv) with ``trust_remote_code=True``: their logits
+against d1jax's forward, their ``AutoTokenizer`` against the ``tokenizers`` library."""
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import numpy as np
+import pytest
+import tokenizers
+
+import d1jax
+from d1jax.model import hf_files, weights
+from d1jax.model.tokenizer import CHAT_TEMPLATE, load_tokenizer, train_tiny_tokenizer
+from d1jax.run import build, context
+
+TEXTS = ["The quick brown fox jumps over 12 lazy dogs.", "Sudoku: 1 2 3 4 / 3 4 1 2",
+         "<|startoftext|>Solve 7 + 8.<|eot_id|>", "Answer: 15<|mdm_mask|><|endoftext|>"]
+# Left padding in the second row: the HF model must ignore padding keys as d1jax does.
+IDS = [[5, 6, 7, 200, 8, 9, 10, 11], [0, 0, 0, 9, 10, 260, 3, 4]]
+MASK = [[1] * 8, [0, 0, 0, 1, 1, 1, 1, 1]]
+# What a transformers 4.x save of LLaDA-8B-Instruct's tokenizer holds, besides tokenizer.json.
+OFFICIAL_TOKENIZER_CONFIG = {
+    "bos_token": "<|startoftext|>", "clean_up_tokenization_spaces": False,
+    "eos_token": "<|endoftext|>", "mask_token": "<|mdm_mask|>",
+    "model_input_names": ["input_ids", "attention_mask"], "model_max_length": 4096,
+    "tokenizer_class": "PreTrainedTokenizerFast"}
+# config.json fields of LLaDA-8B-Instruct that d1jax's config does not write.
+OFFICIAL_EXTRA_FIELDS = {"flash_attention": False, "init_device": "meta", "init_fn": "mitchell",
+                         "init_std": 0.02, "precision": "amp_bf16", "torch_dtype": "bfloat16",
+                         "transformers_version": "4.46.3", "use_cache": False}
+HF4_REQUIREMENTS = ("torch==2.13.0", "transformers==4.46.3", "tokenizers<0.21", "safetensors",
+                    "numpy")
+
+# Run by each transformers version: opens every export, writes logits (.npz) and tokens (.json).
+LOADER = r'''
+import json, sys
+import numpy as np, torch, transformers
+from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+job = json.load(open(sys.argv[1]))
+result, arrays = {"version": transformers.__version__, "exports": []}, {}
+for i, path in enumerate(job["exports"]):
+    row = {"classes": []}
+    for auto in (AutoModel, AutoModelForCausalLM):
+        model = auto.from_pretrained(path, trust_remote_code=True).eval()
+        with torch.no_grad():
+            out = model(torch.tensor(job["ids"]), attention_mask=torch.tensor(job["mask"]))
+        arrays[f"{i}_{auto.__name__}"] = out.logits.numpy()
+        row["classes"].append(type(model).__name__)
+    tok = AutoTokenizer.from_pretrained(path)
+    row.update(tokens=[tok(t)["input_ids"] for t in job["texts"]], mask=tok.mask_token,
+               chat_template=tok.chat_template)
+    result["exports"].append(row)
+np.savez(job["arrays"], **arrays)
+json.dump(result, open(job["result"], "w"))
+'''
+
+
+def random_params(config, seed):
+    """numpy params with logits of order 1-10 (init's std 0.02 would leave them near 0)."""
+    rs, params = np.random.RandomState(seed), {}
+    for path, shape in sorted(weights.param_shapes(config).items()):
+        scale, offset = (0.1, 1.0) if path[-1] == "weight" else (0.3, 0.0)  # RMSNorm scales
+        node = params
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = (offset + scale * rs.randn(*shape)).astype(np.float32)
+    return params
+
+
+def export_run(workdir, tok, config, params, source_dir):
+    """The export a run ends with, through the run's own function."""
+    setup = build.Setup(mesh=None, rules=(), tokenizer=tok, model=d1jax.LLaDA(config),
+                        model_config=config, params=params, ids={})
+    state = types.SimpleNamespace(policy_params=lambda: params)
+    return context.export_hf(Path(workdir), setup, state, source_dir=source_dir)
+
+
+def official_source(path, config, params, tok_dir):
+    """An official-style LLaDA directory: its config.json fields, remote code (stand-ins),
+    generation config, and a tokenizer.json with a transformers 4.x tokenizer_config.json."""
+    weights.save_hf_checkpoint(path, config, params)
+    (path / "config.json").write_text(json.dumps({**config.to_hf_dict(), **OFFICIAL_EXTRA_FIELDS}))
+    for name in hf_files.REMOTE_CODE:
+        (path / name).write_text("# LLaDA's official code stands here\n")
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": config.eos_token_id}))
+    shutil.copy(tok_dir / "tokenizer.json", path / "tokenizer.json")
+    chat_template = (tok_dir / "chat_template.jinja").read_text()
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({**OFFICIAL_TOKENIZER_CONFIG, "chat_template": chat_template}, indent=2))
+    (path / "special_tokens_map.json").write_text(json.dumps(
+        {k: OFFICIAL_TOKENIZER_CONFIG[k] for k in ("bos_token", "eos_token", "mask_token")}))
+    return path
+
+
+class Export(NamedTuple):
+    path: Path  # the export directory
+    logits: np.ndarray  # d1jax's forward on IDS, MASK [2, 8, V]
+    tokenizer_json: Path  # the tokenizer the run used
+    source: Path | None  # the directory the run loaded its model from
+
+
+def export_and_reference(workdir, tok, config, params, source) -> Export:
+    path = export_run(workdir, tok, config, params, None if source is None else str(source))
+    logits = jax.jit(d1jax.LLaDA(config).apply)({"params": params}, np.array(IDS), np.array(MASK))
+    return Export(path, np.asarray(logits), Path(tok.name_or_path) / "tokenizer.json", source)
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory) -> dict[str, Export]:
+    root = tmp_path_factory.mktemp("export_hf")
+    # Random init, as a run makes it: a tokenizer trained into the workdir by transformers 5,
+    # here with a tied, scaled head and one kv head (the source model covers the other head).
+    tok_dir = root / "random" / "tokenizer"
+    tok = train_tiny_tokenizer(TEXTS * 4, tok_dir, vocab_size=300)
+    vocab = -(-len(tok) // 64) * 64
+    ids = {"mask_token_id": tok.mask_token_id, "eos_token_id": tok.eos_token_id,
+           "pad_token_id": tok.eos_token_id}
+    tied = d1jax.preset("test-tiny", vocab_size=vocab, embedding_size=vocab, n_kv_heads=1,
+                        weight_tying=True, scale_logits=True, **ids)
+    out = {"random": export_and_reference(root / "random", tok, tied, random_params(tied, 1),
+                                          None)}
+    # From an official-style directory, as a run with model.path: weights and tokenizer from it.
+    untied = d1jax.preset("test-tiny", vocab_size=vocab, embedding_size=vocab, **ids)
+    source = official_source(root / "hub", untied, random_params(untied, 2), tok_dir)
+    config, params = weights.load_hf_checkpoint(source)
+    params = jax.tree.map(np.asarray, params)  # host arrays: no per-layer device slicing to compile
+    out["source"] = export_and_reference(root / "run", load_tokenizer(source), config, params,
+                                         source)
+    return out
+
+
+def test_exports_hold_d1jax_remote_code_and_the_source_tokenizer_unchanged(exports):
+    for export in exports.values():
+        config = json.loads((export.path / "config.json").read_text())
+        assert config["auto_map"] == hf_files.AUTO_MAP
+        for code in hf_files.REMOTE_CODE:
+            assert (export.path / code).read_bytes() == (
+                hf_files.remote_code_dir() / code).read_bytes()
+        assert "d1jax's own `configuration_llada.py`" in (export.path / "README.md").read_text()
+    export = exports["source"]
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+              "generation_config.json"):
+        assert (export.path / f).read_bytes() == (export.source / f).read_bytes(), f
+    assert "official code stands" not in (export.path / "modeling_llada.py").read_text()
+    export = exports["random"]  # transformers 5 wrote its tokenizer_config: rewritten for 4.x
+    assert (export.path / "tokenizer.json").read_bytes() == export.tokenizer_json.read_bytes()
+    cfg = json.loads((export.path / "tokenizer_config.json").read_text())
+    assert cfg["tokenizer_class"] == "PreTrainedTokenizerFast" and cfg["chat_template"]
+
+
+def check_opened(python, exports, tmp_path):
+    """Runs LOADER under ``python`` on every export; compares with d1jax and ``tokenizers``."""
+    names = sorted(exports)
+    job = {"exports": [str(exports[n].path) for n in names], "ids": IDS, "mask": MASK,
+           "texts": TEXTS, "arrays": str(tmp_path / "logits.npz"),
+           "result": str(tmp_path / "result.json")}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    (tmp_path / "loader.py").write_text(LOADER)
+    # Its own HF_HOME: remote code is imported from a fresh module cache, nothing is downloaded.
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([str(python), str(tmp_path / "loader.py"), str(tmp_path / "job.json")],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    arrays = np.load(tmp_path / "logits.npz")
+    for i, name in enumerate(names):
+        row = result["exports"][i]
+        assert row["classes"] == ["LLaDAModelLM", "LLaDAModelLM"], (name, result["version"])
+        for auto in ("AutoModel", "AutoModelForCausalLM"):
+            np.testing.assert_allclose(arrays[f"{i}_{auto}"], exports[name].logits, rtol=1e-5,
+                                       atol=1e-5,
+                                       err_msg=f"{name} {auto} {result['version']}")
+        reference = tokenizers.Tokenizer.from_file(str(exports[name].tokenizer_json))
+        assert row["tokens"] == [reference.encode(t).ids for t in TEXTS], name
+        assert row["mask"] == "<|mdm_mask|>" and row["chat_template"] == CHAT_TEMPLATE, name
+    return result["version"]
+
+
+def test_transformers_5_opens_both_exports(exports, tmp_path):
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed; `pip install -e .[test]` installs it")
+    assert check_opened(sys.executable, exports, tmp_path).startswith("5.")
+
+
+@pytest.fixture(scope="session")
+def hf4_python():
+    """Python of a venv with transformers 4.46.3 (it needs tokenizers<0.21, so it cannot share
+    this environment), built once under ~/.cache/d1jax, keyed by Python and the pins."""
+    key = hashlib.sha256(repr((sys.version_info[:2], HF4_REQUIREMENTS)).encode()).hexdigest()[:12]
+    venv = Path.home() / ".cache" / "d1jax" / f"hf446-venv-{key}"
+    python, done = venv / "bin" / "python", venv / "d1jax-complete"
+    if not done.exists():
+        shutil.rmtree(venv, ignore_errors=True)
+        r = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True,
+                           text=True)
+        if r.returncode == 0:
+            r = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-input",
+                                "--disable-pip-version-check", *HF4_REQUIREMENTS],
+                               capture_output=True, text=True, timeout=900)
+        if r.returncode != 0:
+            shutil.rmtree(venv, ignore_errors=True)
+            pytest.skip(f"cannot build a venv with {' '.join(HF4_REQUIREMENTS)} (no network?): "
+                        f"{(r.stderr or r.stdout)[-800:]}")
+        done.write_text(" ".join(HF4_REQUIREMENTS) + "\n")
+    return python
+
+
+def test_transformers_4_46_opens_both_exports(exports, hf4_python, tmp_path):
+    assert check_opened(hf4_python, exports, tmp_path) == "4.46.3"
