@@ -10,6 +10,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from d1jax.tasks import format_prompt
+
 
 def encode_prompts(tokenizer, texts: Sequence[str], length: int) -> tuple[np.ndarray, np.ndarray]:
     """Token ids and attention mask [N, length], left-padded with pad, left-truncated."""
@@ -36,8 +38,7 @@ def uniform_prompt_length(tokenizer, texts: Sequence[str]) -> int:
 
 def chat_prompts(tokenizer, task, examples: Sequence[dict]) -> list[str]:
     """d1's prompt text: the task's chat messages through the tokenizer's chat template."""
-    return [tokenizer.apply_chat_template(task.build_messages(ex), add_generation_prompt=True,
-                                          tokenize=False) for ex in examples]
+    return [format_prompt(tokenizer, task.build_messages(ex)) for ex in examples]
 
 
 def score(task, completions: Sequence[str], examples: Sequence[dict]) -> np.ndarray:
@@ -48,8 +49,7 @@ def score(task, completions: Sequence[str], examples: Sequence[dict]) -> np.ndar
 
 def reward_metrics(task, per_func: np.ndarray, group: int) -> dict[str, float]:
     """d1's logged reward metrics: per-function means, total, group std, zero-std ratio."""
-    weights = np.asarray(task.reward_weights, np.float32)
-    total = (per_func * weights).sum(1)
+    total = weighted_rewards(task, per_func)
     std = total.reshape(-1, group).std(1, ddof=1) if group > 1 else np.zeros(len(total))
     out = {f"rewards/{getattr(f, '__name__', i)}": float(per_func[:, i].mean())
            for i, f in enumerate(task.reward_funcs)}
@@ -59,6 +59,7 @@ def reward_metrics(task, per_func: np.ndarray, group: int) -> dict[str, float]:
 
 
 def weighted_rewards(task, per_func: np.ndarray) -> np.ndarray:
+    """[B]: the weighted sum of the reward columns [B, F], as d1's trainer combines them."""
     return (per_func * np.asarray(task.reward_weights, np.float32)).sum(1)
 
 
