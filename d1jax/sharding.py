@@ -149,6 +149,14 @@ def global_to_host(x: jax.Array, mesh: Mesh, rules=DEFAULT_RULES) -> np.ndarray:
     return np.asarray(multihost_utils.global_array_to_host_local_array(x, mesh, spec))
 
 
+def gather_all(x: jax.Array) -> np.ndarray:
+    """Every element of a (possibly multi-host) global array, on every host."""
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+        return np.asarray(jax.device_get(x))
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
 def gather_rows(local: np.ndarray) -> np.ndarray:
     """Concatenate every host's rows in process order (for metrics)."""
     if jax.process_count() == 1:

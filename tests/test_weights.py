@@ -168,8 +168,8 @@ def test_save_writes_the_hf_layout(tmp_path, tiny_config, tiny_params):
 def test_save_gathers_stacked_params_one_layer_at_a_time(tmp_path, tiny_config, tiny_params,
                                                          monkeypatch):
     gathered = []
-    real = weights._host_array
-    monkeypatch.setattr(weights, "_host_array", lambda x: gathered.append(x.shape) or real(x))
+    real = weights.shd.gather_all
+    monkeypatch.setattr(weights.shd, "gather_all", lambda x: gathered.append(x.shape) or real(x))
     weights.save_hf_checkpoint(tmp_path, tiny_config, tiny_params)
     assert len(gathered) == len(weights.key_map(tiny_config))  # one gather per HF tensor
     assert max(len(shape) for shape in gathered) == 2  # never a whole [layers, ...] stack

@@ -43,17 +43,9 @@ def generate_texts(s, task, examples, scfg: smp.SamplerConfig, batch_size: int,
         ids, mask = rollout.encode_prompts(s.tokenizer, chunk, prompt_length)
         with sharding.activate(s.mesh, s.rules):
             res = gen(s.params, put(ids), put(mask), jax.random.key(seed + i))
-        comp = _all_rows(res.ids)[:n, prompt_length:]
+        comp = sharding.gather_all(res.ids)[:n, prompt_length:]
         out.extend(s.tokenizer.batch_decode(comp, skip_special_tokens=False))
     return out
-
-
-def _all_rows(x) -> np.ndarray:
-    """Every row of a (possibly multi-host) global array, on every host."""
-    if x.is_fully_addressable:
-        return np.asarray(jax.device_get(x))
-    from jax.experimental import multihost_utils
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def evaluate(spec: RunSpec, s, task, examples, workdir: Path) -> list[dict]:

@@ -249,13 +249,6 @@ def _set(tree, path, value):
 
 # --------------------------------------------------------------------------- writing
 
-def _host_array(x) -> np.ndarray:
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(jax.device_get(x))
-
-
 def iter_hf_tensors(config: LLaDAConfig, params: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
     """(HF key, lazily-sliced param) in checkpoint order; no host copy is made here."""
     for key, (ppath, layer, transposed) in key_map(config).items():
@@ -334,7 +327,7 @@ def save_hf_checkpoint(path: str | os.PathLike, config: LLaDAConfig, params: Map
         # Keys come layer by layer, so a stacked param is sliced on device and only that
         # layer gathered (gathering the whole stack per key would copy it n_layers times).
         arr, layer, transposed = entry
-        a = _host_array(arr[layer] if layer is not None else arr)
+        a = shd.gather_all(arr[layer] if layer is not None else arr)
         a = a.T if transposed else a
         return np.ascontiguousarray(a.astype(dtype) if dtype is not None else a)
 
