@@ -157,3 +157,44 @@ def test_lora_model_equals_the_plain_model_on_numpy_merged_kernels(lora_setup):
     trained = _with_random_b(params)
     np.testing.assert_allclose(apply_plain(_np_merge(trained, LORA), ids), apply(trained, ids),
                                atol=1e-5)
+
+
+@pytest.mark.parametrize("targets", [("q_proj", "k_proj", "v_proj", "up_proj"),
+                                     ("q_proj", "k_proj", "v_proj")], ids=["d1_grpo", "d1_sft"])
+def test_only_the_named_targets_get_adapters_and_exports_merge_them(tiny_config, tmp_path,
+                                                                    targets):
+    """d1's effective target sets (GRPO: q, k, v, up; SFT: q, k, v): adapters exist on those
+    projections alone, the other kernels pass merge untouched, and an HF export of the merged
+    params loads back as the plain model that reproduces the adapter model's logits."""
+    from d1jax.model import weights
+    lora = LoraConfig(rank=4, alpha=8.0, dropout=0.0, targets=targets)
+    model, plain = d1jax.LLaDA(tiny_config, lora=lora), d1jax.LLaDA(tiny_config)
+    trained = _with_random_b(d1jax.init_params(model, jax.random.key(1)))
+    adapted = {k[-2] for k in traverse_util.flatten_dict(trained) if lora_lib.is_adapter(k)}
+    assert adapted == set(targets)
+    merged = lora_lib.merge(trained, lora)
+    base = traverse_util.flatten_dict(lora_lib.split(trained)[0])
+    for k, v in traverse_util.flatten_dict(merged).items():
+        touched = k[-1] == "kernel" and len(k) > 1 and k[-2] in targets
+        assert np.array_equal(np.asarray(v), np.asarray(base[k])) != touched, k
+    ids = np.random.RandomState(3).randint(0, 120, (2, 10)).astype(np.int32)
+    want = Apply(model)(trained, ids)
+    weights.save_hf_checkpoint(tmp_path / "hf", tiny_config, trained, lora=lora)
+    _, loaded = weights.load_hf_checkpoint(tmp_path / "hf")
+    np.testing.assert_allclose(Apply(plain)(loaded, ids), want, atol=1e-5)
+
+
+def test_unknown_targets_are_a_config_error():
+    """PEFT's Llama names match no LLaDA module (d1's o/gate/down_proj adapt nothing): refused
+    by name, in lora.check_targets and in the run config."""
+    from d1jax import config as config_lib
+    from d1jax.run import spec as spec_lib
+    assert lora_lib.check_targets(["q_proj", "ff_out"]) == ("q_proj", "ff_out")
+    for bad, why in ((("q_proj", "o_proj"), "unknown 'o_proj'"), ((), "empty"),
+                     (("q_proj", "q_proj"), "repeated")):
+        with pytest.raises(ValueError, match=why):
+            lora_lib.check_targets(bad)
+    c = config_lib.grpo("sudoku", "tiny")
+    c.lora.targets = ("q_proj", "gate_proj")
+    with pytest.raises(config_lib.ConfigError, match="unknown 'gate_proj'.*attn_out, ff_proj"):
+        spec_lib.from_config(c)

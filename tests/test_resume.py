@@ -52,6 +52,17 @@ def test_a_state_shaping_change_is_refused_with_each_field_named(tmp_path):
                                                     "metrics.jsonl", "tokenizer"]
 
 
+def test_a_change_of_lora_targets_is_refused(tmp_path):
+    """The adapters' projections shape the state: d1's GRPO set, recorded as one string."""
+    ident = dict(_spec().identity)
+    assert ident["lora.targets"] == "q_proj,k_proj,v_proj,up_proj"
+    wd = _workdir(tmp_path, json.loads(json.dumps(ident)))  # as the metadata file reads back
+    resume.check(_spec(), wd)
+    with pytest.raises(resume.IncompatibleResume,
+                       match='lora.targets "q_proj,k_proj,v_proj,up_proj" -> "q_proj,v_proj"'):
+        resume.check(_spec(lora__targets=("q_proj", "v_proj")), wd)
+
+
 def test_accepted_changes_resume_and_unknown_names_are_refused(tmp_path):
     wd = _workdir(tmp_path, dict(_spec().identity))
     resume.check(_spec(optim__learning_rate=5e-4, train__accept_changes="optim.learning_rate"),

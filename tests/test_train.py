@@ -184,9 +184,10 @@ def test_config_is_translated_once_into_typed_configs():
     spec = spec_lib.from_config(c)
     assert spec.grpo.use_attention_mask is False and spec.sampler.use_attention_mask is False
     assert spec.optim.build(10_001).warmup_steps == math.ceil(0.0001 * 10_001) == 2
-    assert spec.keep_reference  # LoRA, beta > 0, synced reference
+    assert not spec.keep_reference  # LoRA, beta > 0: the base model is the reference (d1)
+    c.grpo.sync_ref_model = True
+    assert spec_lib.from_config(c).keep_reference  # a synced reference copy
     c.grpo.sync_ref_model = False
-    assert not spec_lib.from_config(c).keep_reference  # the base model is the reference
     c.lora.enabled = False
     assert spec_lib.from_config(c).keep_reference  # full fine-tuning needs a copy
     c.grpo.objective = "ppo"

@@ -407,14 +407,22 @@ def lora_policy(tiny_config):
     return model, d1jax.LLaDA(tiny_config), params, base, trained, opt, lora
 
 
-@pytest.mark.parametrize("keep_reference", [False, True], ids=["adapters_off", "adapter_copy"])
-def test_reference_logps_are_the_base_models_not_the_policys(lora_policy, keep_reference):
-    """The reference of a LoRA run is the base model (d1: PEFT's disable_adapter()).
-    keep_reference=False (sync_ref_model off): the base with adapters off.
-    keep_reference=True (the default config: sync_ref_model on, LoRA, beta > 0): a copy of
-    the adapters at init (lora_b = 0, so again the base), mixed toward the policy only by
-    sync_reference. Checked by value against the plain model's one-step log-probs on the base
-    weights, while the policy (trained adapters) scores differently."""
+@pytest.mark.parametrize("sync_ref_model", [False, True], ids=["d1_adapters_off", "synced_copy"])
+def test_reference_logps_are_the_base_models_not_the_policys(lora_policy, sync_ref_model):
+    """The reference of a LoRA run, as the run config sets it up (spec.keep_reference).
+    Default (d1: PEFT's disable_adapter() at every step): no copy, the base weights with
+    adapters off, whatever the adapters hold. grpo.sync_ref_model=True: a copy of the adapters
+    at init (lora_b = 0, so again the base), mixed toward the policy by sync_reference, after
+    which the reference follows the mixed copy. Checked by value against the plain model's
+    one-step log-probs (numpy log-softmax) on base or numpy-merged weights, while the policy
+    (non-zero adapters) scores differently."""
+    from d1jax import config as config_lib
+    from d1jax.run import spec as spec_lib
+    c = config_lib.grpo("sudoku", "tiny")
+    assert c.grpo.sync_ref_model is False  # d1's reference is the default
+    c.grpo.sync_ref_model = sync_ref_model
+    keep_reference = spec_lib.from_config(c).keep_reference
+    assert keep_reference == sync_ref_model
     model, plain, params, base, trained, opt, lora = lora_policy
     cfg = table.GRPOConfig(num_iterations=2, beta=0.04, p_mask_prompt=0.0)
     steps = steps_lib.make_jitted_steps(model, None, opt, lora=True,
@@ -428,14 +436,16 @@ def test_reference_logps_are_the_base_models_not_the_policys(lora_policy, keep_r
     for s in range(2):
         np.testing.assert_allclose(out["ref_logps"][s], want_ref, atol=2e-5, err_msg=s)
         np.testing.assert_allclose(out["old_logps"][s], want_policy, atol=2e-5, err_msg=s)
-    if not keep_reference:
-        assert state.ref is None
-        return
-    # sync_reference: ref adapters <- 0.6 policy + 0.4 ref, leaf by leaf (TRL's mixup).
+    # sync_reference: ref adapters <- 0.6 policy + 0.4 ref, leaf by leaf (TRL's mixup); with
+    # no copy (d1) a no-op, and the reference stays the base model.
     start = lora_lib.split(params)[1]
     mixed = jax.tree.map(lambda p, r: 0.6 * np.asarray(p) + 0.4 * np.asarray(r), trained, start)
     state = steps.sync_reference(state, 0.6)
     out = jax.device_get(steps.rollout_logps(state, batch))
+    if not keep_reference:
+        assert state.ref is None and state.reference_params()[1] is False  # adapters off
+        np.testing.assert_allclose(out["ref_logps"][1], want_ref, atol=2e-5)
+        return
     want_mixed = _np_one_step_logps(plain, _merged(base, mixed, lora), batch, 0, 0.0)
     assert np.abs(want_mixed - want_ref).max() > 0.01
     np.testing.assert_allclose(out["ref_logps"][1], want_mixed, atol=2e-5)

@@ -36,12 +36,21 @@ def _model(tiny: bool) -> mlc.ConfigDict:
     return m
 
 
+# d1's LoRA targets as they land on LLaDA's module names (PEFT matches names exactly, and
+# LLaDA has no o_proj/gate_proj/down_proj: its attn_out/ff_proj/ff_out stay frozen in d1).
+# GRPO: diffu-grpo/diffu_grpo_train.py target_modules [q, k, v, o, up, down, gate]_proj.
+D1_GRPO_TARGETS = ("q_proj", "k_proj", "v_proj", "up_proj")
+# SFT: SFT/sft_train.py target_modules ["q_proj", "k_proj", "v_proj"].
+D1_SFT_TARGETS = ("q_proj", "k_proj", "v_proj")
+
+
 def _lora(tiny: bool) -> mlc.ConfigDict:
     lo = mlc.ConfigDict()
     lo.enabled = True  # Train LoRA adapters (d1); False: full fine-tuning with a frozen reference copy.
     lo.rank = 8 if tiny else 128  # r.
     lo.alpha = 16.0 if tiny else 64.0  # alpha; adapters scale by alpha / r.
     lo.dropout = 0.0 if tiny else 0.05  # Dropout on the adapter input.
+    lo.targets = D1_GRPO_TARGETS  # LLaDA projections that get adapters, among q_proj, k_proj, v_proj, attn_out, ff_proj, up_proj, ff_out.
     return lo
 
 
@@ -239,9 +248,12 @@ def grpo(task: str, arg: str | None, objective: str = "diffu_grpo") -> mlc.Confi
     g.coupled_grpo = mlc.ConfigDict()  # coupled-GRPO (DiffuCoder, arXiv 2506.20639); beta and epsilon above.
     g.coupled_grpo.t_min = 0.2  # t ~ U(t_min, t_max): mask ratio of the set M of the complementary pair.
     g.coupled_grpo.t_max = 0.8  # Upper end of t.
-    g.sync_ref_model = True  # Mix the reference toward the policy every ref_model_sync_steps.
-    g.ref_model_sync_steps = 4 if tiny else 64  # Optimizer steps between reference syncs.
-    g.ref_model_mixup_alpha = 0.6  # ref <- alpha * policy + (1 - alpha) * ref.
+    # The reference of the KL term. False (d1): under LoRA the base model with the adapters off,
+    # at every step (d1 scores it under PEFT's disable_adapter(); its train.yaml's
+    # sync_ref_model: True acts on no model there); full fine-tuning: a frozen copy of the start.
+    g.sync_ref_model = False  # True: keep a reference copy (of the adapters under LoRA) mixed toward the policy every ref_model_sync_steps (TRL's SyncRefModelCallback without PEFT).
+    g.ref_model_sync_steps = 4 if tiny else 64  # With sync_ref_model: optimizer steps between reference syncs.
+    g.ref_model_mixup_alpha = 0.6  # With sync_ref_model: ref <- alpha * policy + (1 - alpha) * ref.
     c.lock()
     return c
 
@@ -251,12 +263,15 @@ def sft(arg: str | None) -> mlc.ConfigDict:
     tiny = _variant(arg)
     # The tiny variant trains on generated Sudoku trajectories: s1K needs the Hub.
     c = base("sft", "sudoku" if tiny else "s1k", tiny, steps=0)
+    c.lora.alpha = 16.0 if tiny else 256.0  # d1 SFT: lora_alpha 256 (scale 2 at r = 128).
+    c.lora.targets = D1_SFT_TARGETS  # d1 SFT: q_proj, k_proj, v_proj.
     c.optim.learning_rate = 1e-3 if tiny else 1e-5  # d1 SFT: 1e-5.
-    c.optim.grad_accum = 1  # One step of all 8 rows (d1: 4 micro-batches of 2, each its own token mean; 4 also leaves half of a v5p-8's chips without a row: 8% estimated MFU against 33%, docs/tpu_plan.md).
+    c.optim.b2 = 0.999  # d1 SFT: the Trainer's default adam_beta2.
+    c.optim.grad_accum = 1  # One step of all 16 rows (d1: 4 micro-batches of one row per GPU; the loss is a token mean over the step here, docs/training.md).
     c.optim.max_grad_norm = 1.0  # d1 SFT: the Trainer's default 1.0.
-    c.optim.warmup_ratio = 0.0 if tiny else 0.05  # Linear warmup fraction, then constant.
+    c.optim.warmup_ratio = 0.0  # d1 SFT: no warmup (the Trainer's default); the rate then stays constant, where d1 decays it linearly to 0 (README departures).
     c.sft = mlc.ConfigDict()
-    c.sft.batch_size = 8 if tiny else 8  # Sequences per optimizer step, all hosts.
+    c.sft.batch_size = 8 if tiny else 16  # Sequences per optimizer step, all hosts (d1: 1 per GPU x 4 accumulation x 4 GPUs).
     c.sft.max_length = 256 if tiny else 4096  # Prompt + completion tokens (longer are cut).
     c.sft.num_epochs = 0 if tiny else 20  # Epochs (d1: 20); 0: run train.num_steps.
     c.sft.eps = 1e-3  # Lower bound of the mask ratio t ~ U(eps, 1).

@@ -4,8 +4,9 @@ The adapters live inside the model (``Proj`` in llada.py: ``lora_a`` [in, r] he-
 ``lora_b`` [r, out] zeros, output ``x W + (alpha / r) (x A) B``, dropout on the adapter
 input); ``use_lora=False`` runs the base weights alone, which is d1's reference policy
 (PEFT's ``disable_adapter()``) with no second copy of the model. This module splits a param
-tree into (base, adapters), joins them back, counts params and
-merges adapters into the kernels for export.
+tree into (base, adapters), joins them back, counts params,
+merges adapters into the kernels for export, and checks the names of the projections LoRA
+targets (``TARGETS``; a run adapts the ones ``LoraConfig.targets`` names, and only those).
 
 Why not qwix: qwix (PyPI ``qwix`` 0.1.8, the library Tunix uses) adds LoRA by intercepting
 the einsum/dot_general calls of nnx or linen modules. Applied to our scanned linen model it
@@ -27,6 +28,29 @@ from d1jax.model.config import LoraConfig
 from d1jax.model.llada import ADAPTER_NAMES
 
 Params = dict[str, Any]
+
+# LLaDA's block projections by their Hugging Face module names (modeling_llada.py:
+# LLaDALlamaBlock's q_proj, k_proj, v_proj, ff_proj (SwiGLU gate), up_proj; LLaDABlock's
+# attn_out and ff_out (down)). Names are matched exactly, as PEFT's target_modules are.
+TARGETS = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")
+
+
+def check_targets(targets) -> tuple[str, ...]:
+    """``targets`` as a tuple of LLaDA projection names; ValueError naming any unknown one.
+
+    PEFT's Llama names (o_proj, gate_proj, down_proj) are refused rather than mapped: on
+    LLaDA they match no module, so d1's GRPO list adapts q, k, v and up only.
+    """
+    if isinstance(targets, str):
+        targets = (targets,)
+    targets = tuple(targets)
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown or not targets or len(set(targets)) != len(targets):
+        why = (f"unknown {', '.join(map(repr, unknown))}" if unknown
+               else "empty" if not targets else "repeated names")
+        raise ValueError(f"lora.targets={targets}: {why}; choose among LLaDA's projections "
+                         f"{', '.join(TARGETS)}")
+    return targets
 
 
 def is_adapter(path: tuple[str, ...]) -> bool:

@@ -19,6 +19,7 @@ from d1jax import sampling as smp
 from d1jax import sharding
 from d1jax.config import ConfigError
 from d1jax.model import LoraConfig
+from d1jax.model import lora as lora_lib
 from d1jax.objectives import coupled_grpo, spg, wd1
 from d1jax.objectives.table import GRPOConfig, SFTConfig
 from d1jax.run import optim
@@ -159,7 +160,11 @@ class RunSpec:
 
     @property
     def keep_reference(self) -> bool:
-        """A reference copy is kept to sync it (d1), or when full fine-tuning needs one."""
+        """Whether the state holds a reference copy: when beta != 0 under full fine-tuning
+        (no base model to fall back on), or with ``grpo.sync_ref_model`` (the copy is mixed
+        toward the policy). Under LoRA by default there is none: the reference is the base
+        model with the adapters off at every step, as d1 scores it (PEFT's
+        ``disable_adapter()``, diffu-grpo/diffu_grpo_trainer.py)."""
         if self.grpo is None or self.grpo.beta == 0:
             return False
         return self.grpo_run.sync_ref_model or self.model.lora is None
@@ -214,11 +219,19 @@ def _model(c) -> ModelSpec:
     if isinstance(layers_per_loop, bool) or not isinstance(layers_per_loop, int) \
             or layers_per_loop < 1:
         raise ConfigError(f"model.layers_per_loop={layers_per_loop!r} must be an int >= 1")
-    lora = (LoraConfig(rank=c.lora.rank, alpha=c.lora.alpha, dropout=c.lora.dropout)
-            if c.lora.enabled else None)
+    lora = _lora(c.lora) if c.lora.enabled else None
     return ModelSpec(m.path, m.tokenizer_path, m.random_init, m.width, m.n_layers, m.vocab_size,
                      m.tokenizer_vocab, _DTYPES[m.dtype], _DTYPES[m.param_dtype],
                      bool(m.remat), lora, m.get("unroll_layers"), layers_per_loop)
+
+
+def _lora(lo) -> LoraConfig:
+    """The adapters of config.lora, on the LLaDA projections ``lora.targets`` names."""
+    try:
+        targets = lora_lib.check_targets(lo.get("targets", lora_lib.TARGETS))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return LoraConfig(rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout, targets=targets)
 
 
 def _optim(o) -> OptimSpec:
@@ -290,7 +303,7 @@ RESUME_FIELDS = (
     "stage", "seed", "max_prompt_length",
     "model.path", "model.tokenizer_path", "model.random_init", "model.width", "model.n_layers",
     "model.vocab_size", "model.tokenizer_vocab", "model.param_dtype",
-    "lora.enabled", "lora.rank", "lora.alpha",
+    "lora.enabled", "lora.rank", "lora.alpha", "lora.targets",
     "optim.learning_rate", "optim.b1", "optim.b2", "optim.eps", "optim.weight_decay",
     "optim.max_grad_norm", "optim.warmup_ratio",
     "task.name", "task.source", "task.prompt", "task.num_train",
@@ -309,6 +322,8 @@ def resume_identity(c) -> tuple[tuple[str, Any], ...]:
             node = node.get(part) if hasattr(node, "get") else None
             if node is None:
                 break
+        if isinstance(node, (tuple, list)):  # e.g. lora.targets: one string, JSON-stable
+            node = ",".join(map(str, node))
         if node is not None:
             out.append((name, node if isinstance(node, (bool, int, float, str)) else str(node)))
     return tuple(out)

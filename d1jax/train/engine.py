@@ -2,7 +2,8 @@
 
 rollout(): prompts -> G completions each (jitted sampler) -> decoded text -> task rewards
 -> group advantages -> old and reference per-token log-probs for all mu mask seeds (one
-batched estimator call each, before any update, as d1).
+batched estimator call each, before any update, as d1; the reference is the base model with
+adapters off under LoRA, or the kept copy with ``grpo.sync_ref_model``).
 update(): one optimizer step on the rollout with the mask seed of inner iteration ``it``.
 """
 
@@ -88,6 +89,7 @@ class GRPOEngine:
         self.state, m = self.steps.grpo_update(
             self.state, batch.replace(iteration=np.int32(it)),
             jax.random.fold_in(self.key, 10_000_019 + step))
+        # Only with sync_ref_model (not d1's default under LoRA): mix the reference copy.
         if g.sync_ref_model and self.spec.grpo.beta > 0 and (step + 1) % g.ref_model_sync_steps == 0:
             self.state = self.steps.sync_reference(self.state, g.ref_model_mixup_alpha)
         m = {k: float(v) for k, v in jax.device_get(m).items()}

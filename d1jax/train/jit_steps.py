@@ -3,7 +3,8 @@
 ``make_jitted_steps`` jits, for one model, optimizer and mesh: ``rollout_logps``, the GRPO
 and SFT updates and ``sync_reference`` (``d1jax.train.pure_steps``), with explicit shardings
 (state by ``state_shardings``, batch by its type, rng and metrics replicated), the moving
-part of the state donated, the frozen base and the reference passed through untouched.
+part of the state donated, the frozen base and the reference copy (kept only with
+``keep_reference``: full fine-tuning, or a synced reference) passed through untouched.
 
 Each program is also reachable for compilation without weights or data::
 
@@ -196,7 +197,8 @@ class JittedSteps:
         return self.program("sft_update", batch)(state, batch, rng)
 
     def sync_reference(self, state: TrainState, alpha: float) -> TrainState:
-        """``pure_steps.sync_reference`` with the old reference copy donated."""
+        """``pure_steps.sync_reference`` with the old reference copy donated (a no-op when
+        the state holds no copy: a LoRA run scoring the base model, d1's default)."""
         if state.ref is None:
             return state
         return state.replace(ref=self._mix(state.params, state.ref, jnp.float32(alpha)))

@@ -3,8 +3,10 @@
 A rollout (prompts, G completions each, advantages) is used for mu optimizer steps (d1's
 ``num_iterations``), each with its own mask seed. Per rollout the loop calls
 ``rollout_logps`` once (old and reference log-probs for all mu seeds), then
-``grpo_update_step`` mu times; every ``ref_model_sync_steps`` steps it may call
-``sync_reference``. ``d1jax.train.jit_steps`` jits them for a mesh.
+``grpo_update_step`` mu times. The reference is d1's under LoRA: the base model with the
+adapters off, no copy; only with ``sync_ref_model`` (off by default) does the state hold a
+reference copy, which the loop mixes toward the policy with ``sync_reference`` every
+``ref_model_sync_steps`` steps. ``d1jax.train.jit_steps`` jits them for a mesh.
 
 The GRPO loss is chosen by name (``GRPOConfig.objective``, see ``OBJECTIVES``: d1's
 diffu-GRPO, wd1, SPG, coupled-GRPO); every objective shares the rollout, advantages,
@@ -37,7 +39,9 @@ def rollout_logps(model: LLaDA, cfg: GRPOConfig, state: TrainState, batch: GRPOB
 
     Returns {"old_logps": [mu, B, C]} when mu > 1 (d1 uses the detached current log-probs
     when mu == 1) and {"ref_logps": [mu, B, C]} when beta != 0 (no reference pass at all
-    when beta == 0): the fields to ``batch.replace(**...)``. No gradient flows. Ratio-free
+    when beta == 0): the fields to ``batch.replace(**...)``. The reference is
+    ``state.reference_params()``: under LoRA the base weights with ``use_lora=False``
+    (d1), or the kept copy when the run syncs one. No gradient flows. Ratio-free
     objectives (wd1, SPG) get {}: they have neither pass.
     """
     seeds = batch.mask_seeds
@@ -142,10 +146,13 @@ def mix_reference(params: Params, ref: Params, alpha: Array | float) -> Params:
 
 
 def sync_reference(state: TrainState, alpha: float) -> TrainState:
-    """TRL's SyncRefModelCallback (d1: every 64 steps, alpha 0.6) on the reference copy.
+    """TRL's SyncRefModelCallback on the reference copy: ref <- alpha policy + (1 - alpha) ref.
 
-    With no reference copy (LoRA with the base model as reference) this is a no-op, which is
-    also what d1 does: under PEFT, TRL's reference model is None and the callback skips.
+    Only runs with ``sync_ref_model`` hold a copy to mix (off by default). Without one (the
+    default under LoRA: the base model with adapters off is the reference) this is a no-op,
+    which is d1's behaviour: its train.yaml sets sync_ref_model (64 steps, alpha 0.6), but
+    under PEFT TRL has no reference model to mix and d1 scores the reference under
+    ``disable_adapter()`` (diffu-grpo/diffu_grpo_trainer.py) at every step.
     """
     if state.ref is None:
         return state

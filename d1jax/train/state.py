@@ -1,8 +1,10 @@
 """The train state: what an update changes, how it is created, and how it is sharded.
 
 Under LoRA only the adapters train; the base weights sit in ``frozen`` (never copied,
-never donated) and, unless a reference copy is kept, the base model with adapters off is
-the reference policy (d1: PEFT's ``disable_adapter()``).
+never donated) and the base model with adapters off is the reference policy, as in d1
+(PEFT's ``disable_adapter()`` at every step): no copy. A reference copy (``ref``) is kept
+only for full fine-tuning with beta != 0, or when the run mixes its reference toward the
+policy (``config.grpo.sync_ref_model``, off by default).
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ class TrainState:
     params: the trainable leaves: LoRA adapters, or all params for full fine-tuning.
     frozen: the base params under LoRA ({} for full fine-tuning); never updated.
     opt_state: optax state of ``params``.
-    ref: reference copy of the trainable leaves, or None (LoRA: the base model is the
-      reference; full fine-tuning: no reference, so beta must be 0).
+    ref: reference copy of the trainable leaves, or None (LoRA: the base model with adapters
+      off is the reference, d1's; full fine-tuning: no reference, so beta must be 0).
     skipped: [] int32 updates skipped for a non-finite gradient.
     """
 
@@ -52,7 +54,9 @@ class TrainState:
         return lora_lib.join(self.frozen, self.params) if self.lora else self.params
 
     def reference_params(self) -> tuple[Params, bool] | None:
-        """(full params, use_lora) of the reference policy, or None when there is none."""
+        """(full params, use_lora) of the reference policy, or None when there is none: the
+        copy when one is kept (its adapters on, under LoRA), else under LoRA the base
+        weights with ``use_lora=False`` (d1's reference)."""
         if self.ref is not None:
             return (lora_lib.join(self.frozen, self.ref), True) if self.lora else (self.ref, True)
         if self.lora:
@@ -75,7 +79,8 @@ def init_train_state(params: Params, optimizer: optax.GradientTransformation, *,
 
     The trainable leaves are copied, since jitted updates donate them; the base leaves are
     kept as given. keep_reference stores a copy of the trainable leaves as the reference
-    (needed for full fine-tuning with beta != 0, or to sync a LoRA reference). ``shardings``
+    (needed for full fine-tuning with beta != 0, or to mix a reference toward the policy,
+    ``sync_ref_model``; a LoRA run without it scores the reference with adapters off). ``shardings``
     (from ``state_shardings``) places everything and creates the optimizer state born sharded.
     """
     if lora:
