@@ -1,0 +1,226 @@
+"""Dream checkpoints in the Hugging Face layout: config.json + safetensors, in and out.
+
+Same machinery as LLaDA's ``weights`` (memory-mapped safetensors, each device shard read by
+``jax.make_array_from_callback``, so an 8B checkpoint is never held whole; atomic sharded
+writes), with Dream's names (HKUNLP ``modeling_dream.py``; torch Linear weights are
+[out, in], our kernels [in, out]):
+
+  model.embed_tokens.weight                       [V, D] -> embed_tokens/embedding (as is)
+  model.norm.weight                               [D]    -> norm/weight            (as is)
+  lm_head.weight (absent if tie_word_embeddings)  [V, D] -> lm_head/kernel         (transposed)
+  model.layers.{i}.self_attn.{p}.weight           [o, i] -> layers/{p}/kernel[i]   (transposed)
+      for p in q_proj k_proj v_proj o_proj
+  model.layers.{i}.self_attn.{p}.bias             [o]    -> layers/{p}/bias[i]     (as is)
+      for p in q_proj k_proj v_proj
+  model.layers.{i}.mlp.{p}.weight                 [o, i] -> layers/{p}/kernel[i]   (transposed)
+      for p in gate_proj up_proj down_proj
+  model.layers.{i}.{n}.weight                     [D]    -> layers/{n}/weight[i]   (as is)
+      for n in input_layernorm post_attention_layernorm
+
+A tied checkpoint that still carries ``lm_head.weight`` loads (the tensor is ignored).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, SingleDeviceSharding
+
+from d1jax import sharding as shd
+from d1jax.model import hf_files
+from d1jax.model.config import UnsupportedConfigError
+from d1jax.model.dream import Dream
+from d1jax.model.dream_config import DreamConfig
+from d1jax.model.weights import (INDEX_FILE, SINGLE_FILE, CheckpointError, _get,
+                                 _open_checkpoint, _parse_size, _read_slice, _replace_dir, _set,
+                                 _write_safetensors)
+
+ATTN_PROJS = ("q_proj", "k_proj", "v_proj", "o_proj")
+BIASED_PROJS = ("q_proj", "k_proj", "v_proj")
+MLP_PROJS = ("gate_proj", "up_proj", "down_proj")
+NORMS = ("input_layernorm", "post_attention_layernorm")
+# Files of a source Dream directory shipped with an export (its remote code comes from its
+# auto_map).
+COMPANIONS = (hf_files.GENERATION_CONFIG, *hf_files.TOKENIZER_FILES)
+
+KeyMap = dict[str, tuple[tuple[str, ...], int | None, bool]]
+
+
+def dream_key_map(config: DreamConfig) -> KeyMap:
+    """HF key -> (param path, layer index or None, transposed?), in checkpoint order."""
+    out: KeyMap = {"model.embed_tokens.weight": (("embed_tokens", "embedding"), None, False)}
+    for i in range(config.num_hidden_layers):
+        pre = f"model.layers.{i}."
+        for p in ATTN_PROJS:
+            out[f"{pre}self_attn.{p}.weight"] = (("layers", p, "kernel"), i, True)
+            if p in BIASED_PROJS:
+                out[f"{pre}self_attn.{p}.bias"] = (("layers", p, "bias"), i, False)
+        for p in MLP_PROJS:
+            out[f"{pre}mlp.{p}.weight"] = (("layers", p, "kernel"), i, True)
+        for n in NORMS:
+            out[f"{pre}{n}.weight"] = (("layers", n, "weight"), i, False)
+    out["model.norm.weight"] = (("norm", "weight"), None, False)
+    if not config.tie_word_embeddings:
+        out["lm_head.weight"] = (("lm_head", "kernel"), None, True)
+    return out
+
+
+def dream_param_shapes(config: DreamConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """Shapes of our (stacked) params, by path."""
+    flat = jax.tree_util.tree_flatten_with_path(shd.abstract_params(Dream(config)))[0]
+    return {tuple(k.key for k in path): tuple(leaf.shape) for path, leaf in flat}
+
+
+def read_dream_config(path: str | os.PathLike) -> DreamConfig:
+    """The ``DreamConfig`` of a checkpoint directory's config.json."""
+    cfg_file = Path(path) / "config.json"
+    if not cfg_file.exists():
+        raise CheckpointError(f"{cfg_file} is missing" if Path(path).is_dir()
+                              else f"checkpoint directory {path} does not exist")
+    try:
+        return DreamConfig.from_hf_dict(json.loads(cfg_file.read_text()))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_file}: invalid JSON ({e})") from None
+    except UnsupportedConfigError as e:
+        raise CheckpointError(f"{cfg_file}: {e}") from None
+
+
+def _check_keys(config: DreamConfig, where: Mapping[str, Any]) -> None:
+    expected = dream_key_map(config)
+    ignorable = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    missing = sorted(set(expected) - set(where))
+    unexpected = sorted(set(where) - set(expected) - ignorable)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"Dream checkpoint keys do not match its config: missing {missing[:8]}"
+            f"{' ...' if len(missing) > 8 else ''} ({len(missing)}), unexpected "
+            f"{unexpected[:8]}{' ...' if len(unexpected) > 8 else ''} ({len(unexpected)})")
+    shapes = dream_param_shapes(config)
+    for key, (ppath, layer, transposed) in expected.items():
+        want = shapes[ppath][1:] if layer is not None else shapes[ppath]
+        want = tuple(want[::-1] if transposed else want)
+        got = where[key].shape(key)
+        if got != want:
+            raise CheckpointError(f"{key}: shape {got} in the checkpoint, config needs {want}")
+
+
+def load_dream_checkpoint(path: str | os.PathLike, mesh: Mesh | None = None,
+                          dtype: Any = jnp.float32, rules=shd.DEFAULT_RULES,
+                          ) -> tuple[DreamConfig, dict[str, Any]]:
+    """Loads a Hugging Face Dream checkpoint directory (single file or sharded + index).
+
+    Each param is placed with the sharding the rules give it over ``mesh`` (else on the
+    first local device), each device reading only its own shard from the memory maps.
+    Returns (config, params) with params the plain pytree ``Dream(config).apply`` takes.
+    """
+    path = Path(path)
+    config = read_dream_config(path)
+    where = _open_checkpoint(path)
+    _check_keys(config, where)
+    shapes = dream_param_shapes(config)
+    shardings = shd.param_shardings(Dream(config), mesh, rules) if mesh is not None else None
+    by_param: dict[tuple[str, ...], dict[int | None, str]] = {}
+    transposed: dict[tuple[str, ...], bool] = {}
+    for key, (ppath, layer, t) in dream_key_map(config).items():
+        by_param.setdefault(ppath, {})[layer] = key
+        transposed[ppath] = t
+    params: dict[str, Any] = {}
+    for ppath, keys in by_param.items():
+        sharding = (_get(shardings, ppath) if shardings is not None
+                    else SingleDeviceSharding(jax.local_devices()[0]))
+
+        def read(index, ppath=ppath, keys=keys):
+            return _read_slice(where, keys, index, transposed[ppath], dtype)
+
+        _set(params, ppath, jax.make_array_from_callback(shapes[ppath], sharding, read))
+    return config, params
+
+
+def save_dream_checkpoint(path: str | os.PathLike, config: DreamConfig, params: Mapping[str, Any],
+                          max_shard_size: int | str = "5GB", dtype: Any = None, *,
+                          source_dir: str | os.PathLike | None = None) -> None:
+    """Writes params in the Hugging Face Dream layout, tensor by tensor (process 0 writes).
+
+    Files go to a temporary directory next to ``path`` and replace the old weights only when
+    complete. ``source_dir``: the directory the model was loaded from; its generation config,
+    tokenizer files (chat template included) and ``auto_map`` modules (Dream's
+    ``modeling_dream.py`` ...) are copied, and its ``auto_map`` kept. LoRA adapters must be
+    merged first (``d1jax.model.lora.merge``).
+    """
+    path = Path(path)
+    limit = _parse_size(max_shard_size)
+    entries = [(k, (_get(params, p), layer, t)) for k, (p, layer, t) in dream_key_map(config).items()]
+
+    def nbytes(entry):
+        arr, layer, _ = entry
+        shape = arr.shape[1:] if layer is not None else arr.shape
+        return int(np.prod(shape)) * np.dtype(dtype or arr.dtype).itemsize
+
+    shards: list[list[tuple[str, Any]]] = [[]]
+    size = 0
+    for key, entry in entries:
+        if shards[-1] and size + nbytes(entry) > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append((key, entry))
+        size += nbytes(entry)
+
+    def materialise(entry):  # one layer gathered at a time
+        arr, layer, transposed = entry
+        a = shd.gather_all(arr[layer] if layer is not None else arr)
+        a = a.T if transposed else a
+        return np.ascontiguousarray(a.astype(dtype) if dtype is not None else a)
+
+    if jax.process_index() != 0:
+        for _, entry in entries:  # take part in the collective gathers
+            materialise(entry)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        _write_shards(tmp, shards, materialise)
+        hf_config = config.to_hf_dict()
+        if source_dir is not None:
+            hf_config["auto_map"] = _copy_companions(Path(source_dir), tmp) or hf_config["auto_map"]
+        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
+        _replace_dir(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write_shards(tmp: Path, shards, materialise) -> None:
+    names = ([SINGLE_FILE] if len(shards) == 1 else
+             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    weight_map, total = {}, 0
+    for name, shard in zip(names, shards):
+        tensors = [(k, materialise(e)) for k, e in shard]
+        _write_safetensors(tmp / name, tensors)
+        for k, a in tensors:
+            weight_map[k] = name
+            total += a.nbytes
+    if len(shards) > 1:
+        (tmp / INDEX_FILE).write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+
+
+def _copy_companions(source: Path, dest: Path) -> dict[str, Any]:
+    """Copies the source's generation config, tokenizer and auto_map modules; its auto_map."""
+    if not source.is_dir():
+        raise FileNotFoundError(f"source_dir {source} is not a directory; pass the Hugging "
+                                f"Face Dream directory the model was loaded from, or None")
+    cfg = source / "config.json"
+    auto_map = dict(json.loads(cfg.read_text()).get("auto_map") or {}) if cfg.exists() else {}
+    names = sorted(set(COMPANIONS) | hf_files.auto_map_modules(auto_map))
+    for name in names:
+        if (source / name).is_file():
+            shutil.copy2(source / name, dest / name)
+    return auto_map
