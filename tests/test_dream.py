@@ -272,3 +272,186 @@ def test_mismatched_checkpoint_is_refused_by_key(tmp_path, sd):
     bad = {k: v for k, v in sd.items() if "layers.1.self_attn.q_proj.bias" not in k}
     with pytest.raises(CheckpointError, match="q_proj.bias"):
         load_dream_checkpoint(write_hf_dir(tmp_path / "bad", CFG, bad))
+
+
+# --------------------------------------------------------------------------- diffusion_generate
+
+def np_linspace(steps, eps):
+    """torch.linspace(1, eps, steps + 1) in float32: two halves, each an FMA."""
+    n = steps + 1
+    step = np.float32((np.float32(eps) - np.float32(1)) / np.float32(n - 1))
+    out = []
+    for i in range(n):
+        if i < n // 2:
+            out.append(np.float32(1.0 + float(step) * i))
+        else:
+            out.append(np.float32(float(np.float32(eps)) - float(step) * (n - 1 - i)))
+    return np.array(out, np.float32)
+
+
+def np_sample_tokens(logits, temperature, top_p, top_k, margin=False, neg_entropy=False):
+    """generation_utils.sample_tokens at temperature 0, float64."""
+    assert temperature == 0
+    low = np.finfo(logits.dtype).min
+    if top_p is not None and top_p < 1:
+        idx = np.argsort(-logits, axis=-1, kind="stable")
+        srt = np.take_along_axis(logits, idx, -1)
+        e = np.exp(srt - srt[:, :1])
+        cum = np.cumsum(e / e.sum(-1, keepdims=True), -1)
+        remove = cum > top_p
+        remove[:, 1:] = remove[:, :-1].copy()
+        remove[:, 0] = False
+        mask = np.zeros_like(remove)
+        np.put_along_axis(mask, idx, remove, -1)
+        logits = np.where(mask, low, logits)
+    if top_k is not None:
+        kth = np.sort(logits, -1)[:, -min(top_k, logits.shape[-1])][:, None]
+        logits = np.where(logits < kth, low, logits)
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    probs = e / e.sum(-1, keepdims=True)
+    confidence, x0 = probs.max(-1), probs.argmax(-1)
+    if margin:
+        srt = -np.sort(-probs, -1)
+        confidence = srt[:, 0] - srt[:, 1]
+    if neg_entropy:
+        confidence = np.sum(probs * np.log(probs + 1e-10), -1)
+    return confidence, x0
+
+
+def np_sample(predict, input_ids, attention_mask, cfg, uniforms):
+    """generation_utils._sample (temperature 0, alg_temp None) on numpy arrays; ``predict``
+    gives the model's raw float64 logits, ``uniforms[i]`` [B, L] the draws of step i."""
+    b, lp = input_ids.shape
+    x = np.concatenate([input_ids, np.full((b, cfg.max_new_tokens), cfg.mask_token_id)], 1)
+    tok_idx = None
+    if attention_mask is not None and np.any(attention_mask == 0):
+        attention_mask = np.concatenate([attention_mask, np.ones((b, cfg.max_new_tokens), int)], 1)
+        tok_idx = np_tok_idx(attention_mask)
+    else:
+        attention_mask = None
+    ts = np_linspace(cfg.steps, cfg.eps)
+    kw = dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)
+    for i in range(cfg.steps):
+        mask_index = x == cfg.mask_token_id
+        logits = predict(x, attention_mask, tok_idx)
+        logits = np.concatenate([logits[:, :1], logits[:, :-1]], 1)
+        mask_logits = logits[mask_index]
+        t, s = ts[i], ts[i + 1]
+        if cfg.alg == "origin":
+            p_transfer = np.float32(1) - s / t if i < cfg.steps - 1 else 1
+            x0 = np.full(mask_index.sum(), cfg.mask_token_id)
+            transfer = uniforms[i][mask_index] < p_transfer
+            if transfer.any():
+                _, x0[transfer] = np_sample_tokens(mask_logits[transfer], **kw)
+            x[mask_index] = x0
+        else:
+            confidence, x0 = np_sample_tokens(mask_logits, **kw, margin=cfg.alg == "topk_margin",
+                                              neg_entropy=cfg.alg == "entropy")
+            num_mask_token = np.float32(mask_index.sum()) / np.float32(b)
+            n = (int(num_mask_token * (np.float32(1) - s / t)) if i < cfg.steps - 1
+                 else int(num_mask_token))
+            full_confidence = np.full(x.shape, -np.inf)
+            full_confidence[mask_index] = confidence
+            if n > 0:
+                transfer_index = np.argsort(-full_confidence, -1, kind="stable")[:, :n]
+                x_ = np.full_like(x, cfg.mask_token_id)
+                x_[mask_index] = x0
+                rows = np.arange(b)[:, None]
+                x[rows, transfer_index] = x_[rows, transfer_index]
+    return x
+
+
+@pytest.fixture(scope="module")
+def generate_case(loaded, sd):
+    cfg, params = loaded
+    prompt = np.array([[5, 17, 3, 99, 42, 8], [126, 126, 11, 64, 2, 9]], np.int32)
+    mask = np.array([[1] * 6, [0, 0, 1, 1, 1, 1]], np.int32)
+
+    def predict(x, attn, tok_idx):
+        return np_raw_logits(sd, cfg, x, attn, tok_idx)
+    return cfg, params, prompt, mask, predict
+
+
+def test_timesteps_are_torch_linspace_bit_for_bit():
+    torch = pytest.importorskip("torch")
+    from d1jax.sampling.dream import timesteps
+    for steps in list(range(1, 260)) + [512, 768, 1024]:
+        for eps in (1e-3, 1e-4, 1e-2, 0.1):
+            want = torch.linspace(1, eps, steps + 1).numpy()
+            np.testing.assert_array_equal(timesteps(steps, eps), want, err_msg=f"{steps} {eps}")
+            if steps < 40:
+                np.testing.assert_array_equal(np_linspace(steps, eps), want)
+
+
+GEN_CASES = [
+    dict(alg="origin", steps=10), dict(alg="origin", steps=4, eps=0.05),
+    dict(alg="maskgit_plus", steps=10), dict(alg="maskgit_plus", steps=3, top_k=5),
+    dict(alg="topk_margin", steps=10), dict(alg="topk_margin", steps=4, top_p=0.9),
+    dict(alg="entropy", steps=10), dict(alg="entropy", steps=5, top_p=0.8, top_k=20),
+]
+
+
+def no_mask_hook(logits, mask_id):
+    """The reference's generation_logits_hook_func use of keeping <|mask|> out of the
+    proposals: the tiny random model predicts it often, and a row that re-masks has more
+    masks than the other rows, where the reference's batch-mean count overwrites decoded
+    tokens with the mask id (a departure: ``test_rows_with_fewer_masks_keep_their_tokens``)."""
+    return logits.at[..., mask_id].set(-1e4) if isinstance(logits, jax.Array) else \
+        np.where(np.arange(logits.shape[-1]) == mask_id, -1e4, logits)
+
+
+@pytest.mark.parametrize("case", GEN_CASES, ids=lambda c: "-".join(f"{v}" for v in c.values()))
+def test_each_alg_matches_the_numpy_port_token_for_token(generate_case, case):
+    from d1jax.sampling.dream import (DreamGenerationConfig, diffusion_generate, dream_step_keys,
+                                      predict_fn_of)
+    cfg, params, prompt, mask, predict = generate_case
+    gen = DreamGenerationConfig(max_new_tokens=10, mask_token_id=cfg.mask_token_id, **case)
+    model_fn = predict_fn_of(Dream(cfg))
+    rng = jax.random.key(7)
+    run = jax.jit(lambda p, x, m, r: diffusion_generate(
+        lambda *a: no_mask_hook(model_fn(*a), cfg.mask_token_id), p, x, m, r, gen))
+    got = np.asarray(run(params, jnp.asarray(prompt), jnp.asarray(mask), rng))
+    uniforms = [np.asarray(jax.random.uniform(dream_step_keys(rng, i)[0], (2, 16)))
+                for i in range(gen.steps)]
+    # the hook on raw rows is the hook on shifted rows (the shift only moves rows)
+    want = np_sample(lambda *a: no_mask_hook(predict(*a), cfg.mask_token_id), prompt, mask, gen,
+                     uniforms)
+    np.testing.assert_array_equal(got, want)
+    assert not np.any(got == cfg.mask_token_id)
+
+
+def test_rows_with_fewer_masks_keep_their_tokens(generate_case):
+    from d1jax.sampling.dream import DreamGenerationConfig, make_diffusion_generate
+    cfg, params, prompt, mask, _ = generate_case
+    gen = DreamGenerationConfig(max_new_tokens=10, steps=10, alg="maskgit_plus",
+                                mask_token_id=cfg.mask_token_id)
+    got = np.asarray(make_diffusion_generate(Dream(cfg), gen)(
+        params, jnp.asarray(prompt), jnp.asarray(mask), jax.random.key(7)))
+    # row 1 proposes <|mask|> (re-masked, decoded again later); row 0's prompt stays
+    np.testing.assert_array_equal(got[:, :6], prompt)
+
+
+@pytest.mark.parametrize("alg", ["maskgit_plus", "entropy"])
+def test_sampled_paths_reduce_to_the_deterministic_ones(generate_case, alg):
+    """alg_temp -> 0 is top-k by confidence; temperature > 0 with top_k=1 is the argmax."""
+    from d1jax.sampling.dream import DreamGenerationConfig, make_diffusion_generate
+    cfg, params, prompt, mask, _ = generate_case
+    base = dict(max_new_tokens=10, steps=5, alg=alg, mask_token_id=cfg.mask_token_id)
+
+    def run(**kw):
+        gen = DreamGenerationConfig(**{**base, **kw})
+        return np.asarray(make_diffusion_generate(Dream(cfg), gen)(
+            params, jnp.asarray(prompt), jnp.asarray(mask), jax.random.key(3)))
+    np.testing.assert_array_equal(run(alg_temp=1e-9), run())
+    np.testing.assert_array_equal(run(temperature=0.7, top_k=1), run(top_k=1))
+    assert not np.array_equal(run(alg_temp=1.0), run())  # the draw does act
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(alg="confidence_threshold"), "not ported"), (dict(alg="foo"), "alg="),
+    (dict(eps=0.0), "eps"), (dict(top_p=1.5), "top_p"), (dict(steps=0), "steps"),
+])
+def test_generation_config_refuses_bad_values(kw, match):
+    from d1jax.sampling.dream import DreamGenerationConfig
+    with pytest.raises(ValueError, match=match):
+        DreamGenerationConfig(**kw)
