@@ -192,6 +192,26 @@ def test_adamw_with_clipping_and_warmup_matches_numpy():
     np.testing.assert_allclose(np.asarray(p["ln_f"]["weight"]), want["ln_f"], rtol=1e-5)
 
 
+@pytest.mark.parametrize("warmup", [0, 3])
+def test_linear_schedule_is_hf_get_linear_schedule_with_warmup(warmup):
+    """d1's SFT (HF Trainer default): warmup, then linear decay to 0 at the last step; the
+    rate each optimizer step uses, against HF's lambda written here."""
+    total = 10
+    cfg = optim.OptimConfig(learning_rate=0.1, warmup_steps=warmup, schedule="linear",
+                            total_steps=total)
+    opt = optim.make_optimizer(cfg)
+    p = {"w": jnp.ones((2,))}
+    state = opt.init(p)
+    for s in range(12):
+        hf = s / max(1, warmup) if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
+        _, state = opt.update({"w": jnp.ones((2,))}, state, p)
+        assert abs(float(optim.current_learning_rate(state)) - 0.1 * hf) < 1e-7, s
+    with pytest.raises(ValueError, match="total_steps"):
+        optim.OptimConfig(schedule="linear", total_steps=0)
+    with pytest.raises(ValueError, match="schedule"):
+        optim.OptimConfig(schedule="cosine")
+
+
 def test_gradient_accumulation_is_the_mean_over_strided_micro_batches():
     rs = np.random.RandomState(0)
     w = jnp.array(rs.normal(size=(3,)), jnp.float32)

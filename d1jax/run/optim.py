@@ -32,22 +32,38 @@ class OptimConfig:
     eps: float = 1e-8  # Adam epsilon (torch default).
     weight_decay: float = 0.1  # Decoupled weight decay (lr x wd x param); norms excluded.
     max_grad_norm: float = 0.2  # Global-norm clipping before AdamW; 0 disables.
-    warmup_steps: int = 0  # Linear warmup from 0, then constant (constant_with_warmup).
+    warmup_steps: int = 0  # Linear warmup from 0 over this many optimizer steps.
+    # After the warmup: "constant_with_warmup" keeps the rate (d1's GRPO, train.yaml);
+    # "linear" decays it to 0 at ``total_steps`` (HF Trainer's default: d1's SFT).
+    schedule: str = "constant_with_warmup"
+    total_steps: int = 0  # Optimizer steps of the run; "linear" needs it.
 
     def __post_init__(self):
         if self.learning_rate <= 0 or self.warmup_steps < 0 or self.max_grad_norm < 0:
             raise ValueError(f"invalid optimizer config {self}: learning_rate must be > 0, "
                              "warmup_steps and max_grad_norm >= 0")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
+        if self.schedule == "linear" and self.total_steps <= self.warmup_steps:
+            raise ValueError(f"schedule='linear' needs total_steps={self.total_steps} > "
+                             f"warmup_steps={self.warmup_steps}")
+
+
+SCHEDULES = ("constant_with_warmup", "linear")
 
 
 def lr_schedule(cfg: OptimConfig) -> optax.Schedule:
-    """HF ``constant_with_warmup``: lr x min(1, step / warmup_steps)."""
-    const = optax.constant_schedule(cfg.learning_rate)
-    if cfg.warmup_steps == 0:
-        return const
-    return optax.join_schedules(
-        [optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps), const],
-        [cfg.warmup_steps])
+    """HF's schedules on the optimizer step s (0 at the first update): lr x s / warmup during
+    the warmup, then ``constant_with_warmup``: lr; ``linear``: lr x (total - s) / (total -
+    warmup), floored at 0."""
+    w = cfg.warmup_steps
+    if cfg.schedule == "linear":
+        after = optax.linear_schedule(cfg.learning_rate, 0.0, cfg.total_steps - w)
+    else:
+        after = optax.constant_schedule(cfg.learning_rate)
+    if w == 0:
+        return after
+    return optax.join_schedules([optax.linear_schedule(0.0, cfg.learning_rate, w), after], [w])
 
 
 def decay_mask(params: Any) -> Any:
