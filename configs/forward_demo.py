@@ -1,6 +1,8 @@
 """Forward pass of a random tiny LLaDA (an install check).
 
-  python -m d1jax.main --config=configs/forward_demo.py --workdir=/tmp/d1jax_forward
+  python -m examples.demo --config=configs/forward_demo.py --workdir=/tmp/d1jax_forward
+
+examples/demo/forward.py runs it (from the repository root).
 """
 
 import ml_collections
@@ -8,7 +10,7 @@ import ml_collections
 
 def get_config():
     c = ml_collections.ConfigDict()
-    c.stage = "forward"  # Which stage d1jax.main runs.
+    c.stage = "forward"  # Which stage python -m examples.demo runs.
     c.workdir = "/tmp/d1jax_forward"  # Default run directory (--workdir overrides).
     c.seed = 0  # Parameter init seed.
     c.model = ml_collections.ConfigDict()

@@ -21,8 +21,6 @@ STAGES = {
     "sft": "d1jax.train.sft",
     "grpo": "d1jax.train.grpo",
     "eval": "d1jax.eval.evaluate",
-    "demo": "d1jax.demo.run",
-    "forward": "d1jax.demo.forward",
 }
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (.py), ':variant' allowed.")

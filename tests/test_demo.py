@@ -1,5 +1,6 @@
-"""The CPU demo, shortened (configs/demo_sudoku.py:ci): base -> SFT -> diffu-GRPO on 4x4
-Sudoku through `python -m d1jax.main`, then resume, evaluate and export its workdir."""
+"""The CPU demo (examples/demo), shortened (configs/demo_sudoku.py:ci): base -> SFT ->
+diffu-GRPO on 4x4 Sudoku through `python -m examples.demo`, then resume, evaluate and export
+its workdir; its task, data and stage configs, built on d1jax's public API."""
 
 import json
 import os
@@ -10,15 +11,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from d1jax.demo import config as demo_config
-from d1jax.demo import data as demo_data
-from d1jax.demo import evaluation as demo_eval
+from d1jax import tasks
 from d1jax.tasks import get_task, sudoku
+from d1jax.train.sft_data import encode_sft
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # examples/ sits beside the package, not in it
+from examples.demo import config as demo_config  # noqa: E402
+from examples.demo import data as demo_data  # noqa: E402
+from examples.demo import evaluation as demo_eval  # noqa: E402
+from examples.demo import task as demo_task  # noqa: E402
 
 
-def run_main(*args, env=None, module="d1jax.main"):
+def run_main(*args, env=None, module="examples.demo"):
     # One CPU device: the demo is a single-core workload; 8 fake devices only slow it down.
     env = {**os.environ, "XLA_FLAGS": "", **(env or {})}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True,
@@ -83,8 +88,8 @@ def test_results_table_plot_and_stage_exports(demo_run):
 
 NO_MATPLOTLIB = ("import importlib.util as u, runpy, sys; f = u.find_spec; "
                  "u.find_spec = lambda n, *a: None if n == 'matplotlib' else f(n, *a); "
-                 "sys.modules['matplotlib'] = None; sys.argv = ['d1jax.main'] + sys.argv[1:]; "
-                 "runpy.run_module('d1jax.main', run_name='__main__')")
+                 "sys.modules['matplotlib'] = None; sys.argv = ['examples.demo'] + sys.argv[1:]; "
+                 "runpy.run_module('examples.demo', run_name='__main__')")
 
 
 def test_rerun_resumes_without_recomputing(demo_run):
@@ -109,11 +114,13 @@ def test_rerun_resumes_without_recomputing(demo_run):
 
 
 def test_eval_cli_scores_the_exported_d1_model(demo_run, tmp_path):
+    """d1jax's evaluation (an eval config, through the demo's command so that the demo's
+    task is registered) scores the exported d1 model as the demo's own evaluation did."""
     wd, _ = demo_run
-    r = run_main("--config=configs/eval.py:sudoku-tiny", "--config.task.prompt=compact",
+    r = run_main("--config=configs/eval.py:sudoku-tiny", f"--config.task.name={demo_task.NAME}",
                  f"--config.model.path={wd / 'd1_s1' / 'hf'}", "--config.eval.num_examples=256",
                  "--config.sampler.block_length=32", "--config.eval.batch_size=64",
-                 f"--workdir={tmp_path}", module="d1jax.eval")
+                 f"--workdir={tmp_path}")
     assert r.returncode == 0, r.stderr[-3000:]
     acc = json.loads((tmp_path / "accuracy.json").read_text())["32"]["accuracy"]
     res = json.loads((wd / "results.json").read_text())
@@ -135,7 +142,7 @@ def test_bad_demo_switches_fail_before_any_stage_runs(tmp_path, flag, field):
 
 
 def test_pretraining_documents_are_noisy_as_configured():
-    task = get_task("sudoku", prompt="compact")
+    task = get_task(demo_task.NAME)
     rows = sudoku.generate_puzzles(400, seed=3)
     docs = demo_data.pretraining_documents(task, rows, noise=0.25, seed=0, format_noise=0.5)
     untagged = [(ex, d) for ex, d in zip(rows, docs) if "<answer>" not in d["completion"]]
@@ -155,26 +162,56 @@ def test_pretraining_documents_are_noisy_as_configured():
     assert max(rewards) == 0.0
 
 
-def test_production_sft_trains_on_clean_trajectories_and_the_demo_on_its_corpus(tmp_path):
-    from d1jax import config as config_lib
-    from d1jax.train import sft
-    from d1jax.run import spec as spec_lib
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tmp_path_factory):
+    from d1jax.model.tokenizer import train_tiny_tokenizer
+    texts = [sudoku.question(ex) for ex in sudoku.generate_puzzles(50, seed=2)] + [
+        demo_task.answer("1234" * 4), "Solution:\n\n1234 3412 2143 4321\n"]
+    return train_tiny_tokenizer(texts, tmp_path_factory.mktemp("tok"), vocab_size=320)
+
+
+def test_demo_task_is_d1_sudoku_with_the_question_alone(tiny_tokenizer):
+    """The demo's task, by name through d1jax's registry: d1's Sudoku rewards, parser and
+    data, the question alone as the prompt (no system prompt) and no <reasoning> prefill."""
+    task, d1 = get_task(demo_task.NAME), get_task("sudoku")
+    assert isinstance(task, demo_task.CompactSudoku) and task.name == demo_task.NAME
+    ex = sudoku.generate_puzzles(1, seed=4)[0]
+    user = [{"role": "user", "content": f"Solve the following Sudoku puzzle: {ex['puzzle']}\n"}]
+    assert task.build_messages(ex) == task.build_eval_messages(ex) == user
+    assert task.system_prompt == task.eval_system_prompt == ""
+    assert task.eval_prompt(tiny_tokenizer, ex) == tiny_tokenizer.apply_chat_template(
+        user, add_generation_prompt=True, tokenize=False)
+    assert d1.eval_prompt(tiny_tokenizer, ex).endswith(tasks.EVAL_PREFILL)  # d1's untouched
+    assert (task.reward_funcs, task.verdict, task.load_train) == (
+        d1.reward_funcs, d1.verdict, d1.load_train)
+    assert task.total_reward([demo_task.answer(ex["solution"])], [ex]) == [1.0]
+    with pytest.raises(ValueError, match="one of d1's"):
+        tasks.register_task("sudoku", demo_task.make_task)
+    with pytest.raises(ValueError, match=demo_task.NAME):  # named among the choices
+        get_task("sudoku_tiny")
+
+
+def test_sft_corpus_is_clean_and_pretraining_noises_whole_documents(tmp_path, tiny_tokenizer):
     rows = sudoku.generate_puzzles(64, seed=5)
     path = tmp_path / "train.csv"
     demo_data.write_csv(str(path), rows)  # the demo's own train-pool writer
-    c = config_lib.sft("tiny")
-    c.task.name, c.task.source, c.task.prompt, c.task.num_train = "sudoku", str(path), "compact", 0
-    clean = sft.sft_examples(spec_lib.from_config(c))
-    assert [ex["completion"] for ex in clean] == [f"<answer>\n{r['solution']}\n</answer>"
-                                                  for r in rows]
+    clean = demo_data.sft_corpus({"train": str(path)})
+    assert [ex["completion"] for ex in clean.rows] == [f"<answer>\n{r['solution']}\n</answer>"
+                                                       for r in rows]
+    assert [ex["prompt"] for ex in clean.rows] == [get_task(demo_task.NAME).build_messages(r)
+                                                   for r in rows]
     d = demo_config.get_config("ci").demo
     d.unlock()
     d.pretrain.format_noise = 1.0  # every document untagged
     corpus = demo_data.pretraining_corpus(d, {"train": str(path)})
-    assert len(corpus.rows) == 64 and not corpus.train_prompt
+    assert len(corpus.rows) == 64 and corpus.encode is clean.encode is encode_sft
     assert all("<answer>" not in ex["completion"] for ex in corpus.rows)
-    d.pretrain.objective = "pretrain"  # whole documents under the loss
-    assert demo_data.pretraining_corpus(d, {"train": str(path)}).train_prompt
+    d.pretrain.objective = "pretrain"  # whole documents under the loss: prompt length 0
+    whole = demo_data.pretraining_corpus(d, {"train": str(path)})
+    enc = whole.encode(tiny_tokenizer, whole.rows[:4], 96, split=True)
+    ref = encode_sft(tiny_tokenizer, whole.rows[:4], 96, split=True)
+    np.testing.assert_array_equal(enc["input_ids"], ref["input_ids"])
+    assert (enc["prompt_len"] == 0).all() and (ref["prompt_len"] > 0).all()
 
 
 def test_eval_cache_is_reused_only_with_the_same_settings(tmp_path):
@@ -193,16 +230,14 @@ def test_eval_cache_is_reused_only_with_the_same_settings(tmp_path):
     assert len(logs) == 2 and "other evaluation settings" in logs[0]
 
 
-def test_demo_model_switches_give_bench_tiny_shape(tmp_path):
+def test_demo_model_switches_give_bench_tiny_shape(tiny_tokenizer):
     """demo.model.preset / width 0 / n_layers 0 / vocab_size: the base model has BENCH.md's
     bench-tiny shape (embedding rows beyond the tokenizer's unused); a vocabulary smaller
     than the tokenizer's is refused."""
     from d1jax.model import PRESETS
-    from d1jax.model.tokenizer import train_tiny_tokenizer
     from d1jax.run import build as setup
     from d1jax.run import spec as spec_lib
-    texts = [sudoku.question(ex) for ex in sudoku.generate_puzzles(50, seed=2)]
-    tok = train_tiny_tokenizer(texts, tmp_path / "tok", vocab_size=320)
+    tok = tiny_tokenizer
     d = demo_config.get_config(None).demo
     d.unlock()
     d.model.preset, d.model.width, d.model.n_layers, d.model.vocab_size = "bench-tiny", 0, 0, 8192
@@ -225,10 +260,14 @@ def test_stage_configs_take_the_sampler_from_the_demo(tmp_path):
     data = {"prompt_length": 43, "train": "", "tokenizer": ""}
     start = tmp_path / "sft"
     (start / "hf").mkdir(parents=True)
-    rollout = spec_lib.from_config(demo_config.grpo_config(d, data, start, seed=1)).sampler
+    grpo = spec_lib.from_config(demo_config.grpo_config(d, data, start, seed=1))
+    rollout = grpo.sampler
     assert (rollout.kv_cache, rollout.threshold, rollout.temperature, rollout.steps) == (
         "dual", 0.8, 0.9, 16)
-    greedy = spec_lib.from_config(demo_config.eval_config(d, start / "hf")).eval.samplers
+    evaluation = spec_lib.from_config(demo_config.eval_config(d, start / "hf"))
+    greedy = evaluation.eval.samplers
+    for spec in (grpo, evaluation):  # d1jax's loops build the demo's task from its name
+        assert isinstance(spec.task.build(), demo_task.CompactSudoku)
     assert [(s.gen_length, s.steps, s.kv_cache, s.temperature) for s in greedy] == [
         (32, 16, "none", 0.0)]
 
@@ -263,7 +302,7 @@ def test_compare_variant_runs_every_objective_on_one_budget(tmp_path):
 def test_reward_rise_reads_one_reward_per_rollout(tmp_path):
     """Each rollout logs its reward on its mu optimizer steps; the rise compares the last
     quarter of the rollouts with the first, its error from their spread (numpy by hand)."""
-    from d1jax.demo import report
+    from examples.demo import report
     rng = np.random.default_rng(0)
     runs, diffs, var = [], [], 0.0
     for seed in range(2):

@@ -10,22 +10,27 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_main(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "d1jax.main", *args], cwd=ROOT,
+def run_main(*args, timeout=600, module="d1jax.main"):
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
 
 def test_forward_demo_runs(tmp_path):
+    """configs/forward_demo.py through the demo's command (examples/demo), not d1jax.main."""
     r = run_main("--config=configs/forward_demo.py", f"--workdir={tmp_path}",
-                 "--config.model.preset=test-tiny", "--config.seq_len=16")
+                 "--config.model.preset=test-tiny", "--config.seq_len=16", module="examples.demo")
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads((tmp_path / "forward_demo.json").read_text())
     assert out["finite"] and out["logits_shape"] == [8, 16, 128]
+    r = run_main("--config=configs/forward_demo.py", f"--workdir={tmp_path / 'x'}")
+    assert r.returncode == 1 and r.stderr.strip() == (
+        "error: config.stage='forward' is not one of ['eval', 'grpo', 'sft']"), r.stderr[-2000:]
 
 
-def test_unknown_config_key_fails_in_one_line_naming_the_closest_keys(tmp_path):
+@pytest.mark.parametrize("module", ["d1jax.main", "examples.demo"])
+def test_unknown_config_key_fails_in_one_line_naming_the_closest_keys(tmp_path, module):
     r = run_main("--config=configs/forward_demo.py", f"--workdir={tmp_path}",
-                 "--config.model.presett=test-tiny")
+                 "--config.model.presett=test-tiny", module=module)
     assert r.returncode != 0
     assert r.stderr.strip().splitlines() == [
         "error: unknown config key 'model.presett' in --config.model.presett=...; "
@@ -104,7 +109,7 @@ EVAL_TINY = "--config=configs/eval.py:sudoku-tiny"
     ("d1jax.main", ["--config=configs/grpo_sudoku.py:tiyn"],
      "error: --config=configs/grpo_sudoku.py:tiyn: unknown config variant 'tiyn': use ':tiny' "
      "or nothing"),
-    ("d1jax.main", ["--config=configs/forward_demo.py:tiny"],
+    ("examples.demo", ["--config=configs/forward_demo.py:tiny"],
      "error: --config=configs/forward_demo.py:tiny: configs/forward_demo.py takes no "
      "':variant'; drop it"),
     ("d1jax.main", ["--config=configs/nope.py"], "error: config file 'configs/nope.py' does not "
@@ -151,7 +156,7 @@ def test_bad_flags_values_variants_and_paths_are_one_line(module, args, message,
 def test_commands_print_no_libtpu_or_info_lines_on_a_cpu_host(tmp_path):
     """The forward demo saves nothing; the Checkpointer saves once: neither prints libtpu's
     probe errors nor absl INFO lines (Orbax's ~40 per save); -v 0 brings INFO back."""
-    r = subprocess.run([sys.executable, "-m", "d1jax.main", "--config=configs/forward_demo.py",
+    r = subprocess.run([sys.executable, "-m", "examples.demo", "--config=configs/forward_demo.py",
                         f"--workdir={tmp_path}", "--config.model.preset=test-tiny",
                         "--config.seq_len=16"], cwd=ROOT, capture_output=True, text=True,
                        timeout=300, env=_quiet_env())

@@ -116,7 +116,6 @@ def base(stage: str, task: str, tiny: bool, steps: int = 1000) -> mlc.ConfigDict
     c.task = mlc.ConfigDict()
     c.task.name = task  # gsm8k, math500, sudoku, countdown (or s1k for SFT).
     c.task.source = ""  # Local data file/dir in the Hugging Face schema; "": the default (public data, or generated puzzles for sudoku/countdown).
-    c.task.prompt = "d1"  # "d1": d1's prompt; "compact" (sudoku): the question alone (CPU demo).
     c.task.num_train = 256 if tiny else 0  # Use only the first N training examples (0: all).
     c.mesh = mlc.ConfigDict()
     # (data, fsdp, tensor); one -1 takes the remaining devices. 8B: weights sharded over all
@@ -171,8 +170,8 @@ def check_inputs(config, data: bool = True) -> None:
     if config.stage == "sft" and task.name == "s1k":
         return
     try:
-        tasks.task_from_config(config)
-    except ValueError as e:  # an unknown task name or prompt
+        tasks.get_task(task.name)
+    except ValueError as e:  # an unknown task name
         raise ConfigError(f"config.task: {e}") from None
 
 

@@ -70,11 +70,10 @@ class MeshSpec:
 class TaskSpec:
     name: str
     source: str | None  # local data; None: the task's default
-    prompt: str
     num_train: int
 
     def build(self) -> Task:
-        return get_task(self.name, **({} if self.prompt == "d1" else {"prompt": self.prompt}))
+        return get_task(self.name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,7 +305,7 @@ RESUME_FIELDS = (
     "lora.enabled", "lora.rank", "lora.alpha", "lora.targets",
     "optim.learning_rate", "optim.b1", "optim.b2", "optim.eps", "optim.weight_decay",
     "optim.max_grad_norm", "optim.warmup_ratio",
-    "task.name", "task.source", "task.prompt", "task.num_train",
+    "task.name", "task.source", "task.num_train",
     "grpo.objective", "grpo.num_iterations", "grpo.beta", "grpo.sync_ref_model",
     "grpo.num_generations", "grpo.prompts_per_step",
     "sft.batch_size", "sft.max_length", "sft.tokenize",
@@ -355,7 +354,7 @@ def from_config(c) -> RunSpec:
         stage=c.stage, seed=c.seed, max_prompt_length=c.max_prompt_length,
         config_json=c.to_json_best_effort(indent=2), model=model,
         mesh=MeshSpec(tuple(c.mesh.shape), tuple(rules.items())),
-        task=TaskSpec(c.task.name, c.task.source or None, c.task.prompt, c.task.num_train),
+        task=TaskSpec(c.task.name, c.task.source or None, c.task.num_train),
         identity=resume_identity(c), train=_loop(t),
         optim=_optim(c.optim))
     if c.stage == "grpo":

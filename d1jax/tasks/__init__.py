@@ -12,6 +12,7 @@ evaluation parser and its data loaders; ``d1jax.eval.score`` scores generation f
 from __future__ import annotations
 
 import importlib
+from typing import Callable
 
 from d1jax.tasks.base import EVAL_PREFILL, Task, Verdict, XML_SYSTEM_PROMPT, format_prompt
 from d1jax.tasks.sources import BadRecordError, DataUnavailableError
@@ -20,25 +21,33 @@ TASK_NAMES = ("gsm8k", "math500", "sudoku", "countdown")
 _ALIASES = {"math": "math500", "gsm": "gsm8k"}
 
 __all__ = ["EVAL_PREFILL", "TASK_NAMES", "BadRecordError", "DataUnavailableError", "Task",
-           "Verdict", "XML_SYSTEM_PROMPT", "format_prompt", "get_task", "task_from_config"]
+           "Verdict", "XML_SYSTEM_PROMPT", "format_prompt", "get_task", "register_task"]
+
+# Tasks added by a program built on d1jax (name -> make_task), e.g. examples/demo's.
+_REGISTERED: dict[str, Callable[..., Task]] = {}
 
 
 def get_task(name: str, **options) -> Task:
-    """The task called ``name`` (gsm8k, math500, sudoku, countdown; "math" also works).
+    """The task called ``name`` (gsm8k, math500, sudoku, countdown; "math" also works; or
+    one added with ``register_task``).
 
     ``options`` go to the module's ``make_task``, e.g.
     ``get_task("math500", equivalence="math_verify")``.
     """
     key = _ALIASES.get(name, name)
+    if key in _REGISTERED:
+        return _REGISTERED[key](**options)
     if key == "s1k":
         raise ValueError("s1k is SFT data without rewards: use d1jax.tasks.s1k.load_train")
     if key not in TASK_NAMES:
-        raise ValueError(f"unknown task {name!r}: choose one of {', '.join(TASK_NAMES)}")
+        raise ValueError(f"unknown task {name!r}: choose one of "
+                         f"{', '.join(TASK_NAMES + tuple(_REGISTERED))}")
     return importlib.import_module(f"d1jax.tasks.{key}").make_task(**options)
 
 
-def task_from_config(config) -> Task:
-    """The task a run config names (``config.task.name``, and ``config.task.prompt``
-    when it is not d1's own prompt)."""
-    prompt = config.task.get("prompt", "d1")
-    return get_task(config.task.name, **({} if prompt == "d1" else {"prompt": prompt}))
+def register_task(name: str, make_task: Callable[..., Task]) -> None:
+    """Makes ``get_task(name, **options)`` return ``make_task(**options)`` in this process,
+    so run configs name the task (``config.task.name``) like one of d1's."""
+    if _ALIASES.get(name, name) in TASK_NAMES + ("s1k",):
+        raise ValueError(f"task name {name!r} is one of d1's: register under another name")
+    _REGISTERED[name] = make_task

@@ -73,7 +73,7 @@ class Task:
     load_test: Callable[..., list[Example]]
     ground_truth: Callable[[Example], Any]
     # Completions open with a <reasoning> section (d1); evaluation prefills its tag. False
-    # (the CPU demo's compact Sudoku): answers are just <answer>...</answer>, no prefill.
+    # (Sudoku's compact prompt, bench/sampler_accuracy.py): just <answer>...</answer>, no prefill.
     reasoning: bool = True
 
     def __post_init__(self):

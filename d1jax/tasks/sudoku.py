@@ -340,7 +340,8 @@ def ground_truth(example: Example) -> str:
 
 
 def build_compact_messages(example: Example) -> list[dict]:
-    """The question alone, without d1's system prompt (the CPU demo's short prompt)."""
+    """The question alone, without d1's system prompt (bench/sampler_accuracy.py's short
+    prompt, the one examples/demo's task uses)."""
     return user_turn(question(example))
 
 
@@ -348,8 +349,8 @@ PROMPTS = {"d1": (SYSTEM_PROMPT, build_messages), "compact": ("", build_compact_
 
 
 def make_task(prompt: str = "d1") -> Task:
-    """d1's Sudoku task. ``prompt="compact"`` (the CPU demo) drops the 180-word system
-    prompt and the reasoning section (answers are ``<answer>grid</answer>``, no eval
+    """d1's Sudoku task. ``prompt="compact"`` (bench/sampler_accuracy.py) drops the 180-word
+    system prompt and the reasoning section (answers are ``<answer>grid</answer>``, no eval
     prefill); rewards, parser and data are unchanged."""
     if prompt not in PROMPTS:
         raise ValueError(f"sudoku prompt={prompt!r}: choose one of {sorted(PROMPTS)}")

@@ -4,15 +4,17 @@ t ~ U(eps, 1), cross-entropy on masked tokens weighted by 1/t.
   python -m d1jax.main --config=configs/sft_s1k.py:tiny --workdir=/tmp/sft_tiny
 
 The examples come from s1K, from a generated task's solution trajectories, or from a
-caller (``run(..., data=SFTData(...))``), e.g. the CPU demo's noisy pretraining corpus.
+caller (``run(..., data=SFTData(...))``), e.g. examples/demo's noisy pretraining corpus.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Callable
 
 import jax
+import numpy as np
 
 from d1jax import config as config_lib
 from d1jax import sharding
@@ -29,11 +31,13 @@ from d1jax.train.sft_data import encode_sft, trajectory_examples
 
 @dataclasses.dataclass(frozen=True)
 class SFTData:
-    """What an SFT run trains on: rows ``{"prompt": chat messages, "completion": text}``;
-    ``train_prompt`` puts the prompt under the loss too (LLaDA's pretraining objective)."""
+    """What an SFT run trains on: rows ``{"prompt": chat messages, "completion": text}``, and
+    how a batch of them becomes tokens: ``encode(tokenizer, rows, max_length, split=...)``
+    returns ``input_ids`` [B, max_length] and ``prompt_len`` [B] (the span the loss never
+    masks); d1's ``encode_sft`` by default."""
 
     rows: list[dict]
-    train_prompt: bool = False
+    encode: Callable[..., dict[str, np.ndarray]] = encode_sft
 
 
 def sft_examples(spec: RunSpec) -> list[dict]:
@@ -72,8 +76,7 @@ def run(config, workdir: str, data: SFTData | None = None) -> dict:
     try:
         while step < total and not ctx.should_stop(step):
             t0 = time.perf_counter()
-            enc = encode_sft(s.tokenizer, next(it), sr.max_length,
-                             train_prompt=data.train_prompt, split=sr.split_tokenize)
+            enc = data.encode(s.tokenizer, next(it), sr.max_length, split=sr.split_tokenize)
             batch = SFTBatch(**{k: sharding.host_to_global(v, s.mesh, s.rules)
                                 for k, v in enc.items()})
             state, m = steps.sft_update(state, batch, jax.random.fold_in(key, step))

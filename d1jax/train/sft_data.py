@@ -17,12 +17,10 @@ from d1jax.model.tokenizer import EOT
 
 
 def encode_sft(tokenizer, examples: Sequence[dict], max_length: int,
-               train_prompt: bool = False, split: bool = False) -> dict[str, np.ndarray]:
+               split: bool = False) -> dict[str, np.ndarray]:
     """Token ids [N, max_length] and prompt lengths [N] for examples with
     ``prompt`` (chat messages) and ``completion`` (assistant text).
 
-    ``train_prompt``: prompt length 0, so the whole conversation is noised and trained on
-    (LLaDA's pretraining objective on chat-formatted documents).
     ``split``: tokenize the generation prompt and the completion (+ end of turn) apart and
     concatenate, so training sees exactly the tokens generation will (a byte-level BPE
     may merge across the boundary of a templated whole, e.g. "\n\n" + "<"); False is
@@ -45,21 +43,14 @@ def encode_sft(tokenizer, examples: Sequence[dict], max_length: int,
             toks = tokenizer(full, add_special_tokens=False)["input_ids"][:max_length]
             n_prompt = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
         ids[i, :len(toks)] = toks
-        prompt_len[i] = 0 if train_prompt else min(n_prompt, max_length)
+        prompt_len[i] = min(n_prompt, max_length)
     return {"input_ids": ids, "prompt_len": prompt_len}
 
 
-def solution_trajectory(task_name: str, example: dict, grid: str | None = None,
-                        reasoning: bool = True) -> str:
-    """A well-formed d1 answer for a generated task (the SFT target standing in for s1K).
-
-    ``grid`` (sudoku): write this grid instead of the solution (noisy pretraining text).
-    ``reasoning=False``: the answer section alone (the demo's compact Sudoku format).
-    """
+def solution_trajectory(task_name: str, example: dict) -> str:
+    """A well-formed d1 answer for a generated task (the SFT target standing in for s1K)."""
     if task_name == "sudoku":
-        sol = example["solution"] if grid is None else grid
-        if not reasoning:
-            return f"<answer>\n{sol}\n</answer>"
+        sol = example["solution"]
         rows = [sol[i:i + 4] for i in range(0, 16, 4)]
         trace = f"Rows: {' '.join(rows)}"
         answer = sol
@@ -71,6 +62,5 @@ def solution_trajectory(task_name: str, example: dict, grid: str | None = None,
 
 def trajectory_examples(task, examples) -> list[dict]:
     """SFT pairs (d1's GRPO prompt, solution trajectory) for a task with known solutions."""
-    return [{"prompt": task.build_messages(ex),
-             "completion": solution_trajectory(task.name, ex, reasoning=task.reasoning)}
+    return [{"prompt": task.build_messages(ex), "completion": solution_trajectory(task.name, ex)}
             for ex in examples]

@@ -9,13 +9,12 @@ from pathlib import Path
 import ml_collections as mlc
 import numpy as np
 
-from d1jax.demo import config as demo_config
 from d1jax.eval import evaluate as eval_lib
 from d1jax.eval.score import percentages, score_records
 from d1jax.run import spec as spec_lib
 from d1jax.run.build import build
-from d1jax.tasks import sudoku
-from d1jax.tasks.sources import DataUnavailableError
+from d1jax.tasks import DataUnavailableError, sudoku
+from examples.demo import config as demo_config
 
 
 def eval_sets(demo: mlc.ConfigDict, data: dict) -> dict[str, list[dict]]:

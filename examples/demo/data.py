@@ -10,8 +10,9 @@ web corpus would hold). Trained on it with the masked-diffusion objective (on th
 a base model that knows the format and little Sudoku, and leaves room for SFT on clean
 trajectories (d1's stage 1) and diffu-GRPO (stage 2) to improve it.
 
-``prepare_data`` writes the demo's puzzles and tokenizer; ``pretraining_corpus`` is the
-base stage's training data, handed to the SFT loop (``sft.run(..., data=...)``).
+``prepare_data`` writes the demo's puzzles and tokenizer; ``pretraining_corpus`` and
+``sft_corpus`` are the base and SFT stages' training data, handed to d1jax's SFT loop
+(``sft.run(..., data=...)``).
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from pathlib import Path
 from typing import Sequence
 
 import ml_collections as mlc
+import numpy as np
 
 from d1jax.model.tokenizer import load_tokenizer, train_tiny_tokenizer
-from d1jax.tasks import get_task, sudoku
-from d1jax.tasks.sources import DataUnavailableError
+from d1jax.tasks import DataUnavailableError, get_task, sudoku
 from d1jax.train.rollout import uniform_prompt_length
 from d1jax.train.sft import SFTData
-from d1jax.train.sft_data import solution_trajectory
+from d1jax.train.sft_data import encode_sft
+from examples.demo import task as demo_task
 
 
 def noisy_grid(puzzle: str, solution: str, noise: float, rng: random.Random) -> str:
@@ -64,19 +66,35 @@ def pretraining_documents(task, examples: Sequence[dict], noise: float, seed: in
         if rng.random() < format_noise:
             completion = rows_answer(grid)
         else:
-            completion = solution_trajectory(task.name, ex, grid=grid, reasoning=task.reasoning)
+            completion = demo_task.answer(grid)
         docs.append({"prompt": task.build_messages(ex), "completion": completion})
     return docs
+
+
+def encode_whole_documents(tokenizer, rows, max_length: int, split: bool = False) -> dict:
+    """``encode_sft``'s tokens with prompt length 0: the whole conversation is noised and
+    trained on (LLaDA's pretraining objective on chat-formatted documents)."""
+    enc = encode_sft(tokenizer, rows, max_length, split=split)
+    return {**enc, "prompt_len": np.zeros_like(enc["prompt_len"])}
 
 
 def pretraining_corpus(demo: mlc.ConfigDict, data: dict) -> SFTData:
     """The base model's corpus: every train-pool puzzle as a noisy document; with
     ``demo.pretrain.objective == "pretrain"`` the loss covers the whole document."""
     p = demo.pretrain
-    task = get_task("sudoku", prompt="compact")
+    task = get_task(demo_task.NAME)
     docs = pretraining_documents(task, task.load_train(data["train"]), p.answer_noise,
                                  demo.seed, p.format_noise)
-    return SFTData(docs, train_prompt=p.objective == "pretrain")
+    if p.objective == "pretrain":
+        return SFTData(docs, encode=encode_whole_documents)
+    return SFTData(docs)
+
+
+def sft_corpus(data: dict) -> SFTData:
+    """The SFT stage's data (d1's stage 1): each train-pool puzzle's prompt and its clean
+    answer (``pretraining_documents`` at zero noise)."""
+    task = get_task(demo_task.NAME)
+    return SFTData(pretraining_documents(task, task.load_train(data["train"]), 0.0, 0))
 
 
 def prepare_data(demo: mlc.ConfigDict, wd: Path) -> dict:
@@ -91,7 +109,7 @@ def prepare_data(demo: mlc.ConfigDict, wd: Path) -> dict:
     d.mkdir(parents=True, exist_ok=True)
     files = {"train": str(d / "train.csv"), "heldout": str(d / "heldout.csv"),
              "tokenizer": str(d / "tokenizer")}
-    task = get_task("sudoku", prompt="compact")
+    task = get_task(demo_task.NAME)
     if not (d / "tokenizer" / "tokenizer.json").exists():
         try:
             d1_test = [r["puzzle"] for r in sudoku.load_test(subsample=None)]

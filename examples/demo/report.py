@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from d1jax.demo.config import OBJECTIVES, row_kind
+from examples.demo.config import OBJECTIVES, row_kind
 
 NAMES = {"diffu_grpo": "diffu-GRPO", "wd1": "wd1", "spg": "SPG", "coupled_grpo": "coupled-GRPO"}
 # Table order: the two starting models, then each objective from the base and from SFT.

@@ -1,8 +1,9 @@
 """The CPU demo's config (configs/demo_sudoku.py) and the stage configs built from it.
 
-The demo's own fields (``config.demo``) are translated here, once, into ordinary SFT and
-GRPO run configs; the sampler's fields live in ``demo.sampler`` only and reach the GRPO
-stages' rollouts and the evaluations from there.
+The demo's own fields (``config.demo``) are translated here, once, into ordinary SFT,
+GRPO and eval run configs of d1jax (``d1jax.config``) on the demo's task (``task.NAME``);
+the sampler's fields live in ``demo.sampler`` only and reach the GRPO stages' rollouts
+and the evaluations from there.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import ml_collections as mlc
 
 from d1jax import config as config_lib
 from d1jax.config import ConfigError
+from examples.demo import task as demo_task
 
 
 def get_config(arg: str | None) -> mlc.ConfigDict:
-    """base -> SFT -> diffu-GRPO on 4x4 Sudoku (d1jax/demo/run.py).
+    """base -> SFT -> diffu-GRPO on 4x4 Sudoku (examples/demo/run.py).
 
     ``arg``: None (the README's run, 705 s measured on one shared core), "compare" (the same,
     plus wd1, SPG and coupled-GRPO from the SFT model on diffu-GRPO's budget; it reuses a
@@ -27,7 +29,7 @@ def get_config(arg: str | None) -> mlc.ConfigDict:
         raise ConfigError(f"unknown demo variant {arg!r}: use nothing, ':ci' or ':compare'")
     ci = arg == "ci"
     c = mlc.ConfigDict()
-    c.stage = "demo"  # d1jax.main runs d1jax.demo.run.
+    c.stage = "demo"  # python -m examples.demo runs examples/demo/run.py.
     c.workdir = ""  # Run directory (--workdir overrides); one sub-directory per stage.
     d = c.demo = mlc.ConfigDict()
     d.seed = 0  # Seed of the data, the base model's init and the SFT stage.
@@ -160,8 +162,7 @@ def check(demo: mlc.ConfigDict) -> None:
 
 def _common(c: mlc.ConfigDict, demo: mlc.ConfigDict, data: dict) -> None:
     c.seed = demo.seed
-    c.task.name = "sudoku"
-    c.task.prompt = "compact"
+    c.task.name = demo_task.NAME
     c.task.source = data["train"]
     c.task.num_train = 0
     c.model.tokenizer_path = data["tokenizer"]
@@ -262,7 +263,7 @@ def eval_config(demo: mlc.ConfigDict, model_dir: Path) -> mlc.ConfigDict:
     c = config_lib.eval_config("sudoku-tiny")
     c.model.random_init = ""
     c.model.path = str(model_dir)
-    c.task.prompt = "compact"
+    c.task.name = demo_task.NAME
     c.mesh.shape = tuple(demo.mesh_shape)
     c.sampler.block_length = demo.sampler.block_length
     c.eval.gen_lengths = (demo.sampler.gen_length,)

@@ -1,10 +1,11 @@
 """The d1 recipe in miniature on a CPU (d1, Table 1): base -> SFT -> diffu-GRPO, evaluated.
 
-  python -m d1jax.main --config=configs/demo_sudoku.py --workdir=/tmp/d1jax_demo
+  python -m examples.demo --config=configs/demo_sudoku.py --workdir=/tmp/d1jax_demo
 
-Stages, each a normal run of this package in its own sub-workdir (checkpoints, metrics,
-a Hugging Face export in ``<stage>/hf``), so every one can be resumed, evaluated with
-``python -m d1jax.eval`` and reused on its own:
+Stages, each an ordinary d1jax run (``d1jax.train.sft.run``, ``d1jax.train.grpo.run``) in
+its own sub-workdir (checkpoints, metrics, a Hugging Face export in ``<stage>/hf``), so
+every one can be resumed, evaluated (``python -m examples.demo`` with an eval config, see
+``__main__``) and reused on its own:
 
 1. ``data/``: generated 4x4 puzzles (train pool and a held-out set, none of them in d1's
    test set) and a tokenizer trained on their text, saved in the Hugging Face format.
@@ -36,11 +37,11 @@ import jax
 import ml_collections as mlc
 
 from d1jax import config as config_lib
-from d1jax.demo import config as demo_config
-from d1jax.demo import data as demo_data
-from d1jax.demo import evaluation, report
 from d1jax.run import spec as spec_lib
 from d1jax.train import grpo, sft
+from examples.demo import config as demo_config
+from examples.demo import data as demo_data
+from examples.demo import evaluation, report
 
 
 def _finished(stage_dir: Path) -> bool:
@@ -69,7 +70,9 @@ def _train_stages(demo: mlc.ConfigDict, data: dict, wd: Path, log
         return sft.run(cfg, stage_wd, data=demo_data.pretraining_corpus(demo, data))
     times = {"base": _run_stage("pretrain (base model)", pretrain,
                                 demo_config.pretrain_config(demo, data), wd / "base", log)}
-    times["sft"] = _run_stage("SFT", sft.run, demo_config.sft_config(demo, data, wd / "base"),
+    def fine_tune(cfg, stage_wd):
+        return sft.run(cfg, stage_wd, data=demo_data.sft_corpus(data))
+    times["sft"] = _run_stage("SFT", fine_tune, demo_config.sft_config(demo, data, wd / "base"),
                               wd / "sft", log)
     runs: dict[str, list[Path]] = {"base": [wd / "base"], "sft": [wd / "sft"]}
     for seed in demo.seeds:
