@@ -289,6 +289,13 @@ def np_linspace(steps, eps):
     return np.array(out, np.float32)
 
 
+def test_generation_defaults_are_a_diffusion_generate_call_under_transformers_4():
+    from d1jax.sampling.dream import DreamGenerationConfig
+    g = DreamGenerationConfig()
+    assert (g.temperature, g.top_p, g.top_k, g.eps, g.steps, g.alg, g.alg_temp) == (
+        1.0, 1.0, 50, 1e-3, 512, "origin", None)
+
+
 def np_sample_tokens(logits, temperature, top_p, top_k, margin=False, neg_entropy=False):
     """generation_utils.sample_tokens at temperature 0, float64."""
     assert temperature == 0
@@ -383,11 +390,12 @@ def test_timesteps_are_torch_linspace_bit_for_bit():
                 np.testing.assert_array_equal(np_linspace(steps, eps), want)
 
 
-GEN_CASES = [
-    dict(alg="origin", steps=10), dict(alg="origin", steps=4, eps=0.05),
+GEN_CASES = [  # top_k defaults to 50 (of 128), as a diffusion_generate call under 4.46
+    dict(alg="origin", steps=10), dict(alg="origin", steps=4, eps=0.05, top_k=None),
     dict(alg="maskgit_plus", steps=10), dict(alg="maskgit_plus", steps=3, top_k=5),
-    dict(alg="topk_margin", steps=10), dict(alg="topk_margin", steps=4, top_p=0.9),
+    dict(alg="topk_margin", steps=10, top_k=None), dict(alg="topk_margin", steps=4, top_p=0.9),
     dict(alg="entropy", steps=10), dict(alg="entropy", steps=5, top_p=0.8, top_k=20),
+    dict(alg="entropy", steps=6, top_k=None),
 ]
 
 
@@ -405,7 +413,8 @@ def test_each_alg_matches_the_numpy_port_token_for_token(generate_case, case):
     from d1jax.sampling.dream import (DreamGenerationConfig, diffusion_generate, dream_step_keys,
                                       predict_fn_of)
     cfg, params, prompt, mask, predict = generate_case
-    gen = DreamGenerationConfig(max_new_tokens=10, mask_token_id=cfg.mask_token_id, **case)
+    gen = DreamGenerationConfig(max_new_tokens=10, mask_token_id=cfg.mask_token_id,
+                                temperature=0.0, **case)
     model_fn = predict_fn_of(Dream(cfg))
     rng = jax.random.key(7)
     run = jax.jit(lambda p, x, m, r: diffusion_generate(
@@ -424,7 +433,7 @@ def test_rows_with_fewer_masks_keep_their_tokens(generate_case):
     from d1jax.sampling.dream import DreamGenerationConfig, make_diffusion_generate
     cfg, params, prompt, mask, _ = generate_case
     gen = DreamGenerationConfig(max_new_tokens=10, steps=10, alg="maskgit_plus",
-                                mask_token_id=cfg.mask_token_id)
+                                mask_token_id=cfg.mask_token_id, temperature=0.0)
     got = np.asarray(make_diffusion_generate(Dream(cfg), gen)(
         params, jnp.asarray(prompt), jnp.asarray(mask), jax.random.key(7)))
     # row 1 proposes <|mask|> (re-masked, decoded again later); row 0's prompt stays
@@ -436,7 +445,8 @@ def test_sampled_paths_reduce_to_the_deterministic_ones(generate_case, alg):
     """alg_temp -> 0 is top-k by confidence; temperature > 0 with top_k=1 is the argmax."""
     from d1jax.sampling.dream import DreamGenerationConfig, make_diffusion_generate
     cfg, params, prompt, mask, _ = generate_case
-    base = dict(max_new_tokens=10, steps=5, alg=alg, mask_token_id=cfg.mask_token_id)
+    base = dict(max_new_tokens=10, steps=5, alg=alg, mask_token_id=cfg.mask_token_id,
+                temperature=0.0)
 
     def run(**kw):
         gen = DreamGenerationConfig(**{**base, **kw})

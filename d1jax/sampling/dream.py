@@ -50,16 +50,25 @@ ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
 @dataclasses.dataclass(frozen=True)
 class DreamGenerationConfig:
-    """Static knobs of ``diffusion_generate`` (DreamGenerationConfig's names and defaults)."""
+    """Static knobs of ``diffusion_generate`` (frozen, hashable), with Dream's names.
+
+    Defaults are what ``model.diffusion_generate(ids, **kwargs)`` uses for a field the call
+    leaves out under the transformers Dream pins (4.46): with no ``generation_config``
+    argument it builds one ``from_model_config``, which carries PretrainedConfig's
+    generation defaults (temperature 1.0, top_p 1.0, top_k 50) over DreamGenerationConfig's
+    own (0.0, None, None). Dream's and DiffuCoder's READMEs pass temperature and top_p but
+    not top_k, so their runs filter to the top 50 logits (which changes the margin and
+    entropy confidences, not the argmax).
+    """
 
     max_new_tokens: int = 128  # N masks appended to the prompt.
     steps: int = 512  # Denoising steps (model evaluations).
     eps: float = 1e-3  # Final time of linspace(1, eps, steps + 1).
     alg: str = "origin"  # One of ALGS: how positions to decode are chosen.
     alg_temp: float | None = None  # > 0: draw positions from softmax(conf / alg_temp).
-    temperature: float = 0.0  # Token sampling temperature; 0 = argmax.
-    top_p: float | None = None  # Nucleus filter (kept if < 1).
-    top_k: int | None = None  # Keep the k largest logits.
+    temperature: float = 1.0  # Token sampling temperature; 0 = argmax.
+    top_p: float | None = 1.0  # Nucleus filter (applied if < 1).
+    top_k: int | None = 50  # Keep the k largest logits; None: no filter.
     mask_token_id: int = 151666  # Dream's <|mask|> (the checkpoint config's mask_token_id).
 
     def __post_init__(self):
