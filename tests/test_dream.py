@@ -192,7 +192,8 @@ def test_left_padding_does_not_change_a_rows_predictions(loaded):
     padded = predictor.predict_logits(model, params, jnp.asarray(IDS), jnp.asarray(MASK))
     # row 3 (the first real token) is shifted from a padding row: only rows 4: predict
     np.testing.assert_allclose(np.asarray(padded)[1, 4:], np.asarray(alone)[0, 1:], atol=1e-5)
-    np.testing.assert_array_equal(np.asarray(dream_positions(MASK))[1], [1, 1, 1, 0, 1, 2, 3, 4, 5, 6])
+    np.testing.assert_array_equal(np.asarray(dream_positions(MASK))[1],
+                                  [1, 1, 1, 0, 1, 2, 3, 4, 5, 6])
 
 
 def test_raw_call_is_the_hf_forward_with_default_positions(loaded, sd):
@@ -225,6 +226,27 @@ def test_random_init_is_born_sharded_with_layer_stacked_params():
     assert q["kernel"].shape == (2, 32, 32) and q["bias"].shape == (2, 32)
     assert q["kernel"].sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
     assert "bias" not in params["layers"]["o_proj"]
+
+
+def test_lora_adapters_attach_by_dream_names_and_start_as_the_base_model(loaded):
+    from d1jax.model.config import LoraConfig
+    cfg, params = loaded
+    model = Dream(cfg, lora=LoraConfig(rank=4, targets=("q_proj", "v_proj", "down_proj")))
+    fresh = init_dream_params(model, jax.random.key(1))
+    q = fresh["layers"]["q_proj"]
+    assert set(q) == {"kernel", "bias", "lora_a", "lora_b"} and q["lora_a"].shape == (2, 32, 4)
+    assert "lora_a" not in fresh["layers"]["k_proj"]
+    merged = jax.tree.map(lambda a: a, fresh)
+    for name in ("q_proj", "v_proj", "down_proj"):
+        merged["layers"][name].update({k: v for k, v in params["layers"][name].items()})
+    for name in ("embed_tokens", "norm", "lm_head"):
+        merged[name] = params[name]
+    for name in set(params["layers"]) - {"q_proj", "v_proj", "down_proj"}:
+        merged["layers"][name] = params["layers"][name]
+    ids = jnp.asarray(IDS)
+    np.testing.assert_allclose(np.asarray(predictor.predict_logits(model, merged, ids)),
+                               np.asarray(predictor.predict_logits(Dream(cfg), params, ids)),
+                               atol=1e-6)
 
 
 # --------------------------------------------------------------------------- weights

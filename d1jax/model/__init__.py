@@ -1,4 +1,4 @@
-"""LLaDA and Dream: the models, their configs, LoRA, the Hugging Face checkpoint layout, tokenizer."""
+"""LLaDA and Dream: the models, their configs, LoRA, the HF checkpoint layout, the tokenizer."""
 
 from d1jax.model.config import (PRESETS, LLaDAConfig, LoraConfig, UnsupportedConfigError,
                                 preset)

@@ -125,7 +125,8 @@ class DreamConfig:
         kv = self.num_key_value_heads * h
         attn = 2 * d * d + d + 2 * (d * kv + kv)  # q, o; q bias; k, v with biases
         per_layer = attn + 3 * d * f + 2 * d
-        return self.num_hidden_layers * per_layer + v * d * (1 if self.tie_word_embeddings else 2) + d
+        heads = 1 if self.tie_word_embeddings else 2
+        return self.num_hidden_layers * per_layer + v * d * heads + d
 
 
 DREAM_PRESETS: dict[str, dict[str, Any]] = {

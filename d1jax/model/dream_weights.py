@@ -157,7 +157,8 @@ def save_dream_checkpoint(path: str | os.PathLike, config: DreamConfig, params: 
     """
     path = Path(path)
     limit = _parse_size(max_shard_size)
-    entries = [(k, (_get(params, p), layer, t)) for k, (p, layer, t) in dream_key_map(config).items()]
+    entries = [(k, (_get(params, p), layer, t))
+               for k, (p, layer, t) in dream_key_map(config).items()]
 
     def nbytes(entry):
         arr, layer, _ = entry
