@@ -487,3 +487,20 @@ def test_generation_config_refuses_bad_values(kw, match):
     from d1jax.sampling.dream import DreamGenerationConfig
     with pytest.raises(ValueError, match=match):
         DreamGenerationConfig(**kw)
+
+
+def test_generation_on_a_mesh_matches_one_device(generate_case, hf_dir):
+    from d1jax.sampling.dream import DreamGenerationConfig, make_diffusion_generate
+    cfg, params, prompt, mask, _ = generate_case
+    mesh = shd.make_mesh((2, 2, 2))
+    _, sharded = load_dream_checkpoint(hf_dir, mesh=mesh)
+    gen = DreamGenerationConfig(max_new_tokens=10, steps=4, alg="entropy", temperature=0.0,
+                                mask_token_id=cfg.mask_token_id)
+    fn = make_diffusion_generate(Dream(cfg), gen)
+    prompt, mask = jnp.asarray(np.tile(prompt, (2, 1))), jnp.asarray(np.tile(mask, (2, 1)))
+    want = fn(params, prompt, mask, jax.random.key(0))
+    batch = shd.batch_sharding(mesh)
+    with shd.activate(mesh):
+        got = fn(sharded, jax.device_put(prompt, batch), jax.device_put(mask, batch),
+                 jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
