@@ -86,6 +86,7 @@ D1_SFT = {
     "optim.b2": 0.999,  # d1: TrainingArguments' adam_beta2 default (sft_train.py:101 sets none)
     "optim.eps": 1e-8,  # d1: TrainingArguments' adam_epsilon default
     "optim.warmup_ratio": 0.0,  # d1: TrainingArguments' warmup default (sft_train.py:101 sets none)
+    "optim.lr_schedule": "linear",  # d1: TrainingArguments' lr_scheduler_type default (sft_train.py:101 sets none)
     # 1 row (SFT/sft_train.py:31 --batch_size) x 4 (sft_train.py:37 --grad_accum_steps) x 4
     # processes (SFT/ddp_config.yaml:17 num_processes; d1's README:51 --num_processes 4).
     "sft.batch_size": 1 * 4 * 4,
@@ -113,9 +114,6 @@ DEPARTURES = {
     "grpo: load_in_4bit": ("model.param_dtype", "bfloat16"),
     # d1 trains num_train_epochs 10 (train.yaml:38); d1jax counts optimizer steps.
     "grpo: num_train_epochs": ("train.num_steps", 5000),
-    # d1's SFT decays the rate linearly to 0 (TrainingArguments' lr_scheduler_type "linear",
-    # sft_train.py:101); d1jax's optimizer has one schedule, constant after warmup.
-    "sft: lr_scheduler_type linear": ("optim.warmup_ratio", 0.0),
     # d1's SFT accumulates 4 micro-batches (sft_train.py:37), each its own token mean; d1jax
     # takes the 16 rows in one step (one token mean): --config.optim.grad_accum=4 restores it.
     "sft: gradient_accumulation_steps 4": ("optim.grad_accum", 1),
@@ -174,7 +172,12 @@ def test_sft_config_is_d1s(tmp_path):
     spec = _spec(c, tmp_path)
     assert spec.model.lora.scale == 256.0 / 128
     assert spec.model.lora.targets == ("q_proj", "k_proj", "v_proj")
-    assert spec.optim.build(1000).warmup_steps == 0
+    adamw = spec.optim.build(1000)
+    assert adamw.warmup_steps == 0
+    # HF's get_linear_schedule_with_warmup: lr x (total - s) / total, s the optimizer step.
+    schedule = optim.lr_schedule(adamw)
+    assert [float(schedule(s)) for s in (0, 500, 999, 1000)] == pytest.approx(
+        [1e-5, 5e-6, 1e-8, 0.0])
 
 
 def test_eval_configs_are_d1s_protocol(tmp_path):
@@ -196,7 +199,7 @@ def test_departures_are_the_documented_ones():
     for what, (field, value) in DEPARTURES.items():
         assert _get(configs[what.split(":")[0]], field) == value, what
     readme = (ROOT / "README.md").read_text()
-    for phrase in ("4-bit NF4", "decays the learning rate linearly", "holds out 1%"):
+    for phrase in ("4-bit NF4", "holds out 1%"):
         assert phrase in readme, phrase
 
 

@@ -207,7 +207,7 @@ def test_linear_schedule_is_hf_get_linear_schedule_with_warmup(warmup):
         _, state = opt.update({"w": jnp.ones((2,))}, state, p)
         assert abs(float(optim.current_learning_rate(state)) - 0.1 * hf) < 1e-7, s
     with pytest.raises(ValueError, match="total_steps"):
-        optim.OptimConfig(schedule="linear", total_steps=0)
+        optim.make_optimizer(optim.OptimConfig(schedule="linear", total_steps=0))
     with pytest.raises(ValueError, match="schedule"):
         optim.OptimConfig(schedule="cosine")
 

@@ -62,7 +62,8 @@ def _optim(tiny: bool) -> mlc.ConfigDict:
     o.eps = 1e-8  # Adam epsilon (torch default).
     o.weight_decay = 0.1  # AdamW decoupled weight decay.
     o.max_grad_norm = 0.2  # Global-norm gradient clipping.
-    o.warmup_ratio = 0.0001  # Linear warmup over this fraction of the steps, then constant.
+    o.warmup_ratio = 0.0001  # Linear warmup over this fraction of the steps.
+    o.lr_schedule = "constant_with_warmup"  # After the warmup: "constant_with_warmup" (d1 GRPO) or "linear" decay to 0 at the last step (HF Trainer's default, d1 SFT).
     o.grad_accum = 1 if tiny else 2  # Micro-batches accumulated per optimizer step.
     return o
 
@@ -268,7 +269,8 @@ def sft(arg: str | None) -> mlc.ConfigDict:
     c.optim.b2 = 0.999  # d1 SFT: the Trainer's default adam_beta2.
     c.optim.grad_accum = 1  # One step of all 16 rows (d1: 4 micro-batches of one row per GPU; the loss is a token mean over the step here, docs/training.md).
     c.optim.max_grad_norm = 1.0  # d1 SFT: the Trainer's default 1.0.
-    c.optim.warmup_ratio = 0.0  # d1 SFT: no warmup (the Trainer's default); the rate then stays constant, where d1 decays it linearly to 0 (README departures).
+    c.optim.warmup_ratio = 0.0  # d1 SFT: no warmup (the Trainer's default).
+    c.optim.lr_schedule = "linear"  # d1 SFT: the Trainer's default, linear decay to 0.
     c.sft = mlc.ConfigDict()
     c.sft.batch_size = 8 if tiny else 16  # Sequences per optimizer step, all hosts (d1: 1 per GPU x 4 accumulation x 4 GPUs).
     c.sft.max_length = 256 if tiny else 4096  # Prompt + completion tokens (longer are cut).

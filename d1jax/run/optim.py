@@ -44,9 +44,6 @@ class OptimConfig:
                              "warmup_steps and max_grad_norm >= 0")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
-        if self.schedule == "linear" and self.total_steps <= self.warmup_steps:
-            raise ValueError(f"schedule='linear' needs total_steps={self.total_steps} > "
-                             f"warmup_steps={self.warmup_steps}")
 
 
 SCHEDULES = ("constant_with_warmup", "linear")
@@ -58,6 +55,9 @@ def lr_schedule(cfg: OptimConfig) -> optax.Schedule:
     warmup), floored at 0."""
     w = cfg.warmup_steps
     if cfg.schedule == "linear":
+        if cfg.total_steps <= w:
+            raise ValueError(f"schedule='linear' needs total_steps={cfg.total_steps} > "
+                             f"warmup_steps={w}")
         after = optax.linear_schedule(cfg.learning_rate, 0.0, cfg.total_steps - w)
     else:
         after = optax.constant_schedule(cfg.learning_rate)

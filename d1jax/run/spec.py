@@ -101,8 +101,8 @@ class OptimSpec:
     grad_accum: int
 
     def build(self, total_steps: int) -> optim.OptimConfig:
-        """HF's warmup: ceil(ratio x total optimizer steps)."""
-        return dataclasses.replace(self.adamw,
+        """HF's warmup: ceil(ratio x total optimizer steps); the schedule's length."""
+        return dataclasses.replace(self.adamw, total_steps=total_steps,
                                    warmup_steps=math.ceil(self.warmup_ratio * total_steps))
 
 
@@ -236,8 +236,13 @@ def _lora(lo) -> LoraConfig:
 def _optim(o) -> OptimSpec:
     if o.learning_rate <= 0:
         raise ConfigError(f"optim.learning_rate={o.learning_rate} must be positive")
+    schedule = o.get("lr_schedule", "constant_with_warmup")
+    if schedule not in optim.SCHEDULES:
+        raise ConfigError(f"optim.lr_schedule={schedule!r}: choose one of "
+                          f"{', '.join(optim.SCHEDULES)}")
     adamw = optim.OptimConfig(learning_rate=o.learning_rate, b1=o.b1, b2=o.b2, eps=o.eps,
-                              weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm)
+                              weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm,
+                              schedule=schedule)
     return OptimSpec(adamw, o.warmup_ratio, o.grad_accum)
 
 
@@ -304,7 +309,7 @@ RESUME_FIELDS = (
     "model.vocab_size", "model.tokenizer_vocab", "model.param_dtype",
     "lora.enabled", "lora.rank", "lora.alpha", "lora.targets",
     "optim.learning_rate", "optim.b1", "optim.b2", "optim.eps", "optim.weight_decay",
-    "optim.max_grad_norm", "optim.warmup_ratio",
+    "optim.max_grad_norm", "optim.warmup_ratio", "optim.lr_schedule",
     "task.name", "task.source", "task.num_train",
     "grpo.objective", "grpo.num_iterations", "grpo.beta", "grpo.sync_ref_model",
     "grpo.num_generations", "grpo.prompts_per_step",
