@@ -64,13 +64,14 @@ def machine() -> dict[str, Any]:
 
 
 def load_reference(path: str) -> dict[str, Any]:
-    """The JSON that ``refbench/ref_bench.py`` (the PyTorch reference) printed in this sitting."""
+    """The JSON that ``bench/reference/run.py`` (the PyTorch reference) printed in this
+    sitting."""
     with open(path) as f:
         ref = json.load(f)
     missing = [k for k in ("sampler", "estimator", "grpo_update") if k not in ref]
     if missing:
         raise ValueError(f"{path} has no {missing} sections: pass the JSON that "
-                         "refbench/ref_bench.py prints (BENCH.md, docs/benchmarks.md)")
+                         "bench/reference/run.py prints (docs/benchmarks.md)")
     return ref
 
 

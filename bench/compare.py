@@ -1,20 +1,21 @@
 """d1jax against the PyTorch reference on bench-tiny, measured side by side in one run.
 
-    python bench/compare.py --refbench ../shared/refbench --rounds 2 --out compare.json
+    bench/reference/setup.sh                        # once: the reference's sources and venv
+    python bench/compare.py --rounds 2 --out compare.json
     python bench/compare.py --reference-json ref.json --rounds 2   # a reference run from
                                                                   # this sitting, not rerun
 
-The reference is ``refbench/ref_bench.py`` (LLaDA's ``generate.py`` and d1's estimator and
-loss, unmodified, on the Hugging Face LLaDA model, torch CPU) in the venv that
-``refbench/setup.sh LLADA_GIT D1_GIT FASTDLLM_GIT [REF_DIR]`` builds under REF_DIR (--ref-dir;
-setup.sh's default is $TMPDIR/d1jax-ref). Each round runs the reference in a child process,
-then d1jax's measurements here, so that both sides share the machine's load; a ratio is the
-reference's median seconds over ours across all rounds (> 1: d1jax is faster). d1jax's
-samplers run on the reference's own weights and prompts (its ``bench_tiny_hf`` checkpoint
-and ``ref_generate.npz``), and the exact sampler's tokens are compared with the reference's.
-Prints a markdown table and one JSON object (the machine, date and every round's timings).
-Workload (BENCH.md): batch 8, prompt 64, gen 128, block 32, 64 steps, temperature 0;
-estimator input [mu, 8, 192]; GRPO update mu = 1 on 8 x 192.
+The reference is ``bench/reference/run.py`` (LLaDA's ``generate.py`` and d1's estimator and
+loss at pinned commits, unmodified, on the Hugging Face LLaDA model, torch CPU) in the venv
+that ``bench/reference/setup.sh [REF_DIR]`` builds (--ref-dir; default $TMPDIR/d1jax-ref).
+Each round runs the reference in a child process, then d1jax's measurements here, so that
+both sides share the machine's load; a ratio is the reference's median seconds over ours
+across all rounds (> 1: d1jax is faster). d1jax's samplers run on the reference's own
+weights and prompts (its ``bench_tiny_hf`` checkpoint and ``ref_generate.npz``), and the
+exact sampler's tokens are compared with the reference's. Prints a markdown table and one
+JSON object (the machine, date and every round's timings). Workload (docs/benchmarks.md):
+batch 8, prompt 64, gen 128, block 32, 64 steps, temperature 0; estimator input
+[mu, 8, 192]; GRPO update mu = 1 on 8 x 192. ``bench/cycle.py`` measures a whole GRPO cycle.
 """
 
 from __future__ import annotations
@@ -46,30 +47,25 @@ REFERENCE_OF = {"sampler_exact": "sampler", "sampler_fast": "sampler",
                 "update_mu1": "update_mu1", "forward": None, "forward_backward": None}
 
 
-def reference_paths(refbench: str, ref_dir: str) -> dict[str, str]:
-    """The files one reference run needs; exits with what to do when one is missing."""
+def reference_paths(ref_dir: str) -> dict[str, str]:
+    """The reference's python and script; exits with what to do when it is not built."""
     paths = {"python": os.path.join(ref_dir, "venv", "bin", "python"),
-             "script": os.path.join(refbench, "ref_bench.py"),
-             "llada": os.path.join(ref_dir, "llada"), "d1": os.path.join(ref_dir, "d1"),
-             "modeling": os.path.join(ref_dir, "llada_hf"), "out": os.path.join(ref_dir, "out")}
-    if not os.path.isfile(paths["script"]):
-        raise SystemExit(f"--refbench {refbench!r} has no ref_bench.py: pass the refbench "
-                         "directory (docs/benchmarks.md shows it as ../shared/refbench)")
-    missing = [paths[k] for k in ("python", "llada", "d1", "modeling") if not os.path.exists(
-        paths[k])]
+             "script": os.path.join(HERE, "reference", "run.py"), "ref_dir": ref_dir}
+    missing = [f for f in (paths["python"], os.path.join(ref_dir, "sources.json"))
+               if not os.path.exists(f)]
     if missing:
-        raise SystemExit(f"the PyTorch reference is not built in --ref-dir {ref_dir!r} (missing "
-                         f"{missing}): run {os.path.join(refbench, 'setup.sh')} LLADA_GIT D1_GIT "
-                         f"FASTDLLM_GIT {ref_dir} first (docs/benchmarks.md)")
+        raise SystemExit(f"the PyTorch reference is not built in --ref-dir {ref_dir!r} "
+                         f"(missing {missing}): run bench/reference/setup.sh {ref_dir} first "
+                         "(docs/benchmarks.md)")
     return paths
 
 
 def run_reference(paths: dict[str, str], gen_runs: int, est_runs: int, grpo_runs: int) -> dict:
-    """One run of ref_bench.py in the reference's venv; its printed JSON."""
-    cmd = [paths["python"], paths["script"], "--llada-repo", paths["llada"], "--d1-repo",
-           paths["d1"], "--modeling-dir", paths["modeling"], "--out-dir", paths["out"],
+    """One run of bench/reference/run.py in the reference's venv; its printed JSON."""
+    cmd = [paths["python"], paths["script"], "--ref-dir", paths["ref_dir"],
+           "--sections", "sampler,estimator,update", "--mus", "1,4",
            "--gen-runs", str(gen_runs), "--est-runs", str(est_runs),
-           "--grpo-runs", str(grpo_runs)]
+           "--update-runs", str(grpo_runs)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"the reference failed (exit {proc.returncode}): {' '.join(cmd)}\n"
@@ -147,11 +143,11 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 epilog=__doc__.split("\n\n", 2)[2],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--refbench", help="the refbench directory (ref_bench.py, setup.sh)")
     p.add_argument("--ref-dir", default=os.path.join(tempfile.gettempdir(), "d1jax-ref"),
-                   help="REF_DIR given to setup.sh (default: setup.sh's, $TMPDIR/d1jax-ref)")
+                   help="what bench/reference/setup.sh built (default: $TMPDIR/d1jax-ref)")
     p.add_argument("--reference-json", nargs="+", default=[],
-                   help="ref_bench.py JSONs from this sitting, used instead of running it")
+                   help="bench/reference/run.py outputs from this sitting, used instead of "
+                        "running it")
     p.add_argument("--rounds", type=int, default=2, help="alternating reference/d1jax rounds")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per d1jax measure a round")
     p.add_argument("--gen-runs", type=int, default=2, help="reference generate() runs a round")
@@ -159,9 +155,7 @@ def main(argv=None) -> dict:
     p.add_argument("--grpo-runs", type=int, default=3, help="reference update runs a round")
     p.add_argument("--out", help="also write the JSON here")
     a = p.parse_args(argv)
-    if not a.refbench and not a.reference_json:
-        p.error("give --refbench DIR (runs the reference) or --reference-json FILE ...")
-    paths = None if a.reference_json else reference_paths(a.refbench, a.ref_dir)
+    paths = None if a.reference_json else reference_paths(a.ref_dir)
 
     from bench import common, compare_ours  # jax loads only once the arguments are good
 
