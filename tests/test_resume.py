@@ -93,3 +93,13 @@ def test_the_newest_readable_record_decides_and_old_checkpoints_pass(tmp_path):
     (legacy / "checkpoints" / "3" / "meta").mkdir(parents=True)
     (legacy / "checkpoints" / "3" / "meta" / "metadata").write_text('{"data": {}}')
     resume.check(_spec(lora__rank=4), legacy)  # written before identities were recorded
+
+
+def test_a_field_the_checkpoint_predates_is_not_compared(tmp_path):
+    """A checkpoint written before d1jax recorded a field (here the optimizer's schedule)
+    resumes after an upgrade; the fields it did record are still compared."""
+    old = dict(_spec().identity)
+    del old["optim.lr_schedule"]
+    resume.check(_spec(optim__lr_schedule="linear"), _workdir(tmp_path / "a", old))
+    with pytest.raises(resume.IncompatibleResume, match="lora.rank"):
+        resume.check(_spec(lora__rank=4), _workdir(tmp_path / "b", old))

@@ -44,8 +44,10 @@ def recorded_identity(workdir: Path) -> tuple[int, dict[str, Any]] | None:
 
 
 def changes(old: dict[str, Any], new: dict[str, Any], accepted=()) -> list[str]:
-    """'field old -> new' for each field that differs, except the accepted ones."""
-    fields = [f for f in {**old, **new} if f not in accepted]
+    """'field old -> new' for each field that differs, except the accepted ones. A field the
+    old identity does not record (a checkpoint older than the field) is not compared: a
+    d1jax upgrade does not refuse a run it can still restore."""
+    fields = [f for f in new if f in old and f not in accepted]
     return [f"{f} {json.dumps(old.get(f))} -> {json.dumps(new.get(f))}"
             for f in sorted(fields) if old.get(f) != new.get(f)]
 
