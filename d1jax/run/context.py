@@ -43,6 +43,7 @@ class RunContext:
     checkpointer: ckpt_lib.Checkpointer
     preempt: ckpt_lib.PreemptionFlag
     config_json: str  # written beside the run once restore() settled which run this is
+    identity: dict  # the config fields that shape the state, saved with every checkpoint
     writer: metrics_lib.MetricWriter | None = None  # opened by restore(), at the resume step
     progress: metrics_lib.Progress | None = None
     stop_reason: str = "train.stop_after"  # why should_stop() said stop
@@ -50,7 +51,7 @@ class RunContext:
     @classmethod
     def create(cls, spec: RunSpec, workdir: Path) -> "RunContext":
         return cls(workdir, spec.train, _checkpointer(spec.train, workdir),
-                   ckpt_lib.PreemptionFlag().install(), spec.config_json)
+                   ckpt_lib.PreemptionFlag().install(), spec.config_json, dict(spec.identity))
 
     def restore(self, state: Any) -> tuple[int, Any, dict]:
         """(step, state, meta) of the newest readable checkpoint, or (0, state, {}) for a
@@ -74,9 +75,9 @@ class RunContext:
         self.writer = metrics_lib.MetricWriter(self.workdir, resume_step=step)
         return step, restored, meta
 
-    def save(self, step: int, state: Any, meta: dict, spec: RunSpec, force: bool = False) -> bool:
+    def save(self, step: int, state: Any, meta: dict, force: bool = False) -> bool:
         """Saves (when due or forced) with the run's identity in the metadata."""
-        return self.checkpointer.save(step, state, {**meta, "identity": dict(spec.identity)},
+        return self.checkpointer.save(step, state, {**meta, "identity": self.identity},
                                       force=force)
 
     def should_stop(self, step: int) -> bool:

@@ -51,9 +51,9 @@ def run(config, workdir: str) -> dict:
                     last = ctx.log(step, {**roll_metrics, **m}, texts if sample else None)
                 if step >= t.num_steps:
                     break
-            ctx.save(step, eng.state, {"data": data.get_state(), "metrics": last}, spec,
+            ctx.save(step, eng.state, {"data": data.get_state(), "metrics": last},
                      force=_crossed(step, mu, t.save_every))
-        ctx.save(step, eng.state, {"data": data.get_state(), "metrics": last}, spec, force=True)
+        ctx.save(step, eng.state, {"data": data.get_state(), "metrics": last}, force=True)
         ctx.checkpointer.wait()
         if t.export_hf and step >= t.num_steps:
             context.export_hf(wd, s, eng.state, source_dir=spec.model.path or None)

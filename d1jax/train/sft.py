@@ -85,8 +85,8 @@ def run(config, workdir: str, data: SFTData | None = None) -> dict:
             dt = time.perf_counter() - t0
             m.update(time_step=dt, tokens_per_s=enc["input_ids"].size / dt)
             last = ctx.log(step, m)
-            ctx.save(step, state, {"data": it.get_state(), "metrics": last}, spec)
-        ctx.save(step, state, {"data": it.get_state(), "metrics": last}, spec, force=True)
+            ctx.save(step, state, {"data": it.get_state(), "metrics": last})
+        ctx.save(step, state, {"data": it.get_state(), "metrics": last}, force=True)
         ctx.checkpointer.wait()
         if spec.train.export_hf and step >= total:
             context.export_hf(wd, s, state, source_dir=spec.model.path or None)
