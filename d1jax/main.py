@@ -66,7 +66,8 @@ def check_fits(config, topology: str) -> None:
     plan.require_libtpu()
     if config.stage not in ("grpo", "sft", "eval"):
         raise plan.DoesNotFit(f"--check_fits plans grpo, sft and eval runs, not stage={config.stage!r}")
-    estimates = plan.check_fits(config, None if topology == "attached" else topology)
+    run = plan.as_spec(config)  # the one translation of the config the planner reads
+    estimates = plan.check_fits(run, None if topology == "attached" else topology)
     worst = max(estimates, key=lambda e: e.total_bytes)
     print(f"check_fits: {len(estimates)} programs fit on {worst.topology} (largest: {worst.program}, "
           f"{worst.total_bytes / 2**30:.1f} of {worst.capacity_bytes / 2**30:.1f} GiB per chip)",

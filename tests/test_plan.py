@@ -321,15 +321,19 @@ def test_advice_names_only_changes_the_batch_checks_accept():
     fields.update(program="sft_update", topology="v5e-8", chip="v5e", remat=True,
                   mesh={"data": 1, "fsdp": 8, "tensor": 1}, weight_bytes=1)
     e = plan_lib.Estimate(**fields)
-    sft = config_lib.sft(None)
+    sft_config = config_lib.sft(None)
+    sft_config.sft.batch_size, sft_config.sft.max_length = 8, 4096
+    sft_config.optim.grad_accum = 4
+    sft = plan_lib.as_spec(sft_config)  # the advice reads the run's spec, not its config
     assert plan_lib.advice(e, sft) == ("use more chips, a chip with more HBM, or shorter "
                                        "sequences (--config.sft.max_length=2048)")
-    sft.optim.grad_accum = 1
+    sft_config.optim.grad_accum = 1
+    sft = plan_lib.as_spec(sft_config)
     # 16 chips: fsdp 16 would leave half the chips without a row; fsdp 2 gives 4 rows a chip
     small = dc.replace(e, mesh={"data": 1, "fsdp": 2, "tensor": 8})
     assert plan_lib.advice(small, sft) == ("split the batch into more micro-batches: "
                                            "--config.optim.grad_accum=2")
-    gsm8k = config_lib.grpo("gsm8k", None)
+    gsm8k = plan_lib.as_spec(config_lib.grpo("gsm8k", None))
     grpo = dc.replace(e, program="grpo_update", mesh={"data": 1, "fsdp": 4, "tensor": 1})
     assert plan_lib.advice(grpo, gsm8k).endswith("--config.optim.grad_accum=4")
     assert plan_lib.advice(dc.replace(grpo, remat=False), gsm8k) == \
@@ -346,7 +350,10 @@ def test_topology_names():
 
 def test_grid_mesh_covers_every_chip_with_the_rows_it_has():
     from d1jax.plan import grid
-    gsm8k, sft = config_lib.grpo("gsm8k", None), config_lib.sft(None)
+    from d1jax.plan.compile import as_spec
+    sft_config = config_lib.sft(None)
+    sft_config.sft.batch_size, sft_config.optim.grad_accum = 8, 1
+    gsm8k, sft = as_spec(config_lib.grpo("gsm8k", None)), as_spec(sft_config)
     # 96 rows in 2 micro-batches: 48 a micro-batch, 3 rows a chip on 32 chips would not split
     assert grid.mesh_for(gsm8k, 4) == (1, 4, 1) and grid.mesh_for(gsm8k, 32) == (1, 16, 2)
     for chips_n in (4, 8, 16, 32):

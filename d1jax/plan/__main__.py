@@ -49,8 +49,9 @@ def main(argv):
         raise app.UsageError("--config is required, e.g. --config=configs/grpo_gsm8k.py")
     try:
         check_inputs(config, data=False)  # a model path that is set must exist: before libtpu
+        run = plan_lib.as_spec(config)  # the one translation of the config
         plan_lib.require_libtpu()
-        estimates = plan_lib.plan(config, _TOPOLOGY.value, _mesh_shape(_MESH.value),
+        estimates = plan_lib.plan(run, _TOPOLOGY.value, _mesh_shape(_MESH.value),
                                   on_estimate=_progress)
     except (ValueError, ImportError, *user_errors()) as e:
         sys.exit(f"error: {e}")
@@ -58,7 +59,7 @@ def main(argv):
     if _JSON.value:
         with open(_JSON.value, "w") as f:
             f.write(report.to_json(estimates))
-    failures = [plan_lib.failure_line(e, config) for e in estimates if not e.fits]
+    failures = [plan_lib.failure_line(e, run) for e in estimates if not e.fits]
     for line in failures:
         print(line, file=sys.stderr)
     if failures:

@@ -2,9 +2,10 @@
 memory and cost analyses into per-chip figures: HBM against capacity, loop-aware FLOPs,
 estimated seconds, MFU and sampler throughput.
 
-``check_fits(config, topology)`` is the opt-in check a training entry point can run
-before it loads weights: it raises ``DoesNotFit`` with one line naming the program, the
-bytes it needs against the bytes available and the change that would make it fit.
+``check_fits(run, topology)`` is the opt-in check a training entry point can run before it
+loads weights (``run``: a ``RunSpec``, or a config translated once): it raises
+``DoesNotFit`` with one line naming the program, the bytes it needs against the bytes
+available and the change that would make it fit.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import jax
 
 from d1jax import config as config_lib
 from d1jax.plan import chips, hlo
-from d1jax.plan.programs import PlanSpec, Program, build_programs
+from d1jax.plan.programs import PlanSpec, Program, build_programs, spec_of
+from d1jax.run import spec as spec_lib
 
 # A compiled program whose largest tensor with the vocabulary axis reaches this share of
 # the float32 [B, L, V] logits of a chip's rows is reported as materialising them (a
@@ -235,13 +237,14 @@ def require_libtpu() -> None:
                          "\".[tpu]\" (or \".[test]\"), then rerun")
 
 
-def plan(config, topology: str, mesh_shape: tuple[int, ...] | None = None,
+def plan(run, topology: str, mesh_shape: tuple[int, ...] | None = None,
          on_estimate=None) -> list[Estimate]:
-    """Estimates for every program of ``config`` on ``topology`` ("v5p:2x2x1", "v5e-8", ...);
-    ``mesh_shape`` (data, fsdp, tensor) overrides config.mesh.shape. ``on_estimate`` is
-    called with each estimate as soon as it is ready (8B programs take minutes)."""
+    """Estimates for every program of ``run`` (a ``RunSpec``, or a config translated here
+    once) on ``topology`` ("v5p:2x2x1", "v5e-8", ...); ``mesh_shape`` (data, fsdp, tensor)
+    overrides the spec's mesh shape. ``on_estimate`` is called with each estimate as soon as
+    it is ready (8B programs take minutes)."""
     chip, devices = chips.topology_devices(topology)
-    spec = PlanSpec.from_config(config)
+    spec = PlanSpec.of(as_spec(run))
     mesh_spec = spec.run.mesh
     if mesh_shape is not None:
         mesh_spec = dataclasses.replace(mesh_spec, shape=tuple(mesh_shape))
@@ -254,44 +257,59 @@ def plan(config, topology: str, mesh_shape: tuple[int, ...] | None = None,
     return out
 
 
-def _batch_accepted(config, data_parallel: int, grad_accum: int) -> bool:
-    """Whether ``config.check_batch`` accepts the config's step on that many data-parallel
+def as_spec(run) -> spec_lib.RunSpec:
+    """``run`` if it is a ``RunSpec``, else the spec of the config it is (``spec_of``)."""
+    return run if isinstance(run, spec_lib.RunSpec) else spec_of(run)
+
+
+def step_rows(run: spec_lib.RunSpec) -> int:
+    """Rows of one optimizer step (all hosts): GRPO's prompts x G, SFT's batch, an eval's
+    generate batch (``config.step_rows`` of the run's config)."""
+    if run.stage == "grpo":
+        return run.grpo_run.prompts_per_step * run.grpo_run.num_generations
+    return run.sft_run.batch_size if run.stage == "sft" else run.eval.batch_size
+
+
+def _batch_accepted(run: spec_lib.RunSpec, data_parallel: int, grad_accum: int) -> bool:
+    """Whether ``config.check_batch`` accepts the run's step on that many data-parallel
     devices in that many micro-batches."""
-    group = config.grpo.num_generations if config.stage == "grpo" else 1
+    group = run.grpo_run.num_generations if run.stage == "grpo" else 1
     try:
-        config_lib.check_batch(config_lib.step_rows(config), group, data_parallel, "batch",
-                               grad_accum)
+        config_lib.check_batch(step_rows(run), group, data_parallel, "batch", grad_accum)
     except config_lib.ConfigError:
         return False
     return True
 
 
-def advice(e: Estimate, config) -> str:
-    """The change most likely to make ``e`` fit, as a flag (only changes that
-    ``config.check_batch`` accepts: each chip's rows split into the micro-batches)."""
-    n, fsdp, accum = e.chips, e.mesh.get("fsdp", 1), config.optim.grad_accum
+def advice(e: Estimate, run: spec_lib.RunSpec) -> str:
+    """The change most likely to make ``e`` fit, as the config flag a user sets (only
+    changes that ``config.check_batch`` accepts: each chip's rows split into the
+    micro-batches). Spec fields and the config keys they come from: optim.grad_accum,
+    sft_run.max_length (sft.max_length), sampler.gen_length, grpo_run.prompts_per_step
+    (grpo.prompts_per_step)."""
+    n, fsdp, accum = e.chips, e.mesh.get("fsdp", 1), run.optim.grad_accum
     if e.program.endswith("update") and not e.remat:
         return "turn remat on: --config.model.remat=True"
-    if e.weights_replicated or (fsdp < n and _batch_accepted(config, n, accum)):
+    if e.weights_replicated or (fsdp < n and _batch_accepted(run, n, accum)):
         return f"shard the weights over a larger fsdp axis: --mesh=1,{n},1"
     if e.program.endswith("update"):
-        if _batch_accepted(config, e.mesh.get("data", 1) * fsdp, 2 * accum):
+        if _batch_accepted(run, e.mesh.get("data", 1) * fsdp, 2 * accum):
             return f"split the batch into more micro-batches: --config.optim.grad_accum={2 * accum}"
-        if config.stage == "sft":
+        if run.stage == "sft":
             return (f"use more chips, a chip with more HBM, or shorter sequences "
-                    f"(--config.sft.max_length={config.sft.max_length // 2})")
-    if "sampler" in config and e.program == "rollout":
+                    f"(--config.sft.max_length={run.sft_run.max_length // 2})")
+    if run.sampler is not None and e.program == "rollout":
         return (f"generate a shorter completion (--config.sampler.gen_length="
-                f"{config.sampler.gen_length // 2}) or fewer prompts per step "
+                f"{run.sampler.gen_length // 2}) or fewer prompts per step "
                 f"(--config.grpo.prompts_per_step)")
     return "use more chips or a chip with more HBM"
 
 
-def failure_line(e: Estimate, config) -> str:
+def failure_line(e: Estimate, run: spec_lib.RunSpec) -> str:
     gib = 2**30
     return (f"{e.program} does not fit on {e.topology} ({e.chip}): needs "
             f"{e.total_bytes / gib:.1f} GiB per chip, {e.capacity_bytes / gib:.1f} GiB "
-            f"usable; {advice(e, config)}")
+            f"usable; {advice(e, run)}")
 
 
 def attached_topology() -> str:
@@ -309,15 +327,17 @@ def attached_topology() -> str:
     return f"{kind}:{'x'.join(map(str, dims))}"
 
 
-def check_fits(config, topology: str | None = None,
+def check_fits(run, topology: str | None = None,
                mesh_shape: tuple[int, ...] | None = None) -> list[Estimate]:
-    """Compiles every program of ``config`` for ``topology`` (default: the attached TPU) and
-    raises ``DoesNotFit`` (one line) for the first that needs more HBM than a chip has.
+    """Compiles every program of ``run`` (a ``RunSpec`` or a config, translated once) for
+    ``topology`` (default: the attached TPU) and raises ``DoesNotFit`` (one line) for the
+    first that needs more HBM than a chip has.
 
     Call it before loading weights; it needs libtpu but no TPU. Returns the estimates.
     """
-    estimates = plan(config, topology or attached_topology(), mesh_shape)
+    run = as_spec(run)
+    estimates = plan(run, topology or attached_topology(), mesh_shape)
     for e in estimates:
         if not e.fits:
-            raise DoesNotFit(failure_line(e, config))
+            raise DoesNotFit(failure_line(e, run))
     return estimates

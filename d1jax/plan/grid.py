@@ -16,7 +16,6 @@ programs are).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import importlib.util
@@ -55,13 +54,13 @@ def load_config(path: str):
     return module.get_config(variant or None)
 
 
-def mesh_for(config, chips: int) -> tuple[int, int, int]:
-    """(data, fsdp, tensor): fsdp over every chip while each chip's rows still split into
-    the config's ``grad_accum`` micro-batches (``config.check_batch``), the remaining factor
-    on the tensor axis (SFT's 8 rows on 16 or 32 chips; GRPO's 96 rows in 2 micro-batches on
-    32 chips: fsdp 16, tensor 2)."""
-    from d1jax import config as config_lib
-    fsdp = math.gcd(config_lib.step_rows(config) // config.optim.grad_accum, chips)
+def mesh_for(run, chips: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor) of a ``RunSpec``: fsdp over every chip while each chip's rows
+    still split into the run's ``grad_accum`` micro-batches (``config.check_batch``), the
+    remaining factor on the tensor axis (SFT's 8 rows on 16 or 32 chips; GRPO's 96 rows in
+    2 micro-batches on 32 chips: fsdp 16, tensor 2)."""
+    from d1jax.plan.compile import step_rows
+    fsdp = math.gcd(step_rows(run) // run.optim.grad_accum, chips)
     return 1, fsdp, chips // fsdp
 
 
@@ -82,15 +81,15 @@ def plan_config(path: str, topology: str, seen: dict, progress=None,
     from d1jax.run.build import make_model
 
     chip, devices = chips_lib.topology_devices(topology)
-    base = load_config(path)
+    base = plan_lib.as_spec(load_config(path))
     if layers != "config":
-        base.model.unroll_layers = layers == "unrolled"
+        base = dataclasses.replace(base, model=dataclasses.replace(
+            base.model, unroll_layers=layers == "unrolled"))
     mesh_shape = mesh_for(base, len(devices))
     rows: list[dict] = []
     for remat in (False, True):
-        config = copy.deepcopy(base)
-        config.model.remat = remat
-        spec = PlanSpec.from_config(config)
+        spec = PlanSpec.of(dataclasses.replace(
+            base, model=dataclasses.replace(base.model, remat=remat)))
         mesh = dataclasses.replace(spec.run.mesh, shape=mesh_shape).build(devices)
         layout = "unrolled" if make_model(spec.run.model, spec.model_config).unrolled() \
             else "loop"
@@ -152,12 +151,18 @@ def _timed(r: dict) -> bool:
         r["flops_xla"] / chips / r["seconds"] <= r["peak_flops"]
 
 
+def _iterations(path: str) -> int:
+    """mu of a GRPO config file, read through its spec."""
+    from d1jax.plan.compile import as_spec
+    return as_spec(load_config(path)).grpo.num_iterations
+
+
 def summary(rows: list[dict], iterations=None) -> str:
     """One line per config and slice: the mesh, whether the update needs remat, the largest
     program's HBM, each program's estimated seconds and MFU, and for GRPO the seconds of a
     whole rollout cycle: one rollout, its old/reference log-probs and mu updates.
     ``iterations(config_path)`` gives mu (default: read from the config file)."""
-    iterations = iterations or (lambda path: load_config(path).grpo.num_iterations)
+    iterations = iterations or _iterations
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["config"], r["slice"]), []).append(r)

@@ -1,4 +1,4 @@
-"""What a run jits, rebuilt from its config with abstract params (no weights, no data).
+"""What a run jits, rebuilt from its spec with abstract params (no weights, no data).
 
 ``build_programs(spec, mesh)`` is the one place that knows the training and sampling
 interfaces; everything else in ``d1jax.plan`` sees only ``Program`` values. The programs
@@ -9,10 +9,8 @@ inputs.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
-import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,12 +19,19 @@ from jax.sharding import Mesh
 
 from d1jax import config as config_lib
 from d1jax import sharding as shd
-from d1jax.model import LLaDA, LLaDAConfig, preset
+from d1jax.model import LLaDA, LLaDAConfig, preset, weights
+from d1jax.model.tokenizer import MASK
 from d1jax.objectives import logprob
 from d1jax.plan import flops as fl
 from d1jax.run import build as setup
 from d1jax.run import spec as spec_lib
 from d1jax.train import jit_steps as steps_lib
+
+
+def spec_of(config) -> spec_lib.RunSpec:
+    """The run's spec, translated once from its config (``run.spec.from_config``); a config
+    that names no weights is accepted: planning needs shapes, not weights."""
+    return spec_lib.from_config(config, weights=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,14 +42,8 @@ class PlanSpec:
     model_config: LLaDAConfig
 
     @classmethod
-    def from_config(cls, config) -> "PlanSpec":
-        """The run's spec; a config without local weights is validated as if its
-        architecture were a random preset (planning needs shapes, not weights)."""
-        mcfg = model_config(config)
-        if not config.model.random_init and not _has_weights(config):
-            config = copy.deepcopy(config)
-            config.model.random_init = "llada-8b"
-        return cls(spec_lib.from_config(config), mcfg)
+    def of(cls, run: spec_lib.RunSpec) -> "PlanSpec":
+        return cls(run, architecture(run.model))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,28 +64,29 @@ class Program:
     sequences: int = 0  # Sequences generated per call (samplers).
 
 
-def _has_weights(config) -> bool:
-    path = Path(config.model.path).expanduser() if config.model.path else None
-    return path is not None and (path / "config.json").is_file()
+class _TokenizerShape:
+    """What ``build.random_model_config`` reads of a tokenizer, for a random model planned
+    without training its tokenizer: ``tokenizer_vocab`` tokens, mask, EOS and pad among
+    the last ids, no EoT."""
+
+    def __init__(self, n: int):
+        self.n, self.eos_token_id, self.pad_token_id, self.unk_token_id = n, n - 2, n - 2, -1
+
+    def __len__(self) -> int:
+        return self.n
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        return self.n - 1 if token == MASK else self.unk_token_id
 
 
-def model_config(config) -> LLaDAConfig:
-    """The run's architecture: model.path's config.json, the random_init preset (tiny
-    configs), or LLaDA-8B when model.path is unset or holds no config.json."""
-    if _has_weights(config):
-        path = Path(config.model.path).expanduser()
-        return LLaDAConfig.from_hf_dict(json.loads((path / "config.json").read_text()))
-    m = config.model
-    if m.random_init and not m.path:
-        over: dict[str, Any] = {}
-        if m.width:
-            over.update(d_model=m.width, mlp_hidden_size=3 * m.width)
-        if m.n_layers:
-            over["n_layers"] = m.n_layers
-        vocab = m.vocab_size or -(-m.tokenizer_vocab // 64) * 64  # as setup: rounded to 64
-        over.update(vocab_size=vocab, embedding_size=vocab, mask_token_id=vocab - 1,
-                    eos_token_id=vocab - 2, pad_token_id=vocab - 2, max_sequence_length=1024)
-        return preset(m.random_init, **over)
+def architecture(m: spec_lib.ModelSpec) -> LLaDAConfig:
+    """The run's architecture: model.path's config.json, the random_init preset as
+    ``run.build`` sizes it (tiny configs), or LLaDA-8B when model.path is unset or holds
+    no config.json."""
+    if m.path and (Path(m.path).expanduser() / "config.json").is_file():
+        return weights.read_config(Path(m.path).expanduser())
+    if m.random:
+        return setup.random_model_config(m, _TokenizerShape(m.tokenizer_vocab))
     return preset("llada-8b")
 
 

@@ -195,14 +195,14 @@ def sampler_config(group, prefix: str, gen_length: int, steps: int) -> smp.Sampl
         raise ConfigError(f"{prefix}{e}") from None
 
 
-def _model(c) -> ModelSpec:
+def _model(c, weights: bool = True) -> ModelSpec:
     m = c.model
     if m.path and not Path(m.path).is_dir():  # a path wins over random_init: it must exist
         raise ConfigError(f"config.model.path={m.path!r} is not a directory; download "
                           "a LLaDA checkpoint there (see README) or fix the path")
     if m.tokenizer_path and not Path(m.tokenizer_path).is_dir():
         raise ConfigError(f"config.model.tokenizer_path={m.tokenizer_path!r} is not a directory")
-    if not m.random_init:
+    if not m.random_init and weights:
         if not m.path:
             raise ConfigError(
                 "config.model.path is not set: point it (or $LLADA_PATH) at a local Hugging Face "
@@ -346,11 +346,14 @@ def _loop(t) -> LoopSpec:
                     t.get("if_incompatible", "refuse"), accept, t.get("stopped_exit_code", 75))
 
 
-def from_config(c) -> RunSpec:
-    """Every typed config of a sft / grpo / eval run; ConfigError on the first bad field."""
+def from_config(c, *, weights: bool = True) -> RunSpec:
+    """Every typed config of a sft / grpo / eval run; ConfigError on the first bad field.
+
+    ``weights=False`` accepts a config that names neither model.path nor random_init (the
+    planner compiles LLaDA-8B's shapes, no weights needed)."""
     if c.stage not in STAGES:
         raise ConfigError(f"stage={c.stage!r}: must be one of {', '.join(STAGES)}")
-    model = _model(c)
+    model = _model(c, weights)
     lora = model.lora is not None
     rules = dict(sharding.DEFAULT_RULES)
     rules.update(dict(c.mesh.rules))
