@@ -31,6 +31,14 @@ _NO_TPU = _tpu_available()
 needs_tpu = pytest.mark.skipif(bool(_NO_TPU), reason=f"no compile-only TPU topology: {_NO_TPU}")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _plan_cache(tmp_path_factory):
+    """Plans here (and the commands they start) compile into a fresh cache, not ~/.cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("D1JAX_PLAN_CACHE", str(tmp_path_factory.mktemp("plan_cache")))
+        yield
+
+
 def test_forward_flops_match_a_hand_count():
     # d 4, 2 heads of 2 (kv 1 head), mlp 6, vocab 8, one layer.
     cfg = preset("test-tiny", d_model=4, n_heads=2, n_kv_heads=1, n_layers=1,
@@ -156,6 +164,24 @@ def test_argument_bytes_follow_the_rules(sampler_by_fsdp):
     # params dominate the arguments: fsdp 4 keeps about a quarter per chip (norm scales
     # and the batch are not sharded over fsdp alone)
     assert 3.0 < replicated.argument_bytes / sharded.argument_bytes <= 4.0
+
+
+@needs_tpu
+def test_a_repeat_plan_reads_the_cache_and_a_changed_config_compiles(tmp_path):
+    """The second plan of a config reads every figure the first compiled; a config whose
+    programs differ (a larger batch) compiles again."""
+    from d1jax.plan import compile as plan_lib
+    c = _eval_config(vocab=1152)
+    plan = lambda: plan_lib.plan(c, "v5e:2x2", (1, 4, 1), cache_dir=str(tmp_path))[0]  # noqa: E731
+    figures = lambda e: {k: v for k, v in e.row().items() if k not in ("compile_s", "cached")}  # noqa: E731
+    first, again = plan(), plan()
+    assert not first.cached and again.cached
+    assert figures(again) == figures(first)
+    c.eval.batch_size = 16
+    changed = plan()
+    assert not changed.cached
+    assert len(list((tmp_path / "figures").glob("*.json"))) == 2
+    assert plan_lib.plan(c, "v5e:2x2", (1, 4, 1), cache_dir="")[0].cached is False  # no cache
 
 
 def test_largest_tensor_with_the_vocab_axis_is_read_from_the_hlo():

@@ -5,6 +5,7 @@ loop-aware FLOPs, XLA's time estimates and MFU (no TPU, no weights, no data need
 
 Exits 1 with one line per program that does not fit (what it needs, what the chip has,
 the change that would make it fit). ``--json=FILE`` also writes the figures as JSON.
+A repeat plan reads what the last one compiled from ``--cache_dir`` (d1jax/plan/cache.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ _TOPOLOGY = flags.DEFINE_string("topology", "v5p:2x2x1",
 _MESH = flags.DEFINE_string("mesh", "", "data,fsdp,tensor sizes (one may be -1); default: "
                                         "config.mesh.shape.")
 _JSON = flags.DEFINE_string("json", "", "Also write the figures to this JSON file.")
+_CACHE = flags.DEFINE_string("cache_dir", None, "Compiled figures kept for the next plan "
+                             "(d1jax/plan/cache.py); default $D1JAX_PLAN_CACHE or "
+                             "~/.cache/d1jax/plan; '' plans without a cache.")
 
 
 def _mesh_shape(text: str) -> tuple[int, ...] | None:
@@ -37,7 +41,8 @@ def _mesh_shape(text: str) -> tuple[int, ...] | None:
 
 
 def _progress(e) -> None:
-    print(f"compiled {e.program} in {e.compile_s:.0f} s", file=sys.stderr, flush=True)
+    how = " (figures from the plan cache)" if e.cached else ""
+    print(f"compiled {e.program} in {e.compile_s:.0f} s{how}", file=sys.stderr, flush=True)
 
 
 def main(argv):
@@ -52,7 +57,7 @@ def main(argv):
         run = plan_lib.as_spec(config)  # the one translation of the config
         plan_lib.require_libtpu()
         estimates = plan_lib.plan(run, _TOPOLOGY.value, _mesh_shape(_MESH.value),
-                                  on_estimate=_progress)
+                                  on_estimate=_progress, cache_dir=_CACHE.value)
     except (ValueError, ImportError, *user_errors()) as e:
         sys.exit(f"error: {e}")
     print(report.table(estimates))

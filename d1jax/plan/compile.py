@@ -10,6 +10,7 @@ available and the change that would make it fit.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import itertools
 import math
@@ -19,6 +20,7 @@ import time
 import jax
 
 from d1jax import config as config_lib
+from d1jax.plan import cache as plan_cache
 from d1jax.plan import chips, hlo
 from d1jax.plan.programs import PlanSpec, Program, build_programs, spec_of
 from d1jax.run import spec as spec_lib
@@ -65,6 +67,7 @@ class Estimate:
     vocab_tensor_bytes: int | None  # largest per-chip tensor with the vocab axis; None: refused
     tokens: int = 0
     sequences: int = 0
+    cached: bool = False  # figures read from the plan cache (compile_s: lowering and reading)
 
     @property
     def total_bytes(self) -> int:
@@ -160,8 +163,12 @@ def _xla_seconds(cost: dict, text: str | None, min_seconds: float) -> float:
     estimates -9.92 s (k = 10), an 8B remat update on v5e-8 has 11 calls more than its
     count of -1s. The result is exact when the program's time is within 1 s of its
     peak-rate bound (every 8B program here: under 0.3 s loop-once)."""
-    seconds = float(cost.get("optimal_seconds", math.nan))
-    n = hlo.unpriced_custom_calls(text) if text else 0
+    return _given_back(float(cost.get("optimal_seconds", math.nan)),
+                       hlo.unpriced_custom_calls(text) if text else 0, min_seconds)
+
+
+def _given_back(seconds: float, n: int, min_seconds: float) -> float:
+    """``_xla_seconds`` of an estimate with ``n`` unpriced custom calls."""
     return seconds + min(n, max(0, math.ceil(min_seconds - seconds))) if n else seconds
 
 
@@ -175,58 +182,64 @@ def lower(program: Program, topology: str):
 
 
 def estimate(program: Program, spec: PlanSpec, mesh, chip: chips.Chip, topology: str,
-             lowered=None) -> Estimate:
-    """Compiles ``program`` (lowered here unless ``lowered`` is given) on ``mesh``; its
-    per-chip figures."""
-    t0 = time.perf_counter()
+             lowered=None, cache_root=None, lower_s: float = 0.0) -> Estimate:
+    """Compiles ``program`` (lowered here unless ``lowered`` is given, in ``lower_s``
+    seconds) on ``mesh``; its per-chip figures. With ``cache_root`` (``cache.cache_dir``)
+    a program compiled before is read back instead (``Estimate.cached``)."""
+    t0 = time.perf_counter() - lower_s
     if lowered is None:
         lowered = lower(program, topology)
-    mem, cost, text = _compile(lowered)
+    n = math.prod(mesh.shape.values())
+    name = plan_cache.key(lowered, chips.parse_topology(topology)[1]) if cache_root else ""
+    got = plan_cache.read(cache_root, name) if cache_root else None
+    cached = got is not None
+    if got is None:
+        got = _compile(lowered, lambda text: _largest_vocab_activation(
+            text, program.args, spec.model_config.embedding_size, mesh.shape.get("tensor", 1),
+            n))
+        if cache_root:
+            plan_cache.write(cache_root, name, got)
     compile_s = time.perf_counter() - t0
     walk = hlo.LoopFlops(lowered.as_text(dialect="hlo"), default_trips=program.loop_bound)
-    n, by_rules = math.prod(mesh.shape.values()), _per_chip_bytes(program.args)
+    by_rules, mem = _per_chip_bytes(program.args), got.memory
     return Estimate(
         program=program.name, topology=topology, chip=chip.name, mesh=dict(mesh.shape),
         remat=bool(spec.run.model.remat), compile_s=compile_s,
-        argument_bytes=mem.argument_size_in_bytes or by_rules,
-        output_bytes=mem.output_size_in_bytes,
-        alias_bytes=mem.alias_size_in_bytes, temp_bytes=mem.temp_size_in_bytes,
-        code_bytes=mem.generated_code_size_in_bytes, capacity_bytes=chip.usable_hbm_bytes,
+        argument_bytes=mem["argument_size_in_bytes"] or by_rules,
+        output_bytes=mem["output_size_in_bytes"],
+        alias_bytes=mem["alias_size_in_bytes"], temp_bytes=mem["temp_size_in_bytes"],
+        code_bytes=mem["generated_code_size_in_bytes"], capacity_bytes=chip.usable_hbm_bytes,
         argument_bytes_by_rules=by_rules,
         flops_model=program.flops_model, flops_hardware=program.flops_hardware,
         flops_xla=walk.total(), flops_xla_once=walk.once(),
-        xla_seconds_once=_xla_seconds(cost, text, walk.once() / n / chip.peak_bf16_flops),
+        xla_seconds_once=_given_back(got.optimal_seconds, got.unpriced_calls,
+                                     walk.once() / n / chip.peak_bf16_flops),
         peak_flops=chip.peak_bf16_flops, weight_bytes=program.weight_bytes,
         logits_bytes_per_chip=program.logits_bytes // n,
-        vocab_tensor_bytes=None if text is None else _largest_vocab_activation(
-            text, program.args, spec.model_config.embedding_size, mesh.shape.get("tensor", 1),
-            n),
+        vocab_tensor_bytes=got.vocab_tensor_bytes,
         tokens=program.tokens,
-        sequences=program.sequences)
+        sequences=program.sequences,
+        cached=cached)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Refused:
-    """memory_analysis' fields for a program XLA refused for lack of HBM."""
-
-    temp_size_in_bytes: int
-    argument_size_in_bytes: int = 0
-    output_size_in_bytes: int = 0
-    alias_size_in_bytes: int = 0
-    generated_code_size_in_bytes: int = 0
-
-
-def _compile(lowered) -> tuple:
-    """(memory analysis, cost analysis, compiled HLO text) of a lowered program; a program
-    too large for HBM gets the temporaries XLA reported, no cost figures and no text."""
+def _compile(lowered, vocab_bytes) -> plan_cache.Compiled:
+    """The figures of a lowered program compiled: memory and cost analyses, the unpriced
+    custom calls and ``vocab_bytes(compiled HLO text)``; a program too large for HBM gets
+    the temporaries XLA reported, no time and no vocab figure."""
+    fields = dict.fromkeys(plan_cache.MEMORY_FIELDS, 0)
     try:
         compiled = lowered.compile()
     except jax.errors.JaxRuntimeError as e:
         m = _OOM.search(str(e))
         if m is None:
             raise
-        return _Refused(int(float(m.group(1)) * 2**30)), {}, None
-    return compiled.memory_analysis(), compiled.cost_analysis(), compiled.as_text()
+        fields["temp_size_in_bytes"] = int(float(m.group(1)) * 2**30)
+        return plan_cache.Compiled(fields, math.nan, 0, None)
+    mem, text = compiled.memory_analysis(), compiled.as_text()
+    fields.update({f: getattr(mem, f) for f in plan_cache.MEMORY_FIELDS})
+    return plan_cache.Compiled(
+        fields, float(compiled.cost_analysis().get("optimal_seconds", math.nan)),
+        hlo.unpriced_custom_calls(text), vocab_bytes(text))
 
 
 def require_libtpu() -> None:
@@ -238,23 +251,35 @@ def require_libtpu() -> None:
 
 
 def plan(run, topology: str, mesh_shape: tuple[int, ...] | None = None,
-         on_estimate=None) -> list[Estimate]:
+         on_estimate=None, cache_dir: str | None = None) -> list[Estimate]:
     """Estimates for every program of ``run`` (a ``RunSpec``, or a config translated here
     once) on ``topology`` ("v5p:2x2x1", "v5e-8", ...); ``mesh_shape`` (data, fsdp, tensor)
     overrides the spec's mesh shape. ``on_estimate`` is called with each estimate as soon as
-    it is ready (8B programs take minutes)."""
+    it is ready (8B programs take minutes). ``cache_dir``: where compiled figures are kept
+    (``cache.cache_dir``: default $D1JAX_PLAN_CACHE or ~/.cache/d1jax/plan; "" for none).
+
+    The programs are traced one after the other and compiled at the same time, one thread
+    each: XLA releases the GIL while it compiles."""
     chip, devices = chips.topology_devices(topology)
     spec = PlanSpec.of(as_spec(run))
     mesh_spec = spec.run.mesh
     if mesh_shape is not None:
         mesh_spec = dataclasses.replace(mesh_spec, shape=tuple(mesh_shape))
     mesh = mesh_spec.build(devices)
-    out = []
-    for program in build_programs(spec, mesh):
-        out.append(estimate(program, spec, mesh, chip, topology))
-        if on_estimate is not None:
-            on_estimate(out[-1])
-    return out
+    root = plan_cache.cache_dir(cache_dir)
+    if root is not None:
+        plan_cache.use_jax_cache(root)
+    programs, lowered = build_programs(spec, mesh), []
+    for program in programs:
+        t0 = time.perf_counter()
+        lowered.append((lower(program, topology), time.perf_counter() - t0))
+    with concurrent.futures.ThreadPoolExecutor(len(programs)) as pool:
+        futures = [pool.submit(estimate, p, spec, mesh, chip, topology, lowered=low,
+                               cache_root=root, lower_s=s) for p, (low, s) in zip(programs, lowered)]
+        for done in concurrent.futures.as_completed(futures):
+            if on_estimate is not None:
+                on_estimate(done.result())
+    return [f.result() for f in futures]
 
 
 def as_spec(run) -> spec_lib.RunSpec:

@@ -38,6 +38,9 @@ _JSON = flags.DEFINE_string("json", "plan_grid.json", "Rows are appended here as
 _MARKDOWN = flags.DEFINE_string("markdown", "", "Print the table of this JSON file and exit.")
 _SUMMARY = flags.DEFINE_bool("summary", False, "With --markdown: one line per config and "
                              "slice instead of one per program.")
+_CACHE = flags.DEFINE_string("cache_dir", None, "Compiled figures kept between plans "
+                             "(d1jax/plan/cache.py); default $D1JAX_PLAN_CACHE or "
+                             "~/.cache/d1jax/plan; '' for none.")
 _LAYERS = flags.DEFINE_enum("layers", "config", ["config", "loop", "unrolled"],
                             "Plan each config's own layer layout, or all with the middle "
                             "layers in a loop (minutes to compile at 8B) or unrolled.")
@@ -70,17 +73,22 @@ def _key(lowered, topology: str, mesh) -> str:
 
 
 def plan_config(path: str, topology: str, seen: dict, progress=None,
-                layers: str = "config") -> list[dict]:
+                layers: str = "config", cache_dir: str | None = None) -> list[dict]:
     """Rows of one config on one slice: every program, the update without remat and, when
     that does not fit, with remat. ``seen`` maps lowered programs already compiled to their
     rows (shared across calls); ``progress`` is called with each row; ``layers`` "loop" or
-    "unrolled" overrides the config's ``model.unroll_layers``."""
+    "unrolled" overrides the config's ``model.unroll_layers``; ``cache_dir`` as
+    ``compile.plan``'s."""
+    from d1jax.plan import cache as plan_cache
     from d1jax.plan import chips as chips_lib
     from d1jax.plan import compile as plan_lib
     from d1jax.plan.programs import PlanSpec, build_programs
     from d1jax.run.build import make_model
 
     chip, devices = chips_lib.topology_devices(topology)
+    root = plan_cache.cache_dir(cache_dir)
+    if root is not None:
+        plan_cache.use_jax_cache(root)
     base = plan_lib.as_spec(load_config(path))
     if layers != "config":
         base = dataclasses.replace(base, model=dataclasses.replace(
@@ -105,7 +113,8 @@ def plan_config(path: str, topology: str, seen: dict, progress=None,
             if key in seen:
                 row.update(seen[key], config=path, same_as=seen[key]["config"])
             else:
-                e = plan_lib.estimate(program, spec, mesh, chip, topology, lowered=lowered)
+                e = plan_lib.estimate(program, spec, mesh, chip, topology, lowered=lowered,
+                                      cache_root=root)
                 row.update(e.row(), same_as="")
                 seen[key] = dict(row)
             rows.append(row)
@@ -219,7 +228,8 @@ def main(argv):
             if (path, topology) in done:  # an earlier, interrupted grid measured it
                 continue
             t0 = time.perf_counter()
-            rows.extend(plan_config(path, topology, seen, progress, _LAYERS.value))
+            rows.extend(plan_config(path, topology, seen, progress, _LAYERS.value,
+                                    _CACHE.value))
             out.write_text(json.dumps(rows, indent=1, default=float))
             print(f"{path} on {topology}: {time.perf_counter() - t0:.0f} s", file=sys.stderr,
                   flush=True)
