@@ -8,7 +8,8 @@
         --rules budget,fast_dllm --reference-json ref.json   # ref.json: ref_bench.py, same sitting
 
 The model is a Hugging Face LLaDA directory (config.json, *.safetensors, tokenizer). Prompts
-are the "compact" Sudoku prompt (no system prompt, no <reasoning> prefill), all of one token
+are the CPU demo's Sudoku prompt (examples/demo/task.py: no system prompt, no <reasoning>
+prefill), all of one token
 length, so there is no padding. Variants: ``exact`` (no cache, tau 1), the ``prefix`` and
 ``dual`` KV caches, and for each tau of --taus ``{none,prefix,dual}+tau{t}`` (Fast-dLLM
 parallel decoding; with --rules fast_dllm also ``...+fastdllm``: Fast-dLLM's threshold rule,
@@ -54,6 +55,7 @@ from d1jax.model.tokenizer import load_tokenizer, special_ids  # noqa: E402
 from d1jax.run.build import Setup  # noqa: E402
 from d1jax.tasks import sudoku  # noqa: E402
 from d1jax.train.rollout import encode_prompts, uniform_prompt_length  # noqa: E402
+from examples.demo import task as demo_task  # noqa: E402  (the demo's models' prompt)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -116,7 +118,7 @@ def run(model_dir: str, puzzles: str, num: int = 256, gen_length: int = 32,
     ``only``: keep these variant names (``exact`` always runs); ``rules``: threshold rules
     (RULES); ``reference``: ref_bench.py's JSON from this sitting."""
     s = s or load(model_dir, dtype)
-    task = tasks.get_task("sudoku", prompt="compact")
+    task = tasks.get_task(demo_task.NAME)
     examples = sudoku.load_test(puzzles, subsample=None)[:num]
     n, bs = len(examples), min(batch_size, len(examples))
     texts = [task.eval_prompt(s.tokenizer, ex) for ex in examples]

@@ -21,6 +21,7 @@ from d1jax.train.rollout import encode_prompts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import sampler_accuracy  # noqa: E402
+from examples.demo import task as demo_task  # noqa: E402  (bench puts the repo root on sys.path)
 
 GEN, BLOCK, PROMPT = 16, 8, 44  # 16 digits: one answer; two blocks; compact prompt tokens
 
@@ -42,7 +43,7 @@ def make_model(out_dir: Path, tmp: Path) -> None:
     model = d1jax.LLaDA(cfg)
     p = d1jax.init_params(model, jax.random.key(0))
     p["blocks"] = jax.tree_util.tree_map(lambda x: x * 10 if x.ndim == 3 else x, p["blocks"])
-    task = tasks.get_task("sudoku", prompt="compact")
+    task = demo_task.make_task()
     x, _ = encode_prompts(tok, [task.eval_prompt(tok, ex) for ex in train[:64]], PROMPT)
     x = np.concatenate([x, np.full((64, GEN), ids["mask"], np.int32)], 1)
     h = np.asarray(model.apply({"params": p}, x, method=model.hidden))[:, PROMPT:]
@@ -95,7 +96,7 @@ def test_sampler_accuracy_run(bench_inputs, tmp_path):
     assert rows["dual_masked+tau1+refresh1"]["accuracy"] == rows["exact"]["accuracy"]
 
     # Exact: the accuracy d1's protocol (eval.generate_texts, task.verdict) gives.
-    task = tasks.get_task("sudoku", prompt="compact")
+    task = demo_task.make_task()
     scfg = smp.SamplerConfig(gen_length=GEN, block_length=BLOCK, steps=GEN // 2,
                              mask_id=s.model_config.mask_token_id, eos_id=s.ids["eos"])
     texts = eval_lib.generate_texts(s, task, examples, scfg, batch_size=8, prompt_length=PROMPT)
@@ -132,7 +133,7 @@ def test_sampler_accuracy_padded_prompts_and_variant_subset(bench_inputs):
     assert padded["prompt_length"] == PROMPT + 20
     for m in ("exact", "dual+tau0.7"):
         assert padded["variants"][m]["accuracy"] == plain["variants"][m]["accuracy"]
-    task = tasks.get_task("sudoku", prompt="compact")
+    task = demo_task.make_task()
     scfg = smp.SamplerConfig(gen_length=GEN, block_length=BLOCK, steps=GEN // 2,
                              mask_id=s.model_config.mask_token_id, eos_id=s.ids["eos"])
     texts = eval_lib.generate_texts(s, task, examples, scfg, batch_size=8,

@@ -72,9 +72,6 @@ class Task:
     load_train: Callable[..., list[Example]]
     load_test: Callable[..., list[Example]]
     ground_truth: Callable[[Example], Any]
-    # Completions open with a <reasoning> section (d1); evaluation prefills its tag. False
-    # (Sudoku's compact prompt, bench/sampler_accuracy.py): just <answer>...</answer>, no prefill.
-    reasoning: bool = True
 
     def __post_init__(self):
         if len(self.reward_funcs) != len(self.reward_weights):
@@ -83,8 +80,7 @@ class Task:
 
     def eval_prompt(self, tokenizer, example: Example) -> str:
         """d1's evaluation prompt text: eval chat, chat template, then ``<reasoning>``."""
-        prefill = EVAL_PREFILL if self.reasoning else ""
-        return format_prompt(tokenizer, self.build_eval_messages(example)) + prefill
+        return format_prompt(tokenizer, self.build_eval_messages(example)) + EVAL_PREFILL
 
     def total_reward(self, completions: Sequence[str], examples: Sequence[Example]) -> list[float]:
         """Weighted sum of the rewards, as d1's trainer combines them."""

@@ -339,24 +339,10 @@ def ground_truth(example: Example) -> str:
     return example["solution"]
 
 
-def build_compact_messages(example: Example) -> list[dict]:
-    """The question alone, without d1's system prompt (bench/sampler_accuracy.py's short
-    prompt, the one examples/demo's task uses)."""
-    return user_turn(question(example))
-
-
-PROMPTS = {"d1": (SYSTEM_PROMPT, build_messages), "compact": ("", build_compact_messages)}
-
-
-def make_task(prompt: str = "d1") -> Task:
-    """d1's Sudoku task. ``prompt="compact"`` (bench/sampler_accuracy.py) drops the 180-word
-    system prompt and the reasoning section (answers are ``<answer>grid</answer>``, no eval
-    prefill); rewards, parser and data are unchanged."""
-    if prompt not in PROMPTS:
-        raise ValueError(f"sudoku prompt={prompt!r}: choose one of {sorted(PROMPTS)}")
-    system, build = PROMPTS[prompt]
-    return Task(name="sudoku", system_prompt=system, reward_funcs=REWARD_FUNCS,
-                reward_weights=(1.0,), build_messages=build,
-                eval_system_prompt=system, build_eval_messages=build,
+def make_task() -> Task:
+    """d1's Sudoku task."""
+    return Task(name="sudoku", system_prompt=SYSTEM_PROMPT, reward_funcs=REWARD_FUNCS,
+                reward_weights=(1.0,), build_messages=build_messages,
+                eval_system_prompt=SYSTEM_PROMPT, build_eval_messages=build_messages,
                 record=record, verdict=verdict, load_train=load_train, load_test=load_test,
-                ground_truth=ground_truth, reasoning=prompt == "d1")
+                ground_truth=ground_truth)
