@@ -7,6 +7,8 @@ import dataclasses
 import functools
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 Example = dict[str, Any]
 RewardFunc = Callable[[list[str], list[Example]], list[float]]
 
@@ -82,11 +84,19 @@ class Task:
         """d1's evaluation prompt text: eval chat, chat template, then ``<reasoning>``."""
         return format_prompt(tokenizer, self.build_eval_messages(example)) + EVAL_PREFILL
 
+    def reward_columns(self, completions: Sequence[str], examples: Sequence[Example]
+                       ) -> np.ndarray:
+        """Rewards [B, F] float32, one column per reward function (unweighted)."""
+        return np.stack([np.asarray(f(list(completions), list(examples)), np.float32)
+                         for f in self.reward_funcs], axis=1)
+
+    def weigh(self, columns: np.ndarray) -> np.ndarray:
+        """[B]: the weighted sum of reward columns [B, F], as d1's trainer combines them."""
+        return (columns * np.asarray(self.reward_weights, np.float32)).sum(1)
+
     def total_reward(self, completions: Sequence[str], examples: Sequence[Example]) -> list[float]:
-        """Weighted sum of the rewards, as d1's trainer combines them."""
-        cols = [f(list(completions), list(examples)) for f in self.reward_funcs]
-        return [sum(w * c[i] for w, c in zip(self.reward_weights, cols))
-                for i in range(len(completions))]
+        """Weighted sum of the rewards of each completion."""
+        return [float(r) for r in self.weigh(self.reward_columns(completions, examples))]
 
 
 def format_prompt(tokenizer, messages: Sequence[dict]) -> str:

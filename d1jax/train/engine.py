@@ -63,8 +63,8 @@ class GRPOEngine:
         comp = seqs[:, ids.shape[1]:]
         cmask = adv_lib.completion_mask(comp, s.ids["eos"])
         completions = s.tokenizer.batch_decode(comp, skip_special_tokens=True)
-        per_func = rl.score(task, completions, examples)
-        rewards = rl.weighted_rewards(task, per_func)
+        per_func = task.reward_columns(completions, examples)
+        rewards = task.weigh(per_func)
         advantages = adv_lib.compute(g.advantage, rewards, g.num_generations)
         t_score = time.perf_counter() - t0 - t_gen
         batch = GRPOBatch(

@@ -1,4 +1,5 @@
-"""Host-side pieces of a GRPO rollout: prompt encoding and reward scoring.
+"""Host-side pieces of a GRPO rollout: prompt encoding and reward metrics (rewards come from
+``Task.reward_columns`` and ``Task.weigh``).
 
 Prompts are left-padded (and left-truncated, as d1 does with ``max_prompt_length``) to one
 fixed length so the jitted sampler and update compile once for the whole run.
@@ -41,26 +42,15 @@ def chat_prompts(tokenizer, task, examples: Sequence[dict]) -> list[str]:
     return [format_prompt(tokenizer, task.build_messages(ex)) for ex in examples]
 
 
-def score(task, completions: Sequence[str], examples: Sequence[dict]) -> np.ndarray:
-    """Rewards [B, F], one column per reward function of the task (unweighted)."""
-    cols = [np.asarray(f(list(completions), list(examples)), np.float32) for f in task.reward_funcs]
-    return np.stack(cols, axis=1)
-
-
 def reward_metrics(task, per_func: np.ndarray, group: int) -> dict[str, float]:
     """d1's logged reward metrics: per-function means, total, group std, zero-std ratio."""
-    total = weighted_rewards(task, per_func)
+    total = task.weigh(per_func)
     std = total.reshape(-1, group).std(1, ddof=1) if group > 1 else np.zeros(len(total))
     out = {f"rewards/{getattr(f, '__name__', i)}": float(per_func[:, i].mean())
            for i, f in enumerate(task.reward_funcs)}
     out.update(reward=float(total.mean()), reward_std=float(std.mean()),
                zero_std_ratio=float((std < 1e-6).mean()))
     return out
-
-
-def weighted_rewards(task, per_func: np.ndarray) -> np.ndarray:
-    """[B]: the weighted sum of the reward columns [B, F], as d1's trainer combines them."""
-    return (per_func * np.asarray(task.reward_weights, np.float32)).sum(1)
 
 
 def repeat_examples(examples: Sequence[Any], group: int) -> list[Any]:
