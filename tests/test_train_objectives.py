@@ -1,8 +1,6 @@
-"""wd1, SPG and coupled-GRPO through the GRPO loop: each config's :tiny variant trains, logs its
-objective's metrics, checkpoints and resumes exactly; bad objective settings are refused."""
-
-import importlib.util
-from pathlib import Path
+"""diffu-GRPO, wd1, SPG and coupled-GRPO through the GRPO loop: on a task a tiny random model
+can learn (tests/learnable.py) each raises the reward, logs its objective's metrics,
+checkpoints and resumes exactly; bad objective settings are refused."""
 
 import numpy as np
 import pytest
@@ -11,40 +9,48 @@ from d1jax.config import ConfigError
 from d1jax.metrics import read_jsonl
 from d1jax.run.context import RunStopped
 from d1jax.train import grpo
+from tests import learnable
 
-ROOT = Path(__file__).resolve().parents[1]
 # Each objective's own metric, compared across the resume beside the shared ones.
-OWN_METRIC = {"wd1": "positive_loss", "spg": "elbo_mean", "coupled_grpo": "ratio_mean"}
+OWN_METRIC = {"diffu_grpo": "kl", "wd1": "positive_loss", "spg": "elbo_mean",
+              "coupled_grpo": "ratio_mean"}
+STEPS = learnable.OVERRIDES["train.num_steps"]
 
 
-def tiny_config(objective: str, **train):
-    path = ROOT / "configs" / f"{objective}_sudoku.py"
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config("tiny")
-    c.train.export_hf = False
-    for k, v in train.items():
-        setattr(c.train, k, v)
-    return c
+@pytest.fixture(scope="module", params=sorted(OWN_METRIC))
+def trained(request, tmp_path_factory):
+    """One run of each objective on the learnable task (30 steps), shared by the tests below."""
+    objective = request.param
+    wd = tmp_path_factory.mktemp(objective)
+    grpo.run(learnable.config(objective), str(wd))
+    return objective, wd, read_jsonl(wd / "metrics.jsonl")
 
 
-@pytest.mark.parametrize("objective", sorted(OWN_METRIC))
-def test_objective_trains_checkpoints_and_resumes_exactly(objective, tmp_path, shared_d1):
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    grpo.run(tiny_config(objective), str(full))
-    rows = read_jsonl(full / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+def test_objective_raises_the_reward(trained):
+    objective, wd, rows = trained
+    mu = learnable.config(objective).grpo.num_iterations
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert all(np.isfinite(r["loss"]) and OWN_METRIC[objective] in r for r in rows)
-    saved = sorted(p.name for p in (full / "checkpoints").iterdir() if p.name.isdigit())
-    assert saved == ["2", "4"]
+    rewards = [r["reward"] for r in rows][::mu]  # one per rollout
+    assert learnable.rise(rewards) > learnable.MIN_RISE, np.round(rewards, 3).tolist()
 
+
+def test_objective_checkpoints_and_resumes_exactly(trained, tmp_path):
+    """Stopped at step 2 and resumed to step 4, a run repeats the 30-step run's steps 3 and
+    4 (num_steps changes nothing before the last step: warmup is one step either way)."""
+    objective, full, rows = trained
+    if objective == "diffu_grpo":
+        pytest.skip("tests/test_faults.py resumes diffu-GRPO, bitwise")
+    saved = sorted(int(p.name) for p in (full / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved == [STEPS - 2, STEPS]
     with pytest.raises(RunStopped, match="stopped at step 2 of 4"):
-        grpo.run(tiny_config(objective, stop_after=2), str(resumed))
-    assert [r["step"] for r in read_jsonl(resumed / "metrics.jsonl")] == [1, 2]
-    grpo.run(tiny_config(objective), str(resumed))
+        grpo.run(learnable.config(objective, **{"train.num_steps": 4, "train.stop_after": 2}),
+                 str(tmp_path))
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
+    grpo.run(learnable.config(objective, **{"train.num_steps": 4}), str(tmp_path))
     want = {r["step"]: r for r in rows}
-    got = {r["step"]: r for r in read_jsonl(resumed / "metrics.jsonl")}
+    got = {r["step"]: r for r in read_jsonl(tmp_path / "metrics.jsonl")}
+    assert sorted(got) == [1, 2, 3, 4]
     for step in (3, 4):
         for key in ("loss", "reward", "grad_norm", "completion_length", OWN_METRIC[objective]):
             np.testing.assert_allclose(got[step][key], want[step][key], rtol=1e-4, atol=1e-7,
