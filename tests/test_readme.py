@@ -44,6 +44,28 @@ def test_readme_snippets_run_in_order(tmp_path, monkeypatch):
     assert json.loads((export / "config.json").read_text())["auto_map"] == hf_files.AUTO_MAP
 
 
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+
+
+@pytest.mark.parametrize("path", [README, *DOCS], ids=lambda p: p.name)
+def test_every_python_snippet_is_run(path):
+    """A doc snippet that does not run is a defect: each ```python block of a user doc is
+    marked, so a test runs it (README's below, the others' in the next test)."""
+    text = path.read_text()
+    assert text.count("```python") == len(marked_snippets(text)), path.name
+
+
+@pytest.mark.parametrize("path", [p for p in DOCS if MARKER in p.read_text()],
+                         ids=lambda p: p.name)
+def test_doc_snippets_run_in_order(path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    for snippet in marked_snippets(path.read_text()):
+        exec(compile(snippet, str(path), "exec"), namespace)  # noqa: S102 - our own docs
+    if path.name == "tpu_plan.md":  # the planner's answer: programs that fit, per chip
+        assert namespace["estimates"] and all(e.fits for e in namespace["estimates"])
+
+
 def test_ci_runs_exactly_the_readme_commands():
     readme, ci = README.read_text(), (ROOT / ".ci" / "run").read_text()
     for command in (INSTALL, TESTS):
