@@ -146,7 +146,7 @@ class LoraConfig:
 PRESETS: dict[str, dict[str, Any]] = {
     # LLaDA-8B-Base/Instruct (config.json of GSAI-ML/LLaDA-8B-Instruct).
     "llada-8b": dict(),
-    # ../shared/BENCH.md: the standard benchmark model.
+    # The standard CPU benchmark model (docs/benchmarks.md, "The workload: bench-tiny").
     "bench-tiny": dict(d_model=256, n_layers=4, n_heads=4, n_kv_heads=4, mlp_hidden_size=768,
                        vocab_size=8192, embedding_size=8192, mask_token_id=8191,
                        eos_token_id=8190, pad_token_id=8190, rope_theta=500000.0,
