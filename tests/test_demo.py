@@ -20,6 +20,8 @@ sys.path.insert(0, str(ROOT))  # examples/ sits beside the package, not in it
 from examples.demo import config as demo_config  # noqa: E402
 from examples.demo import data as demo_data  # noqa: E402
 from examples.demo import evaluation as demo_eval  # noqa: E402
+from examples.demo import report as demo_report  # noqa: E402
+from examples.demo import table as demo_table  # noqa: E402
 from examples.demo import task as demo_task  # noqa: E402
 
 
@@ -76,6 +78,7 @@ def test_results_table_plot_and_stage_exports(demo_run):
             assert 0.0 <= row["min"] <= row["mean"] <= row["max"] <= 100.0
     table = (wd / "results.md").read_text()
     assert "d1 (SFT + diffu-GRPO)" in table and table.strip() in stdout
+    assert res["commit"] != "unknown" and table.splitlines()[0] == demo_report.caption(res)
     assert "| +diffu-GRPO |" not in table
     assert (wd / "reward_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (wd / "grpo_base_s1").exists()
@@ -322,3 +325,22 @@ def test_reward_rise_reads_one_reward_per_rollout(tmp_path):
     assert r["se"] == pytest.approx(np.sqrt(var) / 2)
     report.plot_rewards(tmp_path, {"d1": runs, "wd1_sft": runs}, tmp_path / "p.png", mu=2)
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_published_demo_tables_are_generated_from_the_published_results():
+    """README's and docs/demo.md's demo tables are ``python -m examples.demo.table
+    docs/demo_results.json --write`` of a clean commit's run, not hand-edited copies."""
+    results = json.loads(demo_table.PUBLISHED.read_text())
+    assert len(results["commit"]) == 7 and int(results["commit"], 16) >= 0, results["commit"]
+    want = demo_table.block(results)
+    assert results["commit"] in want.splitlines()[1]
+    for doc in demo_table.DOCS:
+        assert demo_table.published_block(doc.read_text()) == want, doc.name
+
+
+def test_provenance_names_this_checkout():
+    p = demo_report.provenance()
+    head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True,
+                          text=True, cwd=ROOT).stdout.strip()
+    assert p["commit"].split("+")[0] == head
+

@@ -124,6 +124,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict:
     runs, times = _train_stages(demo, data, wd, log)
     evals, set_names = evaluation.evaluate_all(demo, data, runs, wd, log)
     results = report.summarize(runs, evals, set_names, demo.grpo.num_iterations)
+    results.update(report.provenance())
     results["wall_time_s"] = time.perf_counter() - t_start  # this invocation
     results = _with_times(results, times, wd)
     if jax.process_index() == 0:
