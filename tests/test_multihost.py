@@ -1,6 +1,7 @@
-"""Multi-host for real on this CPU: 2 processes x 4 fake devices run 2 GRPO steps of the tiny
-config and save; one process with 8 devices on a different mesh restores and continues with
-the same numbers as an uninterrupted single-process run."""
+"""Multi-host for real on this CPU: 2 processes x 4 fake devices run 28 GRPO steps of the tiny
+config on tests/learnable.py's task, raising its reward, and save; one process with 8 devices
+on a different mesh restores and finishes the run with the same numbers as an uninterrupted
+single-process run."""
 
 import os
 import shutil
@@ -15,14 +16,14 @@ import numpy as np
 import pytest
 
 from d1jax.metrics import read_jsonl
+from tests import learnable
 
 ROOT = Path(__file__).resolve().parents[1]
-# The random tiny model earns no reward: its gradient is the KL term alone, at float-noise
-# level, which another mesh rounds differently. Adam's eps of 1e-3 (1e-8 by default) keeps
-# that noise from turning into lr-sized parameter moves, so runs on different meshes stay
-# comparable; a resume that lost the params, the data order or the RNG still changes the
-# rollouts, compared exactly.
-CONFIG = ("--config=configs/grpo_sudoku.py:tiny", "--config.optim.eps=1e-3")
+# A task whose reward the tiny random model raises: a resume that lost the params, the Adam
+# moments, the data order or the RNG changes the rollouts that follow, compared exactly.
+CONFIG = ("--config=configs/grpo_sudoku.py:tiny", *learnable.FLAGS)
+STEPS = learnable.OVERRIDES["train.num_steps"]
+MAIN = (sys.executable, "-c", learnable.MAIN)  # d1jax.main with the task registered
 
 
 def _free_port() -> int:
@@ -56,7 +57,7 @@ def _start_two(wd: Path, *args: str, **env) -> list[subprocess.Popen]:
     """Process 0 and 1 of a tiny GRPO run on mesh (2, 2, 2), 4 devices each."""
     port = _free_port()
     return [subprocess.Popen(
-        [sys.executable, "-m", "d1jax.main", *CONFIG, f"--workdir={wd}",
+        [*MAIN, *CONFIG, f"--workdir={wd}",
          "--config.mesh.shape=(2,2,2)", *args],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=_env(4, D1JAX_COORDINATOR=f"127.0.0.1:{port}", D1JAX_NUM_PROCESSES="2",
@@ -64,13 +65,14 @@ def _start_two(wd: Path, *args: str, **env) -> list[subprocess.Popen]:
 
 
 def _two_processes(wd: Path) -> tuple[list[int], list[str]]:
-    """2 steps on two processes, then stopped with a save; returns codes, outputs."""
-    procs = _start_two(wd, "--config.train.stop_after=2")
+    """All but the last rollout on two processes, then stopped with a save; returns codes,
+    outputs."""
+    procs = _start_two(wd, f"--config.train.stop_after={STEPS - 2}")
     outs = [p.communicate(timeout=900)[0] for p in procs]
     return [p.returncode for p in procs], outs
 
 
-def test_two_processes_then_one_on_another_mesh(tmp_path, shared_d1):
+def test_two_processes_then_one_on_another_mesh(tmp_path):
     wd, ref = tmp_path / "run", tmp_path / "ref"
     codes, outs = _two_processes(wd)
     if codes != [75, 75] and _never_trained(wd):
@@ -83,28 +85,31 @@ def test_two_processes_then_one_on_another_mesh(tmp_path, shared_d1):
             _report(codes, outs)
     assert codes == [75, 75], _report(codes, outs)  # stopped after a save: "rerun me"
     assert not any("lost process" in o for o in outs), _report(codes, outs)
-    assert (wd / "checkpoints" / "2").exists()
-    assert [r["step"] for r in read_jsonl(wd / "metrics.jsonl")] == [1, 2]  # process 0 only
+    assert (wd / "checkpoints" / str(STEPS - 2)).exists()
+    rows = read_jsonl(wd / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, STEPS - 1))  # process 0 only
+    rewards = [r["reward"] for r in rows][::2]  # one per rollout (mu = 2)
+    assert learnable.rise(rewards) > learnable.MIN_RISE, rewards  # the 2-process run learns
 
     # Resume on one process, mesh (1, 4, 2), and run an uninterrupted reference on (8, 1, 1).
     for args, d in (([f"--workdir={wd}", "--config.mesh.shape=(1,4,2)"], 8),
                     ([f"--workdir={ref}"], 8)):
-        r = subprocess.run([sys.executable, "-m", "d1jax.main", *CONFIG, *args], cwd=ROOT,
+        r = subprocess.run([*MAIN, *CONFIG, *args], cwd=ROOT,
                            capture_output=True, text=True, timeout=600, env=_env(d))
         assert r.returncode == 0, r.stderr[-4000:]
     got = {r["step"]: r for r in read_jsonl(wd / "metrics.jsonl")}
     want = {r["step"]: r for r in read_jsonl(ref / "metrics.jsonl")}
-    assert sorted(got) == [1, 2, 3, 4]
-    for step in (1, 2, 3, 4):
+    assert sorted(got) == list(range(1, STEPS + 1))
+    for step in got:
         for key in ("reward", "completion_length", "loss", "kl", "grad_norm"):
-            # Rollouts must agree exactly; loss, KL and gradient (the KL term alone, at
-            # float-noise level: CONFIG) to absolute tolerances at their scale.
+            # Rollouts must agree exactly; loss, KL and gradient to tolerances at their scale
+            # (another mesh rounds differently).
             atol = {"grad_norm": 1e-3, "loss": 1e-4, "kl": 1e-3}.get(key, 1e-6)
             np.testing.assert_allclose(got[step][key], want[step][key], rtol=1e-3, atol=atol,
                                        err_msg=f"step {step} {key}")
 
 
-def test_a_killed_process_ends_its_peer_within_the_timeout_in_one_line(tmp_path, shared_d1):
+def test_a_killed_process_ends_its_peer_within_the_timeout_in_one_line(tmp_path):
     """kill -9 of process 1 mid-run: process 0 exits within D1JAX_PEER_TIMEOUT_S (10 s here)
     plus a poll, exit 1, with one line naming the lost process; no abort, no traceback. (When
     the lost process is 0, the coordinator, JAX aborts the peer first: docs/training.md.)"""
@@ -133,7 +138,7 @@ def test_a_killed_process_ends_its_peer_within_the_timeout_in_one_line(tmp_path,
     assert "Fatal Python error" not in out and "Traceback" not in out, out[-3000:]
 
 
-def test_a_process_failing_alone_after_its_peer_finished_ends_both_at_once(tmp_path, shared_d1):
+def test_a_process_failing_alone_after_its_peer_finished_ends_both_at_once(tmp_path):
     """Process 0's HF export fails (a file where the export directory goes) after process 1
     did its part and finished: process 0 exits 1 with its error, process 1 exits 0, at once.
     Caught: process 1 waiting for process 0 to finish while process 0 waited for process 1 in
