@@ -61,7 +61,7 @@ def get_config(arg: str | None) -> mlc.ConfigDict:
 
 def _model() -> mlc.ConfigDict:
     g = mlc.ConfigDict()
-    g.preset = "test-tiny"  # Architecture preset the widths below override ("bench-tiny": BENCH.md's shape).
+    g.preset = "test-tiny"  # Architecture preset the widths below override ("bench-tiny": the benchmarks' model, docs/benchmarks.md).
     g.width = 128  # d_model (mlp 3x; test-tiny: 4 heads, 2 KV heads); 0 keeps the preset's.
     g.n_layers = 4  # Transformer blocks; 0 keeps the preset's.
     g.vocab_size = 0  # Model vocabulary (bench-tiny: 8192); 0: the tokenizer's, rounded up to 64.
