@@ -14,5 +14,5 @@ while [[ $# -gt 0 ]]; do
 done
 [[ $# -gt 0 ]] || { echo "error: give the d1jax.main flags after --" >&2; exit 2; }
 run() { if [[ $DRY == 1 ]]; then printf '%q ' "$@"; echo; else "$@"; fi; }
-run pip install -e ".[cuda12]"
+run pip install -e ".[cuda12]" -c requirements.txt
 run env XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m d1jax.main --workdir="$WORKDIR" "$@"

@@ -28,5 +28,5 @@ run() { if [[ $DRY == 1 ]]; then printf '%q ' "$@"; echo; else "$@"; fi; }
 ALL=(gcloud compute tpus tpu-vm ssh "$NAME" --zone "$ZONE" --worker=all --command)
 
 run gcloud compute tpus tpu-vm create "$NAME" --zone "$ZONE" --accelerator-type "$TYPE" --version "$VERSION"
-run "${ALL[@]}" "git clone $REPO d1jax || (cd d1jax && git pull); cd d1jax && pip install -e '.[tpu]'"
+run "${ALL[@]}" "git clone $REPO d1jax || (cd d1jax && git pull); cd d1jax && pip install -e '.[tpu]' -c requirements.txt"
 run "${ALL[@]}" "cd d1jax && python -m d1jax.main --workdir=$WORKDIR $*"
