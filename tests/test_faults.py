@@ -1,14 +1,16 @@
 """The fault matrix: a run never loses progress (docs/training.md, "What a run guarantees").
 
-Each scenario is a subprocess run of `configs/grpo_sudoku.py:tiny` (4 optimizer steps, mu = 2,
-checkpoints at steps 2 and 4). Where a run resumes, its final train state is compared with an
-uninterrupted run's bit for bit, and its metrics row by row (each step exactly once, in the
+Each scenario is a subprocess run of `configs/grpo_sudoku.py:tiny` on tests/learnable.py's
+task, whose reward a tiny random model raises (30 optimizer steps, mu = 2, checkpoints every 2
+steps, the newest 2 kept): a resume that lost the params, the Adam moments, the data order or
+the RNG shows in runs that learn. Where a run resumes, its final train state is compared with
+an uninterrupted run's bit for bit, and its metrics row by row (each step exactly once, in the
 JSONL log and, under TensorBoard's purge rule, in the event files). The 2-process scenario
 (one process killed) is in tests/test_multihost.py.
 
 Faults are injected at exact points by a harness that patches one function before running
-`d1jax.main` as `python -m` would: SIGTERM to itself during step 1, SIGKILL right after the
-asynchronous save of step 2 started.
+`d1jax.main` as `python -m` would (with the task registered): SIGTERM to itself during step 1,
+SIGKILL right after the asynchronous save of step 2 started.
 """
 
 import os
@@ -24,13 +26,16 @@ import orbax.checkpoint as ocp
 import pytest
 
 from d1jax.metrics import read_jsonl
+from tests import learnable
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = "--config=configs/grpo_sudoku.py:tiny"
+CONFIG = ("--config=configs/grpo_sudoku.py:tiny", *learnable.FLAGS)
+STEPS = learnable.OVERRIDES["train.num_steps"]  # 30: checkpoints 28 and 30 at the end
 TIMING = ("time_", "_per_s")  # wall-clock metrics differ between any two runs
 
 HARNESS = """
 import os, runpy, signal, sys
+import tests.learnable
 from d1jax import checkpoint
 from d1jax.train import engine
 
@@ -57,8 +62,8 @@ runpy.run_module("d1jax.main", run_name="__main__")
 
 def run(workdir, *args, fault=None, config=CONFIG):
     cmd = ([sys.executable, "-c", HARNESS, *fault] if fault else
-           [sys.executable, "-m", "d1jax.main"])
-    return subprocess.run([*cmd, config, f"--workdir={workdir}", *args], cwd=ROOT,
+           [sys.executable, "-c", learnable.MAIN])
+    return subprocess.run([*cmd, *config, f"--workdir={workdir}", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=900)
 
 
@@ -81,7 +86,7 @@ def state(wd, step) -> dict:
             for k, v in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def assert_same_run(got_wd, want_wd, step=4):
+def assert_same_run(got_wd, want_wd, step=STEPS):
     """Bitwise-equal train state at ``step``; equal metrics, each step once."""
     got, want = state(got_wd, step), state(want_wd, step)
     assert got.keys() == want.keys()
@@ -128,10 +133,14 @@ def corrupt(wd, step):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, d1_data):
+def reference(tmp_path_factory):
+    """The uninterrupted run, which learns: its reward rises (else the resumed runs compared
+    with it would prove little)."""
     wd = tmp_path_factory.mktemp("uninterrupted")
     ok(run(wd))
-    assert steps(wd) == [2, 4]
+    assert steps(wd) == [STEPS - 2, STEPS]
+    rewards = [r["reward"] for r in read_jsonl(wd / "metrics.jsonl")][::2]  # one per rollout
+    assert learnable.rise(rewards) > learnable.MIN_RISE, rewards
     return wd
 
 
@@ -152,7 +161,7 @@ def test_sigterm_saves_exits_75_and_resumes_bitwise_under_a_compatible_change(re
     assert "stopped at step 2 of 1000 (SIGTERM) with a checkpoint saved" in r.stderr
     assert "Traceback" not in r.stderr and steps(tmp_path) == [2]
     assert not (tmp_path / "hf").exists()
-    ok(run(tmp_path))  # the plain config: 4 steps, saves every 2
+    ok(run(tmp_path))  # the plain config: 30 steps, saves every 2
     assert_same_run(tmp_path, reference)
 
 
@@ -166,10 +175,11 @@ def test_kill_9_during_a_save_resumes_bitwise(reference, tmp_path):
 def test_corrupt_latest_falls_back_keeps_it_aside_and_resumes_bitwise(reference, tmp_path):
     wd = tmp_path / "run"
     shutil.copytree(reference, wd)
-    corrupt(wd, 4)
+    corrupt(wd, STEPS)
     r = ok(run(wd))
-    assert "checkpoint step 4 does not restore" in r.stdout and "resumed from" in r.stdout
-    assert [p.name.split(".")[0] for p in (wd / "checkpoints_unreadable").iterdir()] == ["4"]
+    assert f"checkpoint step {STEPS} does not restore" in r.stdout and "resumed from" in r.stdout
+    assert [p.name.split(".")[0] for p in (wd / "checkpoints_unreadable").iterdir()] == \
+        [str(STEPS)]
     assert_same_run(wd, reference)
 
 
@@ -177,23 +187,24 @@ def test_no_restorable_checkpoint_exits_1_naming_each_step_and_changes_nothing(r
                                                                               tmp_path):
     wd = tmp_path / "run"
     shutil.copytree(reference, wd)
-    corrupt(wd, 2)
-    corrupt(wd, 4)
+    corrupt(wd, STEPS - 2)
+    corrupt(wd, STEPS)
     before = snapshot(wd)
     r = run(wd)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert error_lines(r) == [f"error: no checkpoint in {wd.resolve()}/checkpoints restores, "
                               "nothing was changed:"]
     assert [ln.split(":")[0].strip() for ln in r.stderr.splitlines()
-            if ln.startswith("  step")] == ["step 4", "step 2"]
+            if ln.startswith("  step")] == [f"step {STEPS}", f"step {STEPS - 2}"]
     assert snapshot(wd) == before
 
     # Asked to: the unreadable run moves aside whole and a new one starts at step 0.
     r = ok(run(wd, "--config.train.if_incompatible=move_aside"))
     (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("starting over")]
-    assert line.startswith("starting over: no checkpoint restores (step 4: ") and "; step 2: " in line
+    assert line.startswith(f"starting over: no checkpoint restores (step {STEPS}: ")
+    assert f"; step {STEPS - 2}: " in line
     (old,) = (wd / "previous").iterdir()
-    assert steps(old) == [2, 4] and len(read_jsonl(old / "metrics.jsonl")) == 4
+    assert steps(old) == [STEPS - 2, STEPS] and len(read_jsonl(old / "metrics.jsonl")) == STEPS
     assert_same_run(wd, reference)  # the same config from scratch: the same run, bitwise
 
 
@@ -204,16 +215,18 @@ def test_incompatible_config_is_refused_then_moved_aside_on_request(reference, t
     r = run(wd, "--config.lora.rank=4", "--config.optim.learning_rate=0.002")
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
     (line,) = error_lines(r)
-    assert "holds a run at step 4 written with another config: lora.rank 8 -> 4; " \
-           "optim.learning_rate 0.001 -> 0.002." in line
+    assert f"holds a run at step {STEPS} written with another config: lora.rank 8 -> 4; " \
+           "optim.learning_rate 0.003 -> 0.002." in line
     assert "--config.train.if_incompatible=move_aside" in line
     assert snapshot(wd) == before  # refused before anything was written
 
-    r = ok(run(wd, "--config.lora.rank=4", "--config.train.if_incompatible=move_aside"))
+    # 4 steps of the new run suffice (num_steps may change on resume; it changes no state).
+    r = ok(run(wd, "--config.lora.rank=4", "--config.train.if_incompatible=move_aside",
+               "--config.train.num_steps=4"))
     (old,) = (wd / "previous").iterdir()
-    assert "starting over" in r.stdout and steps(old) == [2, 4]
-    assert [r["step"] for r in read_jsonl(old / "metrics.jsonl")] == [1, 2, 3, 4]
-    assert state(old, 4).keys() == state(reference, 4).keys()  # the old run, intact
+    assert "starting over" in r.stdout and steps(old) == [STEPS - 2, STEPS]
+    assert [r["step"] for r in read_jsonl(old / "metrics.jsonl")] == list(range(1, STEPS + 1))
+    assert state(old, STEPS).keys() == state(reference, STEPS).keys()  # the old run, intact
     assert steps(wd) == [2, 4] and len(read_jsonl(wd / "metrics.jsonl")) == 4
     rank = {k: v.shape for k, v in state(wd, 4).items() if "lora_a" in k}
     assert rank and all(s[-1] == 4 for s in rank.values()), rank
@@ -221,7 +234,7 @@ def test_incompatible_config_is_refused_then_moved_aside_on_request(reference, t
 
 def test_sft_stopped_and_resumed_equals_uninterrupted_bitwise(tmp_path, d1_data):
     """The SFT loop's resume: params, Adam moments and data position all come back."""
-    sft = "--config=configs/sft_s1k.py:tiny"
+    sft = ("--config=configs/sft_s1k.py:tiny",)
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     ok(run(full, config=sft))
     r = run(resumed, "--config.train.stop_after=2", config=sft)
