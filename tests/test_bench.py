@@ -29,7 +29,7 @@ def test_reference_seconds_reads_every_measure(tmp_path):
     assert secs == {"sampler": [8.0, 8.2], "update_mu1": [0.34, 0.36, 0.30],
                     "estimator_mu1": [0.11, 0.13, 0.12], "estimator_mu4": [0.5, 0.48, 0.52]}
     path.write_text(json.dumps({"sampler": {}}))
-    with pytest.raises(ValueError, match="ref_bench.py"):
+    with pytest.raises(ValueError, match="bench/reference/run.py"):
         common.load_reference(str(path))
 
 
@@ -61,19 +61,21 @@ def test_summary_and_table_from_two_rounds():
 
 
 def test_missing_reference_venv_says_how_to_build_it(tmp_path):
-    refbench = tmp_path / "refbench"
-    refbench.mkdir()
-    (refbench / "ref_bench.py").write_text("")
-    with pytest.raises(SystemExit, match="setup.sh LLADA_GIT D1_GIT FASTDLLM_GIT"):
-        compare.reference_paths(str(refbench), str(tmp_path / "not-built"))
-    with pytest.raises(SystemExit, match="has no ref_bench.py"):
-        compare.reference_paths(str(tmp_path), str(tmp_path / "not-built"))
+    with pytest.raises(SystemExit, match="run bench/reference/setup.sh"):
+        compare.reference_paths(str(tmp_path / "not-built"))
+    built = tmp_path / "built"
+    (built / "venv" / "bin").mkdir(parents=True)
+    (built / "venv" / "bin" / "python").write_text("")
+    with pytest.raises(SystemExit, match="sources.json"):  # a venv without its sources
+        compare.reference_paths(str(built))
+    (built / "sources.json").write_text("{}")
+    assert compare.reference_paths(str(built))["script"].endswith("bench/reference/run.py")
 
 
 def test_help_runs_without_the_reference():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "compare.py"), "--help"],
                          capture_output=True, text=True, check=True).stdout
-    assert "--refbench" in out and "--reference-json" in out
+    assert "--ref-dir" in out and "--reference-json" in out
 
 
 @pytest.mark.parametrize("script", ["block_parts.py", "compare.py", "forward.py", "sampler.py",

