@@ -1,7 +1,7 @@
 """d1jax's side of ``bench/compare.py``: every measure compiled once, then timed per round.
 
 The samplers, forward and backward run on the reference's own bench-tiny weights and
-prompts (what ``ref_bench.py`` wrote next to its checkpoint); the estimator and the GRPO
+prompts (what ``bench/reference/run.py`` wrote next to its checkpoint); the estimator and the GRPO
 update are ``bench/update.py``'s measurements (seeded random weights and inputs: their
 cost does not depend on the values).
 """
@@ -34,7 +34,7 @@ def reference_files(ref: dict) -> tuple[str, dict[str, np.ndarray]]:
     npz = os.path.join(os.path.dirname(ckpt), "ref_generate.npz")
     if not (os.path.isdir(ckpt) and os.path.isfile(npz)):
         raise SystemExit(f"the reference run's files are gone ({ckpt}, {npz}): rerun "
-                         "ref_bench.py, or compare.py with --refbench")
+                         "bench/reference/run.py, or compare.py with --ref-dir")
     with np.load(npz) as f:
         return ckpt, dict(f)
 

@@ -1,10 +1,10 @@
-"""Sampler throughput on the BENCH.md workload, and the precision of Gumbel-max sampling.
+"""Sampler throughput on the bench-tiny workload (docs/benchmarks.md), and the precision of Gumbel-max sampling.
 
     python bench/sampler.py --model bench-tiny
     python bench/sampler.py --model bench-tiny --modes exact --gen-lengths 128
-    python bench/sampler.py --reference-json ref.json   # ref.json: ref_bench.py, same sitting
+    python bench/sampler.py --reference-json ref.json   # ref.json: bench/reference/run.py, same sitting
 
-Workload (../shared/BENCH.md): random weights (seed 0), batch 8, prompt 64 random tokens,
+Workload (docs/benchmarks.md, bench-tiny): random weights (seed 0), batch 8, prompt 64 random tokens,
 block 32, steps = gen_length / 2, temperature 0, low_confidence remasking. Prints one JSON
 object with, per gen_length and mode: generated tokens/s (batch * gen_length / wall time;
 best and median of --repeats rounds after compiling, each round running every mode once so
@@ -13,7 +13,7 @@ forward FLOPs (analytic matmul count) per generated token, compile time, and the
 tokens equal to the exact sampler's. ``reference_proxy`` redoes the PyTorch reference's work
 in JAX in the same rounds (full-sequence head and softmax, host top-k after every step);
 ``speedup_vs_proxy`` is the ratio to it. With --reference-json (what
-``refbench/ref_bench.py`` printed in this sitting) each mode at gen_length 128 also gets
+``bench/reference/run.py`` printed in this sitting) each mode at gen_length 128 also gets
 ``speedup_vs_reference``, the ratio to the reference's median generate() time;
 ``bench/compare.py`` runs the reference and this side by side.
 Random weights predict near-uniformly (confidence ~1/V), so threshold decoding only acts
@@ -212,7 +212,7 @@ def main(argv=None) -> dict:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     p.add_argument("--gumbel-samples", type=int, default=3000, help="0 skips the check")
-    p.add_argument("--reference-json", help="ref_bench.py's JSON from this sitting: adds "
+    p.add_argument("--reference-json", help="bench/reference/run.py's JSON from this sitting: adds "
                    "speedup_vs_reference on the reference's workload")
     p.add_argument("--head-scale", type=float, default=1.0,
                    help="multiply the output head (e.g. 40: confident, non-uniform predictions, "

@@ -5,7 +5,7 @@
     python bench/sampler_accuracy.py --model-dir DIR --puzzles CSV --num 64 --taus 0.7,0.9 \
         --repeats 1
     python bench/sampler_accuracy.py --model-dir DIR --puzzles CSV --taus 0.9 --refresh 8 \
-        --rules budget,fast_dllm --reference-json ref.json   # ref.json: ref_bench.py, same sitting
+        --rules budget,fast_dllm --reference-json ref.json   # ref.json: bench/reference/run.py, same sitting
 
 The model is a Hugging Face LLaDA directory (config.json, *.safetensors, tokenizer). Prompts
 are the CPU demo's Sudoku prompt (examples/demo/task.py: no system prompt, no <reasoning>
@@ -21,8 +21,8 @@ N puzzles, the variants interleaved within each round so that they share the mac
 load) and ``speedup_vs_exact``; model evaluations per generated token (the sampler's
 ``block_steps``: a cached variant's full forward at each block start and its cheaper
 block forwards count alike), and per block the mean of them (``block_steps_mean``). With
---reference-json (what ``refbench/ref_bench.py`` printed in this sitting),
-``speedup_vs_reference``: median tokens/s over the reference exact sampler's on BENCH.md's
+--reference-json (what ``bench/reference/run.py`` printed in this sitting),
+``speedup_vs_reference``: median tokens/s over the reference exact sampler's on bench-tiny's
 workload (its speed does not depend on the weights; the JSON says whether this run's shape
 matches it). Prints one JSON object; --png plots accuracy against tokens/s.
 """
@@ -116,7 +116,7 @@ def run(model_dir: str, puzzles: str, num: int = 256, gen_length: int = 32,
     """The benchmark's result (see the module docstring); ``s``: an already loaded model;
     ``prompt_length``: left-pad every prompt to this many tokens (masked out of attention);
     ``only``: keep these variant names (``exact`` always runs); ``rules``: threshold rules
-    (RULES); ``reference``: ref_bench.py's JSON from this sitting."""
+    (RULES); ``reference``: bench/reference/run.py's JSON from this sitting."""
     s = s or load(model_dir, dtype)
     task = tasks.get_task(demo_task.NAME)
     examples = sudoku.load_test(puzzles, subsample=None)[:num]
@@ -274,14 +274,14 @@ def main(argv=None) -> dict:
                    help="comma-separated cache_refresh values: adds dual (+ each tau) variants "
                         "that refresh the cache after that many decoded tokens")
     p.add_argument("--prompt-length", type=int, default=None,
-                   help="left-pad the prompts to this many tokens (BENCH.md's workload: 64)")
+                   help="left-pad the prompts to this many tokens (bench-tiny's workload: 64)")
     p.add_argument("--only", default="",
                    help="comma-separated variant names to run (exact always runs)")
     p.add_argument("--rules", default="budget",
                    help="comma-separated threshold rules for the tau variants: budget, fast_dllm "
                         "(adds ...+fastdllm variants)")
     p.add_argument("--reference-json",
-                   help="ref_bench.py's JSON from this sitting: adds speedup_vs_reference")
+                   help="bench/reference/run.py's JSON from this sitting: adds speedup_vs_reference")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument("--png", help="write the accuracy-vs-speed plot here")

@@ -1,16 +1,16 @@
-"""One-step estimator, per-rollout old/ref pass and diffu-GRPO update on the BENCH.md workload.
+"""One-step estimator, per-rollout old/ref pass and diffu-GRPO update on the bench-tiny workload (docs/benchmarks.md).
 
     python bench/update.py --model bench-tiny
     python bench/update.py --model bench-tiny --lora-rank 128 --mus 1 4 12 --repeats 7
-    python bench/update.py --reference-json ref.json   # ref.json: ref_bench.py, same sitting
+    python bench/update.py --reference-json ref.json   # ref.json: bench/reference/run.py, same sitting
 
-Workload (../shared/BENCH.md): random weights (seed 0), float32, batch 8, prompt 64 random
+Workload (docs/benchmarks.md, bench-tiny): random weights (seed 0), float32, batch 8, prompt 64 random
 tokens, completion 128 (sequence 192); estimator input [mu, 8, 192]; GRPO update with mu = 1
 (forward + backward + AdamW with clipping) on 8 x 192. Every measured function is jitted
 and compiled first; each round runs every measurement once (side by side under the same
 load) and the JSON reports the best and median of --repeats rounds, the compiled peak
 scratch memory (XLA's temp allocation) per mu and forward GFLOP/s (analytic matmul count).
-With --reference-json (what ``refbench/ref_bench.py`` printed in this sitting: d1's code on
+With --reference-json (what ``bench/reference/run.py`` printed in this sitting: d1's code on
 the HF model, torch CPU) it adds the speed-up over the reference's medians; a reference
 timed on another machine or day says nothing about this one. ``bench/compare.py`` runs both.
 """
@@ -120,8 +120,8 @@ def main():
     ap.add_argument("--completion", type=int, default=128)
     ap.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tuning")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--reference-json", help="ref_bench.py's JSON from this sitting: adds "
-                    "speedup_vs_reference (on BENCH.md's workload only)")
+    ap.add_argument("--reference-json", help="bench/reference/run.py's JSON from this sitting: adds "
+                    "speedup_vs_reference (on the bench-tiny workload only)")
     args = ap.parse_args()
     reference = common.reference_seconds(common.load_reference(args.reference_json)) \
         if args.reference_json else {}
