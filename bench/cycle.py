@@ -262,8 +262,8 @@ def main(argv=None) -> dict:
     p.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "d1jax-bench"),
                    help="where the trained model is built once and then reused")
     p.add_argument("--sft-steps", type=int, default=TRAINED_RECIPE["sft.steps"],
-                   help="SFT steps of the recipe's model (its learning rate is constant, so "
-                        "a shorter run is the first steps of the full one)")
+                   help="SFT steps of the recipe's model (default: docs/fast_sampler.md's "
+                        "1,300); another count is trained and cached apart")
     p.add_argument("--model-dir", help="an existing trained model (HF directory with its "
                    "tokenizer, from the recipe above) instead of --cache-dir's")
     p.add_argument("--samplers", default=",".join(SAMPLERS), help="exact,fast or one of them")

@@ -303,14 +303,27 @@ def one_cycle(r: Reference, trainer, ref_model, opt, mu: int) -> dict:
     return {k: round(v, 4) for k, v in t.items()}
 
 
+def warmup_ids(r: Reference):
+    """Prompts followed by random completion tokens [8, 192]: warm-up input."""
+    torch, w = r.torch, WORKLOAD
+    g = torch.Generator().manual_seed(1)
+    comp = torch.randint(0, w["prompt_vocab"], (w["batch"], w["gen_length"]), generator=g)
+    return torch.cat([r.prompt, comp], 1)
+
+
 def measure_cycle(r: Reference, mu: int, runs: int) -> dict:
-    """``runs`` timed cycles after one untimed warm-up; the model keeps training throughout
-    (the costs do not depend on the weights), the reference stays at the initial weights."""
+    """``runs`` timed cycles after an untimed warm-up (one pass and one update: AdamW
+    allocates its moments); the model keeps training throughout (the costs do not depend
+    on the weights), the reference stays at the initial weights."""
     trainer = d1_trainer(r.ref_dir, mu)
     ref_model = copy.deepcopy(r.model).eval().requires_grad_(False)
     state = copy.deepcopy(r.model.state_dict())
     opt = r.optimizer()
-    one_cycle(r, trainer, ref_model, opt, mu)
+    seq = warmup_ids(r)
+    logps = r.logps(trainer, ref_model, seq, mu)
+    r.model.train()
+    r.update(trainer, opt, r.rollout_inputs(seq, mu, logps, logps), 0)
+    r.model.eval()
     cycles = [one_cycle(r, trainer, ref_model, opt, mu) for _ in range(runs)]
     r.model.load_state_dict(state)
     return {"mu": mu, "updates": mu, "completions": WORKLOAD["batch"],
