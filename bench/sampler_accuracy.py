@@ -1,7 +1,7 @@
 """Accuracy and speed of each sampler variant of a trained model on 4x4 Sudoku.
 
     python bench/sampler_accuracy.py --model-dir runs/demo_sudoku/export \
-        --puzzles ../shared/data/d1/4x4_test_sudoku.csv --png sudoku_samplers.png --out sudoku.json
+        --puzzles $D1JAX_DATA_DIR/4x4_test_sudoku.csv --png sudoku_samplers.png --out sudoku.json
     python bench/sampler_accuracy.py --model-dir DIR --puzzles CSV --num 64 --taus 0.7,0.9 \
         --repeats 1
     python bench/sampler_accuracy.py --model-dir DIR --puzzles CSV --taus 0.9 --refresh 8 \
