@@ -39,9 +39,8 @@ from d1jax.model import hf_files
 from d1jax.model.config import UnsupportedConfigError
 from d1jax.model.dream import Dream
 from d1jax.model.dream_config import DreamConfig
-from d1jax.model.weights import (INDEX_FILE, SINGLE_FILE, CheckpointError, _get,
-                                 _open_checkpoint, _parse_size, _read_slice, _replace_dir, _set,
-                                 _write_safetensors)
+from d1jax.model.weights import (CheckpointError, _get, _open_checkpoint, _parse_size, _read_slice,
+                                _replace_dir, _set, write_shards)
 
 ATTN_PROJS = ("q_proj", "k_proj", "v_proj", "o_proj")
 BIASED_PROJS = ("q_proj", "k_proj", "v_proj")
@@ -187,7 +186,7 @@ def save_dream_checkpoint(path: str | os.PathLike, config: DreamConfig, params: 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
-        _write_shards(tmp, shards, materialise)
+        write_shards(tmp, shards, materialise)
         hf_config = config.to_hf_dict()
         if source_dir is not None:
             hf_config["auto_map"] = _copy_companions(Path(source_dir), tmp) or hf_config["auto_map"]
@@ -196,22 +195,6 @@ def save_dream_checkpoint(path: str | os.PathLike, config: DreamConfig, params: 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def _write_shards(tmp: Path, shards, materialise) -> None:
-    names = ([SINGLE_FILE] if len(shards) == 1 else
-             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
-    weight_map, total = {}, 0
-    for name, shard in zip(names, shards):
-        tensors = [(k, materialise(e)) for k, e in shard]
-        _write_safetensors(tmp / name, tensors)
-        for k, a in tensors:
-            weight_map[k] = name
-            total += a.nbytes
-    if len(shards) > 1:
-        (tmp / INDEX_FILE).write_text(json.dumps(
-            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-
 
 def _copy_companions(source: Path, dest: Path) -> dict[str, Any]:
     """Copies the source's generation config, tokenizer and auto_map modules; its auto_map."""

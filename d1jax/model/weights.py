@@ -338,18 +338,7 @@ def save_hf_checkpoint(path: str | os.PathLike, config: LLaDAConfig, params: Map
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
-        names = ([SINGLE_FILE] if len(shards) == 1 else
-                 [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
-        weight_map, total = {}, 0
-        for name, shard in zip(names, shards):
-            tensors = [(k, materialise(e)) for k, e in shard]
-            _write_safetensors(tmp / name, tensors)
-            for k, a in tensors:
-                weight_map[k] = name
-                total += a.nbytes
-        if len(shards) > 1:
-            (tmp / INDEX_FILE).write_text(json.dumps(
-                {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        write_shards(tmp, shards, materialise)
         hf_config = config.to_hf_dict()
         hf_config["auto_map"] = hf_files.copy_companions(source_dir, tmp, tokenizer)
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
@@ -383,3 +372,20 @@ def _replace_dir(tmp: Path, path: Path) -> None:
     for f in stale:
         f.unlink()
     tmp.rmdir()
+
+
+def write_shards(tmp: Path, shards, materialise) -> None:
+    """Writes ``shards`` (lists of (HF key, entry)) as one safetensors file or several with
+    an index, each tensor ``materialise(entry)`` (gathered to host one at a time)."""
+    names = ([SINGLE_FILE] if len(shards) == 1 else
+             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    weight_map, total = {}, 0
+    for name, shard in zip(names, shards):
+        tensors = [(k, materialise(e)) for k, e in shard]
+        _write_safetensors(tmp / name, tensors)
+        for k, a in tensors:
+            weight_map[k] = name
+            total += a.nbytes
+    if len(shards) > 1:
+        (tmp / INDEX_FILE).write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
