@@ -25,13 +25,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from d1jax import sharding as shd
@@ -39,8 +37,8 @@ from d1jax.model import hf_files
 from d1jax.model.config import UnsupportedConfigError
 from d1jax.model.dream import Dream
 from d1jax.model.dream_config import DreamConfig
-from d1jax.model.weights import (CheckpointError, _get, _open_checkpoint, _parse_size, _read_slice,
-                                _replace_dir, _set, write_shards)
+from d1jax.model.weights import (CheckpointError, _get, _open_checkpoint, _read_slice, _set,
+                                write_checkpoint)
 
 ATTN_PROJS = ("q_proj", "k_proj", "v_proj", "o_proj")
 BIASED_PROJS = ("q_proj", "k_proj", "v_proj")
@@ -155,46 +153,16 @@ def save_dream_checkpoint(path: str | os.PathLike, config: DreamConfig, params: 
     merged first (``d1jax.model.lora.merge``).
     """
     path = Path(path)
-    limit = _parse_size(max_shard_size)
     entries = [(k, (_get(params, p), layer, t))
                for k, (p, layer, t) in dream_key_map(config).items()]
 
-    def nbytes(entry):
-        arr, layer, _ = entry
-        shape = arr.shape[1:] if layer is not None else arr.shape
-        return int(np.prod(shape)) * np.dtype(dtype or arr.dtype).itemsize
-
-    shards: list[list[tuple[str, Any]]] = [[]]
-    size = 0
-    for key, entry in entries:
-        if shards[-1] and size + nbytes(entry) > limit:
-            shards.append([])
-            size = 0
-        shards[-1].append((key, entry))
-        size += nbytes(entry)
-
-    def materialise(entry):  # one layer gathered at a time
-        arr, layer, transposed = entry
-        a = shd.gather_all(arr[layer] if layer is not None else arr)
-        a = a.T if transposed else a
-        return np.ascontiguousarray(a.astype(dtype) if dtype is not None else a)
-
-    if jax.process_index() != 0:
-        for _, entry in entries:  # take part in the collective gathers
-            materialise(entry)
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
-        write_shards(tmp, shards, materialise)
+    def finish(tmp: Path) -> None:
         hf_config = config.to_hf_dict()
         if source_dir is not None:
             hf_config["auto_map"] = _copy_companions(Path(source_dir), tmp) or hf_config["auto_map"]
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
-        _replace_dir(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    write_checkpoint(path, entries, max_shard_size, dtype, finish)
 
 def _copy_companions(source: Path, dest: Path) -> dict[str, Any]:
     """Copies the source's generation config, tokenizer and auto_map modules; its auto_map."""

@@ -24,7 +24,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import flax.linen as nn
 import jax
@@ -307,8 +307,24 @@ def save_hf_checkpoint(path: str | os.PathLike, config: LLaDAConfig, params: Map
     """
     path = Path(path)
     params = _merged(params, lora)
-    limit = _parse_size(max_shard_size)
     entries = list(iter_hf_tensors(config, params))
+
+    def finish(tmp: Path) -> None:
+        hf_config = config.to_hf_dict()
+        hf_config["auto_map"] = hf_files.copy_companions(source_dir, tmp, tokenizer)
+        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
+
+    write_checkpoint(path, entries, max_shard_size, dtype, finish)
+
+
+def write_checkpoint(path: Path, entries: list, max_shard_size: int | str, dtype: Any,
+                     finish: Callable[[Path], None]) -> None:
+    """Writes ``entries`` ((HF key, (array, layer or None, transposed)) in file order) as
+    safetensors shards of at most ``max_shard_size`` into a temporary directory beside
+    ``path``, lets ``finish(tmp)`` add config and companion files, then moves it into place:
+    an existing checkpoint survives a failed save. Tensors are gathered to the host one at a
+    time; every process takes part in the gathers, only process 0 writes."""
+    limit = _parse_size(max_shard_size)
 
     def nbytes(entry):
         arr, layer, _ = entry
@@ -338,10 +354,8 @@ def save_hf_checkpoint(path: str | os.PathLike, config: LLaDAConfig, params: Map
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
-        write_shards(tmp, shards, materialise)
-        hf_config = config.to_hf_dict()
-        hf_config["auto_map"] = hf_files.copy_companions(source_dir, tmp, tokenizer)
-        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
+        _write_shards(tmp, shards, materialise)
+        finish(tmp)
         _replace_dir(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -374,7 +388,7 @@ def _replace_dir(tmp: Path, path: Path) -> None:
     tmp.rmdir()
 
 
-def write_shards(tmp: Path, shards, materialise) -> None:
+def _write_shards(tmp: Path, shards, materialise) -> None:
     """Writes ``shards`` (lists of (HF key, entry)) as one safetensors file or several with
     an index, each tensor ``materialise(entry)`` (gathered to host one at a time)."""
     names = ([SINGLE_FILE] if len(shards) == 1 else
