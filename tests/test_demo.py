@@ -347,3 +347,165 @@ def test_provenance_names_this_checkout():
                           text=True, cwd=ROOT).stdout.strip()
     assert p["commit"].split("+")[0] == head
 
+
+
+# ------------------------------------------------------------------ the multi-seed table
+
+def _fake_demo_results(base, sft, d1, grpo_base, rise_d1, rise_base, commit="abc1234"):
+    """A demo run's results.json in summarize()'s layout: greedy accuracy per set per row
+    (lists for the GRPO rows' seeds), and each GRPO row's rollout reward rise (mean, se)."""
+    def row(vals, rise=None):
+        vals = np.atleast_2d(np.asarray(vals, float).T).T  # [seeds, sets]
+        r = {s: {"mean": float(vals[:, i].mean()), "values": vals[:, i].tolist(),
+                 "reward_mean": float(vals[:, i].mean()) + 0.5}
+             for i, s in enumerate(("heldout", "d1_test"))}
+        r["heldout"]["sampled_mean"] = float(vals[:, 0].mean()) - 1.0
+        if rise is not None:
+            r["reward_rise"] = {"mean": rise[0], "se": rise[1], "values": [rise[0]]}
+        return r
+    return {"rows": {"base": row([base]), "sft": row([sft]), "grpo_base": row(grpo_base, rise_base),
+                     "d1": row(d1, rise_d1)},
+            "sets": ["heldout", "d1_test"], "commit": commit, "date": "2026-11-26",
+            "device": "cpu", "jax": "0.10.2", "wall_time_s": 1.0}
+
+
+def _fake_runs():
+    from examples.demo import aggregate
+    runs = {
+        # base, SFT, d1 seeds, diffu-GRPO-from-base seeds: [(held-out, d1 test), ...]
+        "p0_unrolled": _fake_demo_results((28, 27), (42, 44), [(44, 45), (46, 47)],
+                                          [(30, 29), (30, 31)], (0.05, 0.01), (0.01, 0.01)),
+        "p0_loop": _fake_demo_results((30, 29), (48, 49), [(52, 53), (50, 51)],
+                                      [(29, 30), (31, 30)], (0.02, 0.02), (-0.01, 0.01)),
+        "p1_unrolled": _fake_demo_results((26, 27), (40, 41), [(41, 42), (40.5, 41.5)],
+                                          [(27, 28), (29, 28)], (0.03, 0.01), (0.02, 0.005)),
+    }
+    return {k: {"pretrain_seed": int(k[1]), "variant": k.split("_")[1],
+                **aggregate.run_summary(v)} for k, v in runs.items()}
+
+
+def test_multi_seed_rows_are_mean_and_spread_of_each_runs_row_mean():
+    """Each run counts once per row (its mean over GRPO seeds); the spread is over runs,
+    checked against numpy on the inputs by hand."""
+    from examples.demo import aggregate
+    res = aggregate.aggregate(_fake_runs(), {"missing": []})
+    d1 = res["rows"]["d1"]["heldout"]["greedy"]
+    want = [45.0, 51.0, 40.75]
+    assert d1["values"] == pytest.approx(want)
+    assert (d1["mean"], d1["std"], d1["min"], d1["max"]) == pytest.approx(
+        (np.mean(want), np.std(want), 40.75, 51.0))
+    gain = res["rows"]["d1"]["d1_test"]["gain"]["values"]
+    assert gain == pytest.approx([46 - 44, 52 - 49, 41.75 - 41])
+    base_gain = res["rows"]["grpo_base"]["heldout"]["gain"]["values"]  # over the base
+    assert base_gain == pytest.approx([30 - 28, 30 - 30, 28 - 26])
+    rise = res["rows"]["d1"]["reward_rise"]
+    assert rise["values"] == pytest.approx([0.05, 0.02, 0.03]) and rise["above_2se"] == 2
+    assert res["rows"]["sft"]["heldout"]["sampled"]["values"] == pytest.approx([41, 47, 39])
+    assert (res["commit"], res["device"]) == ("abc1234", "cpu")
+
+
+def test_multi_seed_claims_are_those_that_hold_in_every_run():
+    from examples.demo import aggregate
+    res = aggregate.aggregate(_fake_runs(), {"missing": []})
+    held = {c["claim"]: c for c in res["claims"]}
+    assert held["d1's ordering: d1 (SFT + diffu-GRPO) > SFT > base"]["all"]
+    assert held["SFT > diffu-GRPO from the base (SFT beats RL from the base)"]["all"]
+    assert not held["diffu-GRPO from the base > SFT (RL from the base beats SFT)"]["count"]
+    # From the base: +2 / 0 / +2 held-out; the tie in run p0_loop breaks "on every set".
+    assert held["diffu-GRPO from the base > base"]["held"] == [True, False, True]
+    assert held["d1 (SFT + diffu-GRPO): rollout reward rises by more than 2 s.e."]["count"] == 2
+    assert held["+diffu-GRPO: rollout reward rises (last quarter > first)"]["count"] == 2
+    text = aggregate.claims_list(res)
+    head, tail = text.split("Not in all")
+    assert "- SFT > base" in head and "- diffu-GRPO from the base > base: 2 of 3" in tail
+    # A claim on a row one run lacks (wd1 from SFT) is not made.
+    runs = _fake_runs()
+    runs["p0_loop"]["rows"]["wd1_sft"] = runs["p0_loop"]["rows"]["d1"]
+    res = aggregate.aggregate(runs, {"missing": []})
+    assert "wd1_sft" not in res["rows"] and not any("wd1" in c["claim"] for c in res["claims"])
+
+
+def test_multi_seed_blocks_are_generated_with_commit_and_device(tmp_path):
+    from examples.demo import aggregate
+    res = aggregate.aggregate(_fake_runs(), {"missing": []})
+    res["loss"] = {"base": [3.0, 1.0, 0.8, 0.75, 0.74], "sft": [0.6, 0.5, 0.45, 0.44, 0.44]}
+    table = demo_table.block(res, "demo-seeds-table")
+    lines = table.splitlines()
+    assert lines[1] == aggregate.caption(res) and "commit abc1234" in lines[1]
+    assert "3 runs on cpu" in lines[1]
+    d1 = next(line for line in lines if line.startswith("| d1 (SFT + diffu-GRPO) |"))
+    assert "45.6 ± 4.2 (40.8..51.0)" in d1 and "(2 of 3)" in d1
+    assert "| -1.3% |" in demo_table.block(res, "demo-seeds-loss")
+    # --write of multi-seed results replaces only the seeds blocks, in copies of the docs.
+    docs = {}
+    for name in ("README.md", "demo.md"):
+        docs[name] = tmp_path / name
+        docs[name].write_text("x\n" + "\n".join(
+            "\n".join(demo_table.markers(b)) for b in ("demo-table", *demo_table.SEEDS_BLOCKS)))
+    blocks = {b: tuple(docs[d.name] for d in ds) for b, ds in demo_table.SEEDS_BLOCKS.items()}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(res))
+    orig = (demo_table.SEEDS_BLOCKS, demo_table.PUBLISHED_SEEDS)
+    try:
+        demo_table.SEEDS_BLOCKS, demo_table.PUBLISHED_SEEDS = blocks, tmp_path / "pub.json"
+        demo_table.main([str(path), "--write"])
+    finally:
+        demo_table.SEEDS_BLOCKS, demo_table.PUBLISHED_SEEDS = orig
+    for name, d in docs.items():
+        text = d.read_text()
+        assert demo_table.published_block(text, "demo-seeds-claims") == demo_table.block(
+            res, "demo-seeds-claims")
+        assert demo_table.published_block(text, "demo-table").count("\n") == 1  # untouched
+    assert json.loads((tmp_path / "pub.json").read_text()) == res
+
+
+def test_seeds_command_aggregates_finished_runs_and_names_the_missing(tmp_path, capsys):
+    """examples.demo.seeds --aggregate_only: finished runs' results.json (and their stages'
+    loss curves) in, one results.json and results.md out; an unfinished run is named."""
+    from examples.demo import seeds
+    for name, res in (("p0_unrolled", _fake_demo_results((28, 27), (42, 44), [(44, 45)],
+                                                          [(30, 29)], (0.05, 0.01), (0.0, 0.01))),
+                      ("p0_loop", _fake_demo_results((30, 29), (48, 49), [(52, 53)],
+                                                     [(29, 30)], (0.02, 0.02), (0.0, 0.01)))):
+        wd = tmp_path / name
+        (wd / "base").mkdir(parents=True)
+        (wd / "results.json").write_text(json.dumps(res))
+        (wd / "base" / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": i + 1, "loss": float(10 - i)}) + "\n" for i in range(10)))
+    with pytest.raises(SystemExit):  # p1 is missing: said, and the exit code says so
+        seeds.main([f"--workdir={tmp_path}", "--pretrain_seeds=0,1", "--aggregate_only"])
+    out = capsys.readouterr().out
+    assert "unfinished runs, left out: p1_unrolled, p1_loop" in out
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert list(res["runs"]) == ["p0_unrolled", "p0_loop"]
+    assert res["loss"]["base"] == pytest.approx([9.5, 7.5, 5.5, 3.5, 1.5])
+    assert res["missing"] == ["p1_unrolled", "p1_loop"]
+    assert (tmp_path / "results.md").read_text().startswith(aggregate_caption(res))
+    with pytest.raises(SystemExit, match="variants from"):
+        seeds.main([f"--workdir={tmp_path}", "--variants=bf16"])
+
+
+def aggregate_caption(res):
+    from examples.demo import aggregate
+    return aggregate.caption(res)
+
+
+def test_seeds_variants_change_only_the_layer_loop(tmp_path):
+    """The rounding variants reach every stage's model (training and evaluation) and nothing
+    else; ':seeds' raises only the pretraining and SFT budgets."""
+    from d1jax.run import spec as spec_lib
+    from examples.demo import seeds
+    data = {"prompt_length": 43, "train": "", "tokenizer": ""}
+    (tmp_path / "hf").mkdir()
+    for variant, flags in seeds.VARIANTS.items():
+        d = demo_config.get_config("seeds").demo
+        d.unlock()
+        d.model.unroll_layers = flags[0].endswith("True")
+        specs = [spec_lib.from_config(c) for c in (
+            demo_config.pretrain_config(d, data), demo_config.sft_config(d, data, tmp_path),
+            demo_config.grpo_config(d, data, tmp_path, 0), demo_config.eval_config(d, tmp_path))]
+        assert {s.model.unroll_layers for s in specs} == {variant == "unrolled"}
+    default, long = demo_config.get_config(None).demo, demo_config.get_config("seeds").demo
+    assert (long.pretrain.steps, long.sft.steps) == (demo_config.SEEDS_PRETRAIN_STEPS,
+                                                     demo_config.SEEDS_SFT_STEPS)
+    assert long.grpo.to_dict() == default.grpo.to_dict() and long.seeds == default.seeds

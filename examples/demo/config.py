@@ -22,11 +22,14 @@ def get_config(arg: str | None) -> mlc.ConfigDict:
 
     ``arg``: None (the README's run, 705 s measured on one shared core), "compare" (the same,
     plus wd1, SPG and coupled-GRPO from the SFT model on diffu-GRPO's budget; it reuses a
-    default run's workdir) or "ci" (a shortened run for the test suite: fewer pretraining
-    steps, one 60-step diffu-GRPO run from the SFT model with exact rollouts).
+    default run's workdir), "seeds" (the default with pretraining and SFT run to a loss
+    plateau: the runs of the multi-seed table, examples/demo/seeds.py) or "ci" (a shortened
+    run for the test suite: fewer pretraining steps, one 60-step diffu-GRPO run from the SFT
+    model with exact rollouts).
     """
-    if arg not in (None, "", "ci", "compare"):
-        raise ConfigError(f"unknown demo variant {arg!r}: use nothing, ':ci' or ':compare'")
+    if arg not in (None, "", "ci", "compare", "seeds"):
+        raise ConfigError(f"unknown demo variant {arg!r}: use nothing, ':ci', ':compare' or "
+                          "':seeds'")
     ci = arg == "ci"
     c = mlc.ConfigDict()
     c.stage = "demo"  # python -m examples.demo runs examples/demo/run.py.
@@ -50,6 +53,9 @@ def get_config(arg: str | None) -> mlc.ConfigDict:
     d.data = _data()
     d.pretrain = _pretrain(ci)
     d.sft = _sft()
+    if arg == "seeds":  # budgets to a loss plateau, measured (docs/demo.md, multi-seed table)
+        d.pretrain.steps, d.sft.steps = SEEDS_PRETRAIN_STEPS, SEEDS_SFT_STEPS
+        d.pretrain.save_every = d.sft.save_every = 500
     d.grpo = _grpo(ci)
     if arg == "compare":  # every objective of the GRPO loop on the same budget, from SFT
         d.grpo.objectives = OBJECTIVES
@@ -66,7 +72,16 @@ def _model() -> mlc.ConfigDict:
     g.n_layers = 4  # Transformer blocks; 0 keeps the preset's.
     g.vocab_size = 0  # Model vocabulary (bench-tiny: 8192); 0: the tokenizer's, rounded up to 64.
     g.tokenizer_vocab = 320  # Byte-level BPE vocabulary trained on the puzzles' text.
+    # Rounding variants of one model (same math, another XLA program): layers as straight-line
+    # code (True; None: LLaDA's default, unrolled up to 8 layers) or a lax.scan loop (False).
+    g.unroll_layers = mlc.config_dict.placeholder(bool)
+    g.layers_per_loop = 1  # Middle layers per iteration of that loop.
     return g
+
+
+# ':seeds' budgets (optimizer steps): 5x the default's pretraining and SFT, where the
+# masked-diffusion loss of both has stopped falling (docs/demo.md, "Convergence").
+SEEDS_PRETRAIN_STEPS, SEEDS_SFT_STEPS = 2000, 1500
 
 
 def _data() -> mlc.ConfigDict:
@@ -160,8 +175,15 @@ def check(demo: mlc.ConfigDict) -> None:
 
 # ------------------------------------------------------------------------- stage configs
 
+def _model_variant(c: mlc.ConfigDict, demo: mlc.ConfigDict) -> None:
+    """The rounding variant of the model code, in every stage (training and evaluation)."""
+    c.model.unroll_layers = demo.model.unroll_layers
+    c.model.layers_per_loop = demo.model.layers_per_loop
+
+
 def _common(c: mlc.ConfigDict, demo: mlc.ConfigDict, data: dict) -> None:
     c.seed = demo.seed
+    _model_variant(c, demo)
     c.task.name = demo_task.NAME
     c.task.source = data["train"]
     c.task.num_train = 0
@@ -265,6 +287,7 @@ def eval_config(demo: mlc.ConfigDict, model_dir: Path) -> mlc.ConfigDict:
     c.model.path = str(model_dir)
     c.task.name = demo_task.NAME
     c.mesh.shape = tuple(demo.mesh_shape)
+    _model_variant(c, demo)
     c.sampler.block_length = demo.sampler.block_length
     c.eval.gen_lengths = (demo.sampler.gen_length,)
     c.eval.batch_size = demo.eval.batch_size

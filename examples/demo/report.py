@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -71,19 +72,29 @@ _SET_TITLES = {"heldout": "held-out", "d1_test": "d1's 4x4 test set"}
 
 def provenance(cwd: Path | None = None) -> dict:
     """The commit the demo runs on (with "+dirty" when the code it runs, d1jax/, examples/ or
-    configs/, has uncommitted changes) and the date: written into results.json, so a table
-    always names its code."""
+    configs/, has uncommitted changes), the date, the device and jax's version: written into
+    results.json, so a table always names its code and machine."""
     import datetime
     import subprocess
 
     def git(*args):
-        return subprocess.run(["git", *args], capture_output=True, text=True,
-                              cwd=cwd or Path(__file__).resolve().parents[2]).stdout.strip()
-    commit = git("rev-parse", "--short=7", "HEAD") or "unknown"
-    if commit != "unknown" and git("status", "--porcelain", "--untracked-files=no", "--",
-                                   "d1jax", "examples", "configs"):
-        commit += "+dirty"
-    return {"commit": commit, "date": datetime.date.today().isoformat()}
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True,
+                                  cwd=cwd or Path(__file__).resolve().parents[2]).stdout.strip()
+        except OSError:  # no git on the machine
+            return ""
+    # A copy of a commit without its .git (`git archive`, as sent to another machine) names
+    # its commit in D1JAX_DEMO_COMMIT.
+    commit = os.environ.get("D1JAX_DEMO_COMMIT", "")
+    if not commit:
+        commit = git("rev-parse", "--short=7", "HEAD")
+        if commit and git("status", "--porcelain", "--untracked-files=no", "--",
+                          "d1jax", "examples", "configs"):
+            commit += "+dirty"
+    commit = commit or "unknown"
+    import jax
+    return {"commit": commit, "date": datetime.date.today().isoformat(),
+            "device": jax.devices()[0].device_kind, "jax": jax.__version__}
 
 
 def caption(results: dict) -> str:

@@ -1,12 +1,16 @@
-"""Publishes a demo run's table: the README's (and docs/demo.md's) demo table is generated
+"""Publishes a demo run's table: the README's (and docs/demo.md's) demo tables are generated
 from a run's results.json, never copied by hand.
 
-  python -m examples.demo.table runs/demo/results.json            # print the table
-  python -m examples.demo.table runs/demo/results.json --write    # replace it in the docs
+  python -m examples.demo.table runs/demo/results.json                  # print the table
+  python -m examples.demo.table runs/demo/results.json --write          # replace it in the docs
+  python -m examples.demo.table runs/demo_seeds/results.json --write    # the multi-seed table
 
-``--write`` replaces the block between ``<!-- demo-table:begin -->`` and
-``<!-- demo-table:end -->`` in README.md and docs/demo.md, and copies results.json to
-docs/demo_results.json, from which tests/test_demo.py regenerates the README's table.
+A single run's results (``python -m examples.demo``): ``--write`` replaces the block between
+``<!-- demo-table:begin -->`` and ``<!-- demo-table:end -->`` in README.md and docs/demo.md
+and copies the results to docs/demo_results.json. The multi-seed results
+(``python -m examples.demo.seeds``): the table, claims, loss and per-run blocks
+(``<!-- demo-seeds-*:begin -->``) in docs/demo.md and the claims block in README.md, from
+docs/demo_seeds_results.json. tests/test_demo.py regenerates every block from those files.
 """
 
 from __future__ import annotations
@@ -17,46 +21,75 @@ import re
 import shutil
 from pathlib import Path
 
-from examples.demo import report
+from examples.demo import aggregate, report
 
 ROOT = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- demo-table:begin -->", "<!-- demo-table:end -->"
 PUBLISHED = ROOT / "docs" / "demo_results.json"
-DOCS = (ROOT / "README.md", ROOT / "docs" / "demo.md")
+PUBLISHED_SEEDS = ROOT / "docs" / "demo_seeds_results.json"
+README, DEMO_DOC = ROOT / "README.md", ROOT / "docs" / "demo.md"
+DOCS = (README, DEMO_DOC)
 
 
-def block(results: dict) -> str:
-    return f"{BEGIN}\n{report.results_table(results)}\n{END}"
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
 
 
-def published_block(text: str) -> str | None:
-    """The demo-table block of a document (None when it has none)."""
-    m = re.search(re.escape(BEGIN) + r".*?" + re.escape(END), text, flags=re.S)
+def block(results: dict, name: str = "demo-table") -> str:
+    """The generated block ``name`` of ``results`` (a single run's, or the multi-seed's)."""
+    begin, end = markers(name)
+    body = {"demo-table": report.results_table,
+            "demo-seeds-table": aggregate.seeds_table,
+            "demo-seeds-claims": lambda r: aggregate.caption(r) + "\n" + aggregate.claims_list(r),
+            "demo-seeds-loss": aggregate.loss_table,
+            "demo-seeds-runs": aggregate.runs_table}[name](results)
+    return f"{begin}\n{body}\n{end}"
+
+
+# Where each multi-seed block goes.
+SEEDS_BLOCKS = {"demo-seeds-table": (DEMO_DOC,), "demo-seeds-claims": (README, DEMO_DOC),
+                "demo-seeds-loss": (DEMO_DOC,), "demo-seeds-runs": (DEMO_DOC,)}
+
+
+def published_block(text: str, name: str = "demo-table") -> str | None:
+    """The block ``name`` of a document (None when it has none)."""
+    begin, end = markers(name)
+    m = re.search(re.escape(begin) + r".*?" + re.escape(end), text, flags=re.S)
     return m.group(0) if m else None
+
+
+def targets(results: dict) -> tuple[dict[str, tuple[Path, ...]], Path]:
+    """(block name -> documents, published copy) of a results dict."""
+    if results.get("kind") == "multi_seed":
+        return SEEDS_BLOCKS, PUBLISHED_SEEDS
+    return {"demo-table": DOCS}, PUBLISHED
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", type=Path, help="a demo run's results.json")
+    parser.add_argument("results", type=Path, help="a demo run's (or demo.seeds') results.json")
     parser.add_argument("--write", action="store_true", help="update README.md and docs/demo.md")
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text())
-    if "commit" not in results:
+    if "commit" not in results or results["commit"].startswith("unknown"):
         raise SystemExit(f"error: {args.results} names no commit (written before the demo "
-                         "recorded one): rerun the demo")
-    new = block(results)
+                         "recorded one, or outside a git checkout): rerun the demo")
+    blocks, published = targets(results)
     if not args.write:
-        print(new)
+        print("\n\n".join(block(results, name) for name in blocks))
         return
-    for doc in DOCS:
-        text = doc.read_text()
-        if published_block(text) is None:
-            raise SystemExit(f"error: {doc} has no {BEGIN} ... {END} block")
-        doc.write_text(text.replace(published_block(text), new))
-    if args.results.resolve() != PUBLISHED.resolve():
-        shutil.copyfile(args.results, PUBLISHED)
-    print(f"wrote the table of commit {results['commit']} to "
-          + ", ".join(d.name for d in DOCS))
+    for name, docs in blocks.items():
+        new = block(results, name)
+        for doc in docs:
+            text = doc.read_text()
+            old = published_block(text, name)
+            if old is None:
+                raise SystemExit(f"error: {doc} has no {' ... '.join(markers(name))} block")
+            doc.write_text(text.replace(old, new))
+    if args.results.resolve() != published.resolve():
+        shutil.copyfile(args.results, published)
+    print(f"wrote the tables of commit {results['commit']} to "
+          + ", ".join(sorted({d.name for docs in blocks.values() for d in docs})))
 
 
 if __name__ == "__main__":
