@@ -47,7 +47,7 @@ def sampler_measures(model: LLaDA, params, ref: dict, gen: dict) -> Ours:
                 temperature=s["temperature"], remasking=s["remasking"],
                 mask_id=int(gen["mask_id"]), eos_id=model.config.eos_token_id)
     prompt_bp = jnp.asarray(gen["prompt"], jnp.int32)
-    fns, rng, p_len = smp.llada_fns(model), jax.random.key(0), gen["prompt"].shape[1]
+    fns, rng, p_len = smp.model_fns(model), jax.random.key(0), gen["prompt"].shape[1]
     runs, facts, out_ids = {}, {"compile_s": {}}, {}
     for key, cfg in (("sampler_exact", smp.SamplerConfig(**base)),
                      ("sampler_fast", smp.SamplerConfig.fast(**base))):

@@ -143,7 +143,7 @@ def compile_proxy(model, params, ids, cfg):
 
 def bench_gen_length(model, params, ids, cfgs: dict, repeats: int) -> dict:
     """Modes timed side by side: rounds interleave them, so load changes hit all alike."""
-    fns = smp.llada_fns(model)
+    fns = smp.model_fns(model)
     compiled = {m: compile_proxy(model, params, ids, cfg) if m == "reference_proxy"
                 else compile_mode(fns, params, ids, None, cfg) for m, cfg in cfgs.items()}
     times = {m: [] for m in cfgs}

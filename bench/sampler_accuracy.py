@@ -171,7 +171,7 @@ def time_variants(s: Setup, cfgs: dict, batches: list, repeats: int
                   ) -> tuple[dict[str, float], dict[str, list[float]], dict[str, list]]:
     """Compile seconds, wall seconds of each pass over all batches, and the last pass's
     outputs, per variant; each round runs every variant once (load changes hit all alike)."""
-    fns, rng = smp.llada_fns(s.model), jax.random.key(0)
+    fns, rng = smp.model_fns(s.model), jax.random.key(0)
     with sharding.activate(s.mesh, s.rules):
         compiled = {m: compile_mode(fns, s.params, *batches[0], cfg) for m, cfg in cfgs.items()}
         times, outs = {m: [] for m in cfgs}, {}

@@ -17,7 +17,8 @@ from safetensors.numpy import load_file, save_file
 from d1jax import sharding as shd
 from d1jax.model import predictor
 from d1jax.model.config import UnsupportedConfigError
-from d1jax.model.dream import Dream, dream_positions, init_dream_params
+from d1jax.model import init_params
+from d1jax.model.dream import Dream, dream_positions
 from d1jax.model.dream_config import DreamConfig, dream_preset
 from d1jax.model.dream_weights import (CheckpointError, dream_key_map, load_dream_checkpoint,
                                        save_dream_checkpoint)
@@ -196,9 +197,9 @@ def test_left_padding_does_not_change_a_rows_predictions(loaded):
                                   [1, 1, 1, 0, 1, 2, 3, 4, 5, 6])
 
 
-def test_raw_call_is_the_hf_forward_with_default_positions(loaded, sd):
+def test_raw_logits_are_the_hf_forward_with_default_positions(loaded, sd):
     cfg, params = loaded
-    got = Dream(cfg).apply({"params": params}, jnp.asarray(IDS))
+    got = Dream(cfg).apply({"params": params}, jnp.asarray(IDS), method=Dream.raw_logits)
     np.testing.assert_allclose(np.asarray(got), np_raw_logits(sd, cfg, IDS), atol=2e-4, rtol=1e-4)
 
 
@@ -215,13 +216,13 @@ def test_tied_embeddings_and_llada_satisfy_the_interface(tmp_path, tiny_model, t
     got = predictor.predict_logits(tiny_model, tiny_params, ids, jnp.asarray(MASK))
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert predictor.is_shifted(Dream(cfg)) and not predictor.is_shifted(tiny_model)
-    with pytest.raises(NotImplementedError, match="predict_logits"):
-        predictor.require_unshifted(Dream(cfg), "the sampler's block slice")
+    with pytest.raises(NotImplementedError, match="LLaDA only"):
+        predictor.require_unshifted(Dream(cfg), "the KV-cached sampler")
 
 
 def test_random_init_is_born_sharded_with_layer_stacked_params():
     mesh = shd.make_mesh((2, 2, 2))
-    params = init_dream_params(Dream(CFG), jax.random.key(0), mesh)
+    params = init_params(Dream(CFG), jax.random.key(0), mesh)
     q = params["layers"]["q_proj"]
     assert q["kernel"].shape == (2, 32, 32) and q["bias"].shape == (2, 32)
     assert q["kernel"].sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
@@ -232,7 +233,7 @@ def test_lora_adapters_attach_by_dream_names_and_start_as_the_base_model(loaded)
     from d1jax.model.config import LoraConfig
     cfg, params = loaded
     model = Dream(cfg, lora=LoraConfig(rank=4, targets=("q_proj", "v_proj", "down_proj")))
-    fresh = init_dream_params(model, jax.random.key(1))
+    fresh = init_params(model, jax.random.key(1))
     q = fresh["layers"]["q_proj"]
     assert set(q) == {"kernel", "bias", "lora_a", "lora_b"} and q["lora_a"].shape == (2, 32, 4)
     assert "lora_a" not in fresh["layers"]["k_proj"]

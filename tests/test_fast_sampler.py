@@ -260,7 +260,7 @@ def test_matches_fast_dllm_reference_loop(name, tiny_model, peaked_params, tiny_
     cfg = sampler_cfg(c, **FAST_CASES[name])
     ids, mask = prompts(c)
     rng = jax.random.key(5)
-    out = smp.generate(smp.llada_fns(tiny_model), peaked_params, ids, mask, rng, cfg)
+    out = smp.generate(smp.model_fns(tiny_model), peaked_params, ids, mask, rng, cfg)
     att = mask if cfg.use_attention_mask else np.ones_like(mask)
     want, steps = reference_fast(tiny_model, peaked_params, ids, att, cfg, rng)
     np.testing.assert_array_equal(np.asarray(out.ids), want)
@@ -278,9 +278,9 @@ def test_no_cache_tau1_is_the_exact_sampler(tiny_model, peaked_params, tiny_conf
         cfg = sampler_cfg(c, temperature=0.7, **kw)
         return np.asarray(smp.generate(fns, peaked_params, ids, mask, jax.random.key(0), cfg).ids)
 
-    exact = run(smp.llada_apply_fn(tiny_model))
-    np.testing.assert_array_equal(run(smp.llada_fns(tiny_model), threshold=1.0), exact)
-    np.testing.assert_array_equal(run(smp.llada_fns(tiny_model), threshold=2.0), exact)
+    exact = run(smp.model_apply_fn(tiny_model))
+    np.testing.assert_array_equal(run(smp.model_fns(tiny_model), threshold=1.0), exact)
+    np.testing.assert_array_equal(run(smp.model_fns(tiny_model), threshold=2.0), exact)
 
 
 @pytest.mark.parametrize("recompute", ["block", "masked"])
@@ -296,7 +296,7 @@ def test_proposals_of_the_mask_token_match_the_reference(recompute, tiny_model, 
     cfg = sampler_cfg(c, kv_cache="dual", recompute=recompute, block_length=8)
     ids, mask = prompts(c)
     rng = jax.random.key(0)
-    out = smp.generate(smp.llada_fns(tiny_model), params, ids, mask, rng, cfg)
+    out = smp.generate(smp.model_fns(tiny_model), params, ids, mask, rng, cfg)
     want, _ = reference_fast(tiny_model, params, ids, mask, cfg, rng)
     assert (want[:, 10:] == c.mask_token_id).sum() > 3  # the case happens
     np.testing.assert_array_equal(np.asarray(out.ids), want)
@@ -312,9 +312,9 @@ def test_refresh_every_token_is_the_exact_sampler(recompute, tiny_model, peaked_
     run = lambda fns, **kw: np.asarray(smp.generate(
         fns, peaked_params, ids, mask, jax.random.key(4),
         sampler_cfg(c, temperature=0.7, block_length=8, **kw)).ids)
-    exact = run(smp.llada_apply_fn(tiny_model))
+    exact = run(smp.model_apply_fn(tiny_model))
     np.testing.assert_array_equal(
-        run(smp.llada_fns(tiny_model), kv_cache="dual", recompute=recompute, cache_refresh=1),
+        run(smp.model_fns(tiny_model), kv_cache="dual", recompute=recompute, cache_refresh=1),
         exact)
 
 
@@ -325,7 +325,7 @@ def test_parallel_composes_and_keeps_the_budget(tiny_model, peaked_params, tiny_
     ids, mask = prompts(c)
     cfg = sampler_cfg(c, block_length=8, steps=8, kv_cache="dual", threshold=0.2,
                       temperature=0.8, logits_eos_inf=True, confidence_eos_eot_inf=True)
-    out = smp.generate(smp.llada_fns(tiny_model), peaked_params, ids, mask, jax.random.key(1), cfg)
+    out = smp.generate(smp.model_fns(tiny_model), peaked_params, ids, mask, jax.random.key(1), cfg)
     comp = np.asarray(out.ids)[:, 10:]
     assert not (comp == c.mask_token_id).any() and not (comp == c.eos_token_id).any()
     steps = np.asarray(out.block_steps)
@@ -345,7 +345,7 @@ def test_dual_parallel_sharded_equals_unsharded(recompute, tiny_model, tiny_conf
     cfg = sampler_cfg(c, kv_cache="dual", threshold=0.5, temperature=0.5, recompute=recompute,
                       block_length=8)
     ids, mask = prompts(c, b=8, pad=(0, 2, 4, 6, 0, 1, 3, 5))
-    gen = smp.make_generate_fn(smp.llada_fns(tiny_model), cfg)
+    gen = smp.make_generate_fn(smp.model_fns(tiny_model), cfg)
     params = d1jax.init_params(tiny_model, jax.random.key(0))
     want = np.asarray(gen(params, ids, mask, jax.random.key(3)).ids)
     mesh = sharding.make_mesh((2, 2, 2))
@@ -380,6 +380,6 @@ def test_fast_settings_refused(tiny_model):
     with pytest.raises(ValueError, match="cache_refresh=-1 must be >= 0"):
         smp.SamplerConfig(kv_cache="dual", cache_refresh=-1)
     with pytest.raises(ValueError, match="needs ModelFns with prefill and decode"):
-        smp.generate(smp.llada_apply_fn(tiny_model), None, jnp.zeros((1, 4), jnp.int32), None,
+        smp.generate(smp.model_apply_fn(tiny_model), None, jnp.zeros((1, 4), jnp.int32), None,
                      jax.random.key(0), smp.SamplerConfig(gen_length=8, block_length=8,
                                                           kv_cache="prefix"))

@@ -31,7 +31,7 @@ def test_fast_dllm_tau_at_least_1_decodes_one_token_per_step(mode, tiny_model, t
     ids, mask = prompts(c)
     cfg = sampler_cfg(c, parallel_rule="fast_dllm", threshold=1.0, temperature=0.7,
                       **MODES[mode])
-    out = smp.generate(smp.llada_fns(tiny_model), tiny_params, ids, mask, jax.random.key(2), cfg)
+    out = smp.generate(smp.model_fns(tiny_model), tiny_params, ids, mask, jax.random.key(2), cfg)
     assert not (np.asarray(out.ids)[:, 10:] == c.mask_token_id).any()
     np.testing.assert_array_equal(np.asarray(out.block_steps), [8, 8])
     for row in np.asarray(out.decoded_at):  # block b's step i is global step 8 b + i
@@ -46,7 +46,7 @@ def test_fast_dllm_tau_over_1_is_the_one_token_per_step_exact_sampler(remasking,
     with as many steps as tokens (and the same step keys)."""
     c = tiny_config
     ids, mask = prompts(c)
-    run = lambda **kw: smp.generate(smp.llada_apply_fn(tiny_model), tiny_params, ids, mask,
+    run = lambda **kw: smp.generate(smp.model_apply_fn(tiny_model), tiny_params, ids, mask,
                                     jax.random.key(3),
                                     sampler_cfg(c, temperature=0.7, remasking=remasking, **kw))
     fast, exact = run(parallel_rule="fast_dllm", threshold=1.5), run(steps=16)
@@ -70,7 +70,7 @@ def test_fast_dllm_confident_model_decodes_a_block_in_one_step(mode, tiny_model,
     c = tiny_config
     ids, mask = prompts(c)
     cfg = sampler_cfg(c, parallel_rule="fast_dllm", threshold=0.9, **MODES[mode])
-    out = smp.generate(confident(smp.llada_fns(tiny_model), 5), tiny_params, ids, mask,
+    out = smp.generate(confident(smp.model_fns(tiny_model), 5), tiny_params, ids, mask,
                        jax.random.key(0), cfg)
     assert (np.asarray(out.ids)[:, 10:] == 5).all()
     np.testing.assert_array_equal(np.asarray(out.block_steps), [1, 1])

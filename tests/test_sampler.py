@@ -155,7 +155,7 @@ def test_temperature0_matches_reference_loop(name, tiny_model, peaked_params, ti
     cfg = cfg_for(c, **CASES[name])
     ids, mask = make_prompts(c.vocab_size, c.pad_token_id)
     rng = jax.random.key(7)
-    out = smp.generate(smp.llada_apply_fn(tiny_model), peaked_params, ids, mask, rng, cfg)
+    out = smp.generate(smp.model_apply_fn(tiny_model), peaked_params, ids, mask, rng, cfg)
     ref = reference_generate(tiny_model, peaked_params, ids, mask, cfg, rng)
     np.testing.assert_array_equal(np.asarray(out.ids), ref)
 
@@ -179,7 +179,7 @@ def test_temperature_matches_reference_loop_same_noise(name, tiny_model, peaked_
     cfg = cfg_for(c, **SAMPLED_CASES[name])
     ids, mask = make_prompts(c.vocab_size, c.pad_token_id)
     rng = jax.random.key(11)
-    out = smp.generate(smp.llada_apply_fn(tiny_model), peaked_params, ids, mask, rng, cfg)
+    out = smp.generate(smp.model_apply_fn(tiny_model), peaked_params, ids, mask, rng, cfg)
     ref = reference_generate(tiny_model, peaked_params, ids, mask, cfg, rng)
     greedy = reference_generate(tiny_model, peaked_params, ids, mask,
                                 dataclasses.replace(cfg, temperature=0.0), rng)
@@ -191,7 +191,7 @@ def test_eos_options_steer_eos(tiny_model, tiny_params, tiny_config):
     """A model that strongly prefers EOS at even positions: logits_eos_inf never emits it;
     with confidence_eos_eot_inf, EOS positions are unmasked after all others of a block."""
     c = tiny_config
-    base = smp.llada_apply_fn(tiny_model)
+    base = smp.model_apply_fn(tiny_model)
 
     def eos_fn(params, ids, mask, start, n):
         bonus = jnp.where(jnp.arange(n) % 2 == 0, 50.0, 0.0)[None, :]
@@ -213,7 +213,7 @@ def test_budgets_and_no_mask_left(tiny_model, tiny_params, tiny_config):
     c = tiny_config
     cfg = cfg_for(c, gen_length=24, block_length=8, steps=9, temperature=0.7)
     ids, mask = make_prompts(c.vocab_size, c.pad_token_id)
-    out = smp.generate(smp.llada_apply_fn(tiny_model), tiny_params, ids, mask,
+    out = smp.generate(smp.model_apply_fn(tiny_model), tiny_params, ids, mask,
                        jax.random.key(0), cfg)
     comp = np.asarray(out.ids)[:, ids.shape[1]:]
     assert not (comp == c.mask_token_id).any()
@@ -231,7 +231,7 @@ def test_rng_determinism_variety_and_one_compile(tiny_model, tiny_params, tiny_c
     c = tiny_config
     cfg = cfg_for(c, temperature=1.0, block_length=4, steps=8)
     ids, mask = make_prompts(c.vocab_size, c.pad_token_id)
-    traces, base = [], smp.llada_apply_fn(tiny_model)
+    traces, base = [], smp.model_apply_fn(tiny_model)
 
     def counting_fn(*args):
         traces.append(1)  # runs only while tracing
@@ -262,7 +262,7 @@ def test_sharded_equals_unsharded(tiny_model, tiny_config):
     cfg = cfg_for(c, block_length=8, steps=8, temperature=0.5)
     ids, mask = make_prompts(c.vocab_size, c.pad_token_id, b=8, pad=(0, 2, 4, 6, 0, 1, 3, 5))
     params = d1jax.init_params(tiny_model, jax.random.key(0))
-    gen = smp.make_generate_fn(smp.llada_apply_fn(tiny_model), cfg)
+    gen = smp.make_generate_fn(smp.model_apply_fn(tiny_model), cfg)
     want = np.asarray(gen(params, ids, mask, jax.random.key(3)).ids)
     mesh = sharding.make_mesh((2, 2, 2))
     sparams = d1jax.init_params(tiny_model, jax.random.key(0), mesh)

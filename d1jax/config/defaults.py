@@ -19,11 +19,24 @@ class ConfigError(ValueError):
     """A config that cannot run; raised before any compute."""
 
 
-def _model(tiny: bool) -> mlc.ConfigDict:
+# The checkpoints a config can name (``model=`` of the builders below): family, the
+# environment variable that gives model.path by default, the tiny random preset.
+CHECKPOINTS = {
+    "llada": ("llada", "LLADA_PATH", "test-tiny"),  # LLaDA-8B-Base/Instruct
+    "dream": ("dream", "DREAM_PATH", "dream-test-tiny"),  # Dream-v0-Base/Instruct-7B
+    "diffucoder": ("dream", "DIFFUCODER_PATH", "dream-test-tiny"),  # DiffuCoder-7B-*
+}
+
+
+def _model(tiny: bool, checkpoint: str = "llada") -> mlc.ConfigDict:
+    if checkpoint not in CHECKPOINTS:
+        raise ConfigError(f"unknown checkpoint kind {checkpoint!r}: one of {', '.join(CHECKPOINTS)}")
+    family, env, tiny_preset = CHECKPOINTS[checkpoint]
     m = mlc.ConfigDict()
-    m.path = "" if tiny else os.environ.get("LLADA_PATH", "")  # Local HF LLaDA dir (config.json, *.safetensors, tokenizer); $LLADA_PATH by default.
+    m.family = family  # Model family (d1jax.model.family): "llada" (LLaDA-8B) or "dream" (Dream-v0-7B, DiffuCoder-7B); must match model.path's config.json.
+    m.path = "" if tiny else os.environ.get(env, "")  # Local HF checkpoint dir (config.json, *.safetensors, tokenizer); $LLADA_PATH ($DREAM_PATH, $DIFFUCODER_PATH) by default.
     m.tokenizer_path = ""  # Tokenizer dir; None: model.path (or a tiny one trained on the task text when random_init).
-    m.random_init = "test-tiny" if tiny else ""  # Preset name: random weights of that shape when model.path is empty (tests, CPU smoke runs).
+    m.random_init = tiny_preset if tiny else ""  # Preset name: random weights of that shape when model.path is empty (tests, CPU smoke runs).
     m.width = 64 if tiny else 0  # For random_init: d_model override (0 keeps the preset's).
     m.n_layers = 2 if tiny else 0  # For random_init: layer count override (0 keeps the preset's).
     m.tokenizer_vocab = 1024  # For random_init: vocabulary size of the trained tiny tokenizer.
@@ -42,6 +55,9 @@ def _model(tiny: bool) -> mlc.ConfigDict:
 D1_GRPO_TARGETS = ("q_proj", "k_proj", "v_proj", "up_proj")
 # SFT: SFT/sft_train.py target_modules ["q_proj", "k_proj", "v_proj"].
 D1_SFT_TARGETS = ("q_proj", "k_proj", "v_proj")
+# d1's GRPO list on Dream's (Qwen2's) module names, where all seven exist.
+D1_GRPO_TARGETS_DREAM = ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj")
+GRPO_TARGETS = {"llada": D1_GRPO_TARGETS, "dream": D1_GRPO_TARGETS_DREAM}
 
 
 def _lora(tiny: bool) -> mlc.ConfigDict:
@@ -50,7 +66,7 @@ def _lora(tiny: bool) -> mlc.ConfigDict:
     lo.rank = 8 if tiny else 128  # r.
     lo.alpha = 16.0 if tiny else 64.0  # alpha; adapters scale by alpha / r.
     lo.dropout = 0.0 if tiny else 0.05  # Dropout on the adapter input.
-    lo.targets = D1_GRPO_TARGETS  # LLaDA projections that get adapters, among q_proj, k_proj, v_proj, attn_out, ff_proj, up_proj, ff_out.
+    lo.targets = D1_GRPO_TARGETS  # Projections that get adapters, by the family's module names: LLaDA's q_proj, k_proj, v_proj, attn_out, ff_proj, up_proj, ff_out; Dream's q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.
     return lo
 
 
@@ -63,7 +79,8 @@ def _optim(tiny: bool) -> mlc.ConfigDict:
     o.weight_decay = 0.1  # AdamW decoupled weight decay.
     o.max_grad_norm = 0.2  # Global-norm gradient clipping.
     o.warmup_ratio = 0.0001  # Linear warmup over this fraction of the steps.
-    o.lr_schedule = "constant_with_warmup"  # After the warmup: "constant_with_warmup" (d1 GRPO) or "linear" decay to 0 at the last step (HF Trainer's default, d1 SFT).
+    o.lr_schedule = "constant_with_warmup"  # After the warmup: "constant_with_warmup" (d1 GRPO), "linear" decay to 0 at the last step (HF Trainer's default, d1 SFT) or "cosine_with_min_lr" (DiffuCoder's coupled-GRPO).
+    o.min_lr_rate = 0.0  # With "cosine_with_min_lr": the final learning rate as a share of the peak (DiffuCoder: 0.1).
     o.grad_accum = 1 if tiny else 2  # Micro-batches accumulated per optimizer step.
     return o
 
@@ -105,13 +122,15 @@ def _train(tiny: bool, steps: int) -> mlc.ConfigDict:
     return t
 
 
-def base(stage: str, task: str, tiny: bool, steps: int = 1000) -> mlc.ConfigDict:
+def base(stage: str, task: str, tiny: bool, steps: int = 1000,
+         checkpoint: str = "llada") -> mlc.ConfigDict:
     c = mlc.ConfigDict()
     c.stage = stage  # Which stage d1jax.main runs: sft, grpo or eval.
     c.workdir = ""  # Run directory (--workdir overrides): checkpoints, metrics, export.
     c.seed = 42  # Seed of data order, init, rollouts and mask seeds.
-    c.model = _model(tiny)
+    c.model = _model(tiny, checkpoint)
     c.lora = _lora(tiny)
+    c.lora.targets = GRPO_TARGETS[c.model.family]
     c.optim = _optim(tiny)
     c.train = _train(tiny, steps)
     c.task = mlc.ConfigDict()
@@ -215,11 +234,15 @@ _MU = {"gsm8k": 12, "math500": 12, "sudoku": 8, "countdown": 8}
 _RATIO_FREE = ("wd1", "spg")
 
 
-def grpo(task: str, arg: str | None, objective: str = "diffu_grpo") -> mlc.ConfigDict:
+def grpo(task: str, arg: str | None, objective: str = "diffu_grpo",
+         checkpoint: str = "llada") -> mlc.ConfigDict:
     """GRPO-style RL on ``task`` with ``objective`` (diffu_grpo, wd1, spg, coupled_grpo),
-    every other knob d1's; ``arg`` "tiny" shrinks it for CPU."""
-    tiny = _variant(arg)
-    c = base("grpo", task, tiny, steps=5000)
+    every other knob d1's, on ``checkpoint`` (``CHECKPOINTS``: llada, dream, diffucoder).
+
+    ``arg``: "tiny" shrinks it for CPU; "authors" takes the objective's own authors' recipe
+    instead of d1's knobs (``_authors``); "authors,tiny" both."""
+    tiny, authors = _variant(arg, authors_ok=True)
+    c = base("grpo", task, tiny, steps=5000, checkpoint=checkpoint)
     if not tiny:
         # Planned for v5p-8 (docs/tpu_plan.md): the 8B update without remat, its 32 layers
         # unrolled, fits a v5p chip (61 GiB of 84) at XLA's estimated 55% MFU, against 44%
@@ -235,7 +258,7 @@ def grpo(task: str, arg: str | None, objective: str = "diffu_grpo") -> mlc.Confi
     g.epsilon = 0.5  # epsilon: PPO ratio clipping.
     g.p_mask_prompt = 0.15  # Probability of masking each prompt token in the log-prob estimator.
     g.random_masking = True  # Fresh random mask seed per inner iteration (False: seed 42 for all, as d1).
-    g.advantage = "group_mean"  # group_mean (d1), grpo (std-normalised) or dr_grpo.
+    g.advantage = "group_mean"  # group_mean (d1), grpo (std-normalised), dr_grpo or leave_one_out (DiffuCoder's coupled-GRPO).
     g.objective = objective  # Policy loss: diffu_grpo, wd1, spg or coupled_grpo (d1jax.train.pure_steps.OBJECTIVES); knobs of each below.
     g.wd1 = mlc.ConfigDict()  # wd1 (arXiv 2507.08838); its group is G = num_generations.
     g.wd1.negative = True  # Keep the negative-advantage term - sum w- log pi (False: the authors' positive-only variant).
@@ -254,15 +277,48 @@ def grpo(task: str, arg: str | None, objective: str = "diffu_grpo") -> mlc.Confi
     g.sync_ref_model = False  # True: keep a reference copy (of the adapters under LoRA) mixed toward the policy every ref_model_sync_steps (TRL's SyncRefModelCallback without PEFT).
     g.ref_model_sync_steps = 4 if tiny else 64  # With sync_ref_model: optimizer steps between reference syncs.
     g.ref_model_mixup_alpha = 0.6  # With sync_ref_model: ref <- alpha * policy + (1 - alpha) * ref.
+    if authors:
+        _authors(c, objective, tiny)
     c.lock()
     return c
 
 
-def sft(arg: str | None) -> mlc.ConfigDict:
-    """Masked SFT on s1K reasoning traces (d1's stage 1); "tiny" shrinks it for CPU."""
-    tiny = _variant(arg)
+def _authors(c: mlc.ConfigDict, objective: str, tiny: bool) -> None:
+    """The ``:authors`` variant: the knobs the objective's authors ran with, where they differ
+    from d1's (docs/objectives.md has each source)."""
+    g = c.grpo
+    if objective == "coupled_grpo":
+        # DiffuCoder's recipes/config_coupled_code.yaml (apple/ml-diffucoder): full fine-tuning
+        # of Dream-v0-Instruct-7B, a reference synced every 64 steps, RLOO advantage unscaled.
+        c.lora.enabled = False
+        g.beta = 0.01
+        g.num_iterations = 2
+        g.advantage = "leave_one_out"
+        g.epsilon = 0.5
+        g.sync_ref_model = True
+        if not tiny:
+            g.num_generations = 10  # prompts_per_step stays d1's: the recipe does not say its GPU count
+            g.ref_model_sync_steps = 64
+            c.optim.learning_rate = 1e-6
+            c.optim.lr_schedule = "cosine_with_min_lr"
+            c.optim.min_lr_rate = 0.1
+            c.sampler.gen_length = 256
+            c.sampler.steps = 256  # diffusion_steps: one token per step
+        c.sampler.temperature = 1.0  # generation_temperature
+        g.p_mask_prompt = 0.0
+    elif objective == "spg":
+        g.num_iterations = 4  # SPG's run scripts: num_iterations 4
+    else:
+        raise ConfigError(f"no ':authors' variant for objective {objective!r} (coupled_grpo, "
+                          f"spg have one; diffu_grpo's authors are d1)")
+
+
+def sft(arg: str | None, checkpoint: str = "llada") -> mlc.ConfigDict:
+    """Masked SFT on s1K reasoning traces (d1's stage 1) of ``checkpoint``; "tiny" shrinks it
+    for CPU."""
+    tiny, _ = _variant(arg)
     # The tiny variant trains on generated Sudoku trajectories: s1K needs the Hub.
-    c = base("sft", "sudoku" if tiny else "s1k", tiny, steps=0)
+    c = base("sft", "sudoku" if tiny else "s1k", tiny, steps=0, checkpoint=checkpoint)
     c.lora.alpha = 16.0 if tiny else 256.0  # d1 SFT: lora_alpha 256 (scale 2 at r = 128).
     c.lora.targets = D1_SFT_TARGETS  # d1 SFT: q_proj, k_proj, v_proj.
     c.optim.learning_rate = 1e-3 if tiny else 1e-5  # d1 SFT: 1e-5.
@@ -281,15 +337,18 @@ def sft(arg: str | None) -> mlc.ConfigDict:
     return c
 
 
-def _variant(arg: str | None) -> bool:
-    if arg in (None, "", "full"):
-        return False
-    if arg == "tiny":
-        return True
-    raise ConfigError(f"unknown config variant {arg!r}: use ':tiny' or nothing")
+def _variant(arg: str | None, authors_ok: bool = False) -> tuple[bool, bool]:
+    """(tiny, authors) of a config argument: "", "tiny", and with ``authors_ok`` "authors"
+    or "authors,tiny"."""
+    words = set((arg or "").replace("full", "").split(",")) - {""}
+    allowed = {"tiny", "authors"} if authors_ok else {"tiny"}
+    if words - allowed:
+        use = "':tiny', ':authors', ':authors,tiny'" if authors_ok else "':tiny'"
+        raise ConfigError(f"unknown config variant {arg!r}: use {use} or nothing")
+    return "tiny" in words, "authors" in words
 
 
-def eval_config(arg: str | None) -> mlc.ConfigDict:
+def eval_config(arg: str | None, checkpoint: str = "llada") -> mlc.ConfigDict:
     """d1's evaluation protocol. ``arg``: "TASK" or "TASK-tiny" (e.g. "sudoku-tiny")."""
     task, _, variant = (arg or "gsm8k").partition("-")
     from d1jax.tasks import TASK_NAMES
@@ -297,7 +356,7 @@ def eval_config(arg: str | None) -> mlc.ConfigDict:
         raise ConfigError(f"unknown eval config {arg!r}: use ':TASK' or ':TASK-tiny' with TASK "
                           f"one of {', '.join(TASK_NAMES)} (e.g. ':sudoku-tiny')")
     tiny = variant == "tiny"
-    c = base("eval", task, tiny)
+    c = base("eval", task, tiny, checkpoint=checkpoint)
     c.lora.enabled = False  # Evaluate plain weights (export LoRA runs first: <workdir>/hf).
     c.sampler = sampler_fields(tiny, rollout=False)
     c.eval = mlc.ConfigDict()

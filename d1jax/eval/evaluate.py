@@ -31,7 +31,7 @@ from d1jax.train import rollout
 def generate_texts(s, task, examples, scfg: smp.SamplerConfig, batch_size: int,
                    prompt_length: int, seed: int = 0) -> list[str]:
     """Completions (special tokens kept, as d1 decodes them) for ``examples``."""
-    gen = smp.make_generate_fn(smp.llada_fns(s.model), scfg,
+    gen = smp.make_generate_fn(smp.model_fns(s.model), scfg,
                                s.model_config.max_sequence_length)
     prompts = [task.eval_prompt(s.tokenizer, ex) for ex in examples]
     put = lambda a: jax.device_put(a, sharding.batch_sharding(s.mesh, 2, s.rules))

@@ -9,12 +9,16 @@ the checkpoint with the ``model.``/``self_attn.``/``mlp.`` scopes dropped (``emb
 (torch's weight transposed) and the blocks are stacked on a leading ``layers`` axis
 (``nn.scan``), each parameter carrying logical axis names.
 
-Shifted prediction: Dream keeps its autoregressive initialisation, so the output at
-position i-1 predicts token i. ``__call__`` returns the raw outputs (row i: the HF logits of
-row i); ``predict_logits`` is the one place that shifts them (``cat([l[:, :1], l[:, :-1]])``,
-as Dream's ``generation_utils._sample``) so that its row i predicts token i, the contract of
-``d1jax.model.predictor``. It also takes RoPE positions from the padding mask (Dream's
-``tok_idx``: counted from each row's first real token).
+Shifted prediction: Dream keeps its autoregressive initialisation, so the raw output at
+position i-1 predicts token i. The mask-predictor interface every d1jax model shares
+(``hidden``, ``logits``, ``__call__`` with ``slice_start``/``slice_len``, as ``LLaDA``'s) is
+prediction-aligned: ``hidden`` is the one place that shifts (row i is raw row i-1, row 0
+repeats raw row 0, as ``cat([l[:, :1], l[:, :-1]])`` in Dream's ``generation_utils._sample``;
+the head is row-wise, so shifting hidden states equals shifting logits), and it takes RoPE
+positions from the padding mask (Dream's ``tok_idx``: counted from each row's first real
+token). The sampler, the estimator, SFT and every objective therefore read row i as the
+prediction of token i for either family. ``raw_logits`` is the Hugging Face forward
+(unshifted, positions 0..L-1 unless given), for parity with the checkpoint's own code.
 
 Shape letters: B batch, L sequence, D hidden, N query heads, K kv heads, H head dim,
 F intermediate, V vocab.
@@ -38,7 +42,7 @@ from d1jax.model.layers import Proj, RMSNorm, apply_rope, rope_tables
 Array = jax.Array
 DType = Any
 
-# Whether this model's row i predicts token i+1 (``d1jax.model.predictor`` reads it).
+# Whether this model's raw row i predicts token i+1 (``d1jax.model.predictor`` reads it).
 SHIFTED_PREDICTION = True
 
 
@@ -143,16 +147,16 @@ class Dream(nn.Module):
             self.lm_head = Proj(c.vocab_size, (shd.EMBED, shd.VOCAB), self.dtype,
                                 self.param_dtype, init_std=c.initializer_range)
 
-    def hidden(self, input_ids: Array, attention_mask: Array | None = None, *,
-               positions: Array | None = None, use_lora: bool = True,
-               deterministic: bool = True) -> Array:
-        """Final-norm hidden states [B, L, D].
+    def raw_hidden(self, input_ids: Array, attention_mask: Array | None = None, *,
+                   positions: Array | None = None, use_lora: bool = True,
+                   deterministic: bool = True) -> Array:
+        """Final-norm hidden states [B, L, D] of the HF forward (unshifted: row i feeds the
+        prediction of token i+1).
 
         Args:
           input_ids: [B, L] int token ids.
           attention_mask: [B, L] (1 = real token, 0 = padding key); None attends to all.
-          positions: [B, L] or [L] RoPE positions; default 0..L-1 (the HF forward's
-            default; ``predict_logits`` passes Dream's ``tok_idx`` instead).
+          positions: [B, L] or [L] RoPE positions; default 0..L-1 (the HF forward's).
         """
         b, l = input_ids.shape
         positions = jnp.arange(l) if positions is None else jnp.asarray(positions)
@@ -163,37 +167,62 @@ class Dream(nn.Module):
                            deterministic)
         return self.norm(x)
 
-    def logits(self, hidden_bld: Array) -> Array:
-        """Raw logits [B, L, V] from hidden states (row i predicts token i+1)."""
+    def raw_logits(self, input_ids: Array, attention_mask: Array | None = None, *,
+                   positions: Array | None = None, use_lora: bool = True,
+                   deterministic: bool = True) -> Array:
+        """The HF model's logits [B, L, V] (unshifted: row i predicts token i+1)."""
+        return self.logits(self.raw_hidden(input_ids, attention_mask, positions=positions,
+                                           use_lora=use_lora, deterministic=deterministic))
+
+    def hidden(self, input_ids: Array, attention_mask: Array | None = None, *,
+               positions: Array | None = None, use_lora: bool = True,
+               deterministic: bool = True, keep_last: int | None = None) -> Array:
+        """Prediction-aligned final-norm hidden states [B, L, D] (row i predicts token i), or
+        [B, keep_last, D] of the last ``keep_last`` positions.
+
+        positions: RoPE positions; default Dream's ``tok_idx`` of ``attention_mask``
+        (``dream_positions``), or 0..L-1 without a mask.
+        """
+        if positions is None and attention_mask is not None:
+            positions = dream_positions(attention_mask)
+        h = shift_rows(self.raw_hidden(input_ids, attention_mask, positions=positions,
+                                       use_lora=use_lora, deterministic=deterministic))
+        return h if keep_last is None else h[:, h.shape[1] - keep_last:]
+
+    def logits(self, hidden_bsd: Array) -> Array:
+        """Logits [B, S, V] from hidden states [B, S, D] (the output head, row-wise)."""
         if self.config.tie_word_embeddings:
-            out = self.embed_tokens.attend(hidden_bld)
+            out = self.embed_tokens.attend(hidden_bsd)
         else:
-            out = self.lm_head(hidden_bld)
+            out = self.lm_head(hidden_bsd)
         return nn.with_logical_constraint(out, (shd.BATCH, shd.LENGTH, shd.ACT_VOCAB))
 
     def __call__(self, input_ids: Array, attention_mask: Array | None = None, *,
-                 positions: Array | None = None, use_lora: bool = True,
+                 positions: Array | None = None, slice_start: Array | int | None = None,
+                 slice_len: int | None = None, use_lora: bool = True,
                  deterministic: bool = True) -> Array:
-        """The HF model's logits [B, L, V] (unshifted: row i predicts token i+1)."""
-        return self.logits(self.hidden(input_ids, attention_mask, positions=positions,
-                                       use_lora=use_lora, deterministic=deterministic))
+        """Prediction-aligned logits [B, L, V] (row i predicts token i), or [B, slice_len, V]
+        of positions slice_start:+slice_len (slice_start may be traced; only those rows go
+        through the output head)."""
+        h = self.hidden(input_ids, attention_mask, positions=positions, use_lora=use_lora,
+                        deterministic=deterministic)
+        if slice_len is not None:
+            h = jax.lax.dynamic_slice_in_dim(h, 0 if slice_start is None else slice_start,
+                                             slice_len, axis=1)
+        return self.logits(h)
 
-    def predict_logits(self, input_ids: Array, attention_mask: Array | None = None, *,
-                       use_lora: bool = True, deterministic: bool = True) -> Array:
-        """Logits [B, L, V] whose row i predicts token i (the mask-predictor contract).
-
-        RoPE positions are ``dream_positions(attention_mask)`` and the raw outputs are
-        shifted right by one (row 0 repeats raw row 0), as Dream's ``_sample`` does.
-        """
-        positions = None if attention_mask is None else dream_positions(attention_mask)
-        raw = self(input_ids, attention_mask, positions=positions, use_lora=use_lora,
-                   deterministic=deterministic)
-        return shift_logits(raw)
+    @staticmethod
+    def output_head(params: dict[str, Any], config: DreamConfig) -> tuple[Array, float | None]:
+        """(the output head as [D, V], logit scale or None) for chunked log-softmax."""
+        return dream_head_weight(params, config), None
 
 
-def shift_logits(raw_blv: Array) -> Array:
-    """Row i of the result is raw row i-1 (row 0 keeps raw row 0): [B, L, V]."""
-    return jnp.concatenate([raw_blv[:, :1], raw_blv[:, :-1]], axis=1)
+def shift_rows(raw_bl_: Array) -> Array:
+    """Row i of the result is raw row i-1 (row 0 keeps raw row 0): [B, L, ...]."""
+    return jnp.concatenate([raw_bl_[:, :1], raw_bl_[:, :-1]], axis=1)
+
+
+shift_logits = shift_rows  # raw logits [B, L, V] -> prediction-aligned
 
 
 def dream_positions(attention_mask_bl: Array) -> Array:
@@ -207,9 +236,3 @@ def dream_head_weight(params: dict[str, Any], config: DreamConfig) -> Array:
     if config.tie_word_embeddings:
         return params["embed_tokens"]["embedding"].T
     return params["lm_head"]["kernel"]
-
-
-def init_dream_params(model: Dream, rng: Array, mesh=None, rules=shd.DEFAULT_RULES) -> dict:
-    """Random params (plain pytree), born sharded over ``mesh`` by the logical rules."""
-    params, _ = shd.init_sharded(lambda key: shd.boxed_init(model, key), mesh, rng, rules=rules)
-    return params

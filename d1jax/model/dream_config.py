@@ -69,6 +69,11 @@ class DreamConfig:
         self.rope_factor  # validates rope_scaling
 
     @property
+    def max_sequence_length(self) -> int:
+        """Longest sequence the sampler accepts (the interface name LLaDA's config uses)."""
+        return self.max_position_embeddings
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 

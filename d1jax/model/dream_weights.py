@@ -34,7 +34,8 @@ from jax.sharding import Mesh, SingleDeviceSharding
 
 from d1jax import sharding as shd
 from d1jax.model import hf_files
-from d1jax.model.config import UnsupportedConfigError
+from d1jax.model import lora as lora_lib
+from d1jax.model.config import LoraConfig, UnsupportedConfigError
 from d1jax.model.dream import Dream
 from d1jax.model.dream_config import DreamConfig
 from d1jax.model.weights import (CheckpointError, _get, _open_checkpoint, _read_slice, _set,
@@ -143,35 +144,43 @@ def load_dream_checkpoint(path: str | os.PathLike, mesh: Mesh | None = None,
 
 def save_dream_checkpoint(path: str | os.PathLike, config: DreamConfig, params: Mapping[str, Any],
                           max_shard_size: int | str = "5GB", dtype: Any = None, *,
-                          source_dir: str | os.PathLike | None = None) -> None:
+                          source_dir: str | os.PathLike | None = None, tokenizer: Any = None,
+                          lora: LoraConfig | None = None) -> None:
     """Writes params in the Hugging Face Dream layout, tensor by tensor (process 0 writes).
 
     Files go to a temporary directory next to ``path`` and replace the old weights only when
     complete. ``source_dir``: the directory the model was loaded from; its generation config,
-    tokenizer files (chat template included) and ``auto_map`` modules (Dream's
-    ``modeling_dream.py`` ...) are copied, and its ``auto_map`` kept. LoRA adapters must be
-    merged first (``d1jax.model.lora.merge``).
+    tokenizer files (unless ``tokenizer`` is given) and ``auto_map`` modules (Dream's
+    ``modeling_dream.py`` ...) are copied, and its ``auto_map`` kept. ``tokenizer``: the
+    ``transformers`` tokenizer to ship (``hf_files.ship_tokenizer``). ``lora``: adapters in
+    ``params`` are merged into the kernels (refused without it).
     """
     path = Path(path)
+    params = lora_lib.merge(params, lora)
     entries = [(k, (_get(params, p), layer, t))
                for k, (p, layer, t) in dream_key_map(config).items()]
 
     def finish(tmp: Path) -> None:
         hf_config = config.to_hf_dict()
         if source_dir is not None:
-            hf_config["auto_map"] = _copy_companions(Path(source_dir), tmp) or hf_config["auto_map"]
+            skip = () if tokenizer is None else hf_files.TOKENIZER_FILES
+            hf_config["auto_map"] = (_copy_companions(Path(source_dir), tmp, skip)
+                                     or hf_config["auto_map"])
+        if tokenizer is not None:
+            hf_files.ship_tokenizer(tokenizer, tmp)
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
 
     write_checkpoint(path, entries, max_shard_size, dtype, finish)
 
-def _copy_companions(source: Path, dest: Path) -> dict[str, Any]:
+
+def _copy_companions(source: Path, dest: Path, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """Copies the source's generation config, tokenizer and auto_map modules; its auto_map."""
     if not source.is_dir():
         raise FileNotFoundError(f"source_dir {source} is not a directory; pass the Hugging "
                                 f"Face Dream directory the model was loaded from, or None")
     cfg = source / "config.json"
     auto_map = dict(json.loads(cfg.read_text()).get("auto_map") or {}) if cfg.exists() else {}
-    names = sorted(set(COMPANIONS) | hf_files.auto_map_modules(auto_map))
+    names = sorted((set(COMPANIONS) - set(skip)) | hf_files.auto_map_modules(auto_map))
     for name in names:
         if (source / name).is_file():
             shutil.copy2(source / name, dest / name)

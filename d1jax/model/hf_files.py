@@ -95,7 +95,7 @@ def copy_companions(source_dir: str | os.PathLike | None, dest: Path,
         copied = _copy(source, dest, sorted(wanted))
         auto_map.update({k: v for k, v in source_map.items() if k not in AUTO_MAP
                          and auto_map_modules({k: v}) <= set(copied)})
-    tokenizer_note = _ship_tokenizer(tokenizer, dest) if tokenizer is not None else ""
+    tokenizer_note = ship_tokenizer(tokenizer, dest) if tokenizer is not None else ""
     (dest / README).write_text(_readme(source, copied, tokenizer_note))
     return auto_map
 
@@ -107,7 +107,7 @@ def _copy(source: Path, dest: Path, names: list[str]) -> list[str]:
     return present
 
 
-def _ship_tokenizer(tokenizer: Any, dest: Path) -> str:
+def ship_tokenizer(tokenizer: Any, dest: Path) -> str:
     """Tokenizer files into ``dest``; returns the README's sentence on where they came from."""
     where = Path(str(tokenizer.name_or_path))
     config = where / TOKENIZER_CONFIG

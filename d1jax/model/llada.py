@@ -272,6 +272,12 @@ class LLaDA(nn.Module):
                            deterministic, out_rows=rows)
         return self.logits(h)
 
+    @staticmethod
+    def output_head(params: Mapping[str, Any], config: LLaDAConfig) -> tuple[Array, float | None]:
+        """(the output head as [D, V], logit scale or None) for chunked log-softmax."""
+        return head_weight(params, config), (config.d_model ** -0.5 if config.scale_logits
+                                             else None)
+
     # Block-wise approximate KV cache (Fast-dLLM): additive entry points for the sampler.
 
     def prefill(self, input_ids: Array, attention_mask: Array | None = None, *,

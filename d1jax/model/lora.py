@@ -33,23 +33,29 @@ Params = dict[str, Any]
 # LLaDALlamaBlock's q_proj, k_proj, v_proj, ff_proj (SwiGLU gate), up_proj; LLaDABlock's
 # attn_out and ff_out (down)). Names are matched exactly, as PEFT's target_modules are.
 TARGETS = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")
+# Dream's (Qwen2's) block projections by their module names (modeling_dream.py: self_attn's
+# q_proj, k_proj, v_proj, o_proj; mlp's gate_proj, up_proj, down_proj).
+DREAM_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def check_targets(targets) -> tuple[str, ...]:
-    """``targets`` as a tuple of LLaDA projection names; ValueError naming any unknown one.
+def check_targets(targets, allowed: tuple[str, ...] = TARGETS,
+                  family: str = "LLaDA") -> tuple[str, ...]:
+    """``targets`` as a tuple of the ``family``'s projection names (``allowed``); ValueError
+    naming any unknown one.
 
-    PEFT's Llama names (o_proj, gate_proj, down_proj) are refused rather than mapped: on
-    LLaDA they match no module, so d1's GRPO list adapts q, k, v and up only.
+    Names are matched exactly, as PEFT's ``target_modules``: on LLaDA, PEFT's Llama names
+    (o_proj, gate_proj, down_proj) match no module and are refused rather than mapped, so
+    d1's GRPO list adapts q, k, v and up only; on Dream all seven exist.
     """
     if isinstance(targets, str):
         targets = (targets,)
     targets = tuple(targets)
-    unknown = [t for t in targets if t not in TARGETS]
+    unknown = [t for t in targets if t not in allowed]
     if unknown or not targets or len(set(targets)) != len(targets):
         why = (f"unknown {', '.join(map(repr, unknown))}" if unknown
                else "empty" if not targets else "repeated names")
-        raise ValueError(f"lora.targets={targets}: {why}; choose among LLaDA's projections "
-                         f"{', '.join(TARGETS)}")
+        raise ValueError(f"lora.targets={targets}: {why}; choose among {family}'s projections "
+                         f"{', '.join(allowed)}")
     return targets
 
 

@@ -1,31 +1,46 @@
 """The mask-predictor interface every diffusion LM of d1jax satisfies (LLaDA, Dream).
 
-Contract: ``predict_logits(model, params, ids [B, L], attention_mask [B, L] | None)``
-returns logits [B, L, V] whose row i is the model's prediction of token i (the
-distribution a masked position i is filled from, and whose log-probability an estimator
-reads). Anything that asks a model for the prediction at position i goes through here, so
-the per-family quirks live in one place:
+A model module (``d1jax.model.LLaDA``, ``d1jax.model.dream.Dream``) offers, through
+``model.apply``:
 
-- LLaDA (``d1jax.model.LLaDA``) is trained as a mask predictor: row i already predicts
-  token i; the call is the model's forward (RoPE positions 0..L-1, padding keys masked).
-- Dream (``d1jax.model.dream.Dream``, Dream-v0-7B, DiffuCoder-7B) keeps its autoregressive
-  initialisation: raw row i-1 predicts token i, so ``Dream.predict_logits`` shifts the
-  outputs by one (row 0 repeats raw row 0, never read: position 0 is a prompt token) and
-  counts RoPE positions from each row's first real token, as Dream's ``_sample``.
+- ``__call__(ids [B, L], attention_mask [B, L] | None, *, slice_start, slice_len, use_lora,
+  deterministic)``: logits whose row i is the model's prediction of token i (the
+  distribution a masked position i is filled from, whose log-probability an estimator
+  reads), all rows or a slice;
+- ``hidden(ids, attention_mask, *, use_lora, deterministic, keep_last)``: the final-norm
+  hidden states those logits come from (row-aligned the same way), and ``logits(hidden)``;
+- the static ``output_head(params, config)``: (head [D, V], logit scale or None), for the
+  chunked log-softmax of the estimator and the SFT loss;
+- ``config.mask_token_id`` and ``config.max_sequence_length``.
 
-A model class says which it is by its ``shifted_prediction`` class attribute (absent:
-False). Code that slices logits (``slice_start``/``slice_len``) or runs the output head on
-chosen hidden rows must read row i-1's hidden state for a shifted model; until it does, it
-must call ``predict_logits`` (full rows) for such a model (``require_unshifted`` says so).
+The per-family quirks live inside each model, so the sampler, the estimator, SFT and the
+objectives hold no family switch:
+
+- LLaDA is trained as a mask predictor: raw row i already predicts token i (RoPE positions
+  0..L-1, padding keys masked).
+- Dream (Dream-v0-7B, DiffuCoder-7B) keeps its autoregressive initialisation: raw row i-1
+  predicts token i, so ``Dream.hidden`` shifts its rows by one and counts RoPE positions from
+  each row's first real token, as Dream's ``_sample``. ``Dream.raw_logits`` is the unshifted
+  Hugging Face forward.
+
+A model says which it is by its ``shifted_prediction`` class attribute (absent: False). The
+KV-cached sampler (``prefill``/``decode_*``) exists for LLaDA only; ``require_unshifted``
+refuses other models there with a clear error.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Union
 
 import jax
 
+from d1jax.model.dream import Dream
+from d1jax.model.llada import LLaDA
+
 Array = jax.Array
+
+# A module with this interface: one of the families' models.
+MaskPredictor = Union[LLaDA, Dream]
 
 
 def is_shifted(model: Any) -> bool:
@@ -43,16 +58,18 @@ def predict_logits(model: Any, params: Any, ids_bl: Array, attention_mask_bl: Ar
         raise ValueError(f"ids must be [B, L], got shape {ids_bl.shape}")
     rngs = kwargs.pop("rngs", None)
     extra = {} if rngs is None else {"rngs": rngs}
-    if is_shifted(model):
-        return model.apply({"params": params}, ids_bl, attention_mask_bl,
-                           method=model.predict_logits, **kwargs, **extra)
     return model.apply({"params": params}, ids_bl, attention_mask_bl, **kwargs, **extra)
 
 
+def output_head(model: Any, params: Any) -> tuple[Array, float | None]:
+    """(output head [D, V], logit scale or None) of ``model`` (its static ``output_head``)."""
+    return type(model).output_head(params, model.config)
+
+
 def require_unshifted(model: Any, what: str) -> None:
-    """Refuses a shifted model in code that still reads raw rows (names ``what``)."""
+    """Refuses a shifted model in code that exists for LLaDA's layout only (names ``what``)."""
     if is_shifted(model):
         raise NotImplementedError(
-            f"{what} reads the model's raw output rows as the prediction of their own "
-            f"position, which is wrong for {type(model).__name__} (row i-1 predicts token i); "
-            f"use d1jax.model.predictor.predict_logits")
+            f"{what} is implemented for LLaDA only: {type(model).__name__} predicts token i "
+            f"from row i-1 and has no KV-cache entry points; use the exact sampler "
+            f"(sampler.kv_cache='none') or d1jax.sampling.dream.diffusion_generate")

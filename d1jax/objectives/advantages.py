@@ -38,13 +38,25 @@ def dr_grpo(rewards: ArrayLike, group: int) -> ArrayLike:
     return group_mean(rewards, group)
 
 
+def leave_one_out(rewards: ArrayLike, group: int) -> ArrayLike:
+    """DiffuCoder's coupled-GRPO (RLOO baseline): A_i = r_i - mean of the other G-1 rewards
+    of its group, unscaled (its recipe's ``scale_rewards: false``); G/(G-1) times d1's group
+    mean advantage. A group of one has no other completion: its advantage is 0."""
+    r = _groups(rewards, group)
+    if group == 1:
+        return (r * 0).reshape(-1)
+    others = (r.sum(1, keepdims=True) - r) / (group - 1)
+    return (r - others).reshape(-1)
+
+
 ESTIMATORS: dict[str, Callable[..., ArrayLike]] = {
-    "group_mean": group_mean, "grpo": grpo, "dr_grpo": dr_grpo}
+    "group_mean": group_mean, "grpo": grpo, "dr_grpo": dr_grpo, "leave_one_out": leave_one_out}
 
 
 def compute(name: str, rewards: ArrayLike, group: int) -> np.ndarray:
     """Advantages [B] float32 of ``rewards`` [B] (groups of ``group`` contiguous) by name:
-    ``group_mean`` (d1), ``grpo`` (std-normalised) or ``dr_grpo``."""
+    ``group_mean`` (d1), ``grpo`` (std-normalised), ``dr_grpo`` or ``leave_one_out``
+    (DiffuCoder's coupled-GRPO)."""
     if name not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; choose from {sorted(ESTIMATORS)}")
     rewards = np.asarray(rewards, np.float32)

@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from d1jax.model import LLaDA
+from d1jax.model.predictor import MaskPredictor
 from d1jax.objectives import losses, masking
 
 Array = jax.Array
@@ -69,7 +69,7 @@ def coupled_token_logps(full_bc: Array, pair_m_bc: Array, pair_c_bc: Array, is_m
     return (full_bc + pair_bc) / 2.0
 
 
-def coupled_logps(model: LLaDA, params: Any, prompt_ids_bp: Array, prompt_mask_bp: Array,
+def coupled_logps(model: MaskPredictor, params: Any, prompt_ids_bp: Array, prompt_mask_bp: Array,
                   completion_ids_bc: Array, is_mask_bc: Array, t_b: Array,
                   cfg: CoupledGRPOConfig, *, use_lora: bool = True,
                   dropout_rng: Array | None = None) -> Array:
@@ -93,7 +93,7 @@ def coupled_logps(model: LLaDA, params: Any, prompt_ids_bp: Array, prompt_mask_b
     return coupled_token_logps(lp_3bc[0], lp_3bc[1], lp_3bc[2], is_mask_bc, t_b)
 
 
-def coupled_grpo_loss(model: LLaDA, params: Any, prompt_ids_bp: Array, prompt_mask_bp: Array,
+def coupled_grpo_loss(model: MaskPredictor, params: Any, prompt_ids_bp: Array, prompt_mask_bp: Array,
                       completion_ids_bc: Array, completion_mask_bc: Array, advantages_b: Array,
                       is_mask_bc: Array, t_b: Array, cfg: CoupledGRPOConfig, *,
                       old_logps_bc: Array | None = None, ref_logps_bc: Array | None = None,

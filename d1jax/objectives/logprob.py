@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from d1jax import sharding as shd
-from d1jax.model import LLaDA, head_weight
+from d1jax.model import predictor
+from d1jax.model.predictor import MaskPredictor
 
 Array = jax.Array
 
@@ -94,13 +95,12 @@ def head_logps(hidden_bcd: Array, head_dv: Array, targets_bc: Array, *,
     return out_nbk.swapaxes(0, 1).reshape(b, c)
 
 
-def model_head(model: LLaDA, params: Any) -> tuple[Array, float | None]:
+def model_head(model: MaskPredictor, params: Any) -> tuple[Array, float | None]:
     """(output head [D, V], logit scale or None) of ``model`` for ``head_logps``."""
-    cfg = model.config
-    return head_weight(params, cfg), (cfg.d_model ** -0.5 if cfg.scale_logits else None)
+    return predictor.output_head(model, params)
 
 
-def completion_hidden(model: LLaDA, params: Any, ids_bl: Array, attention_mask_bl: Array | None,
+def completion_hidden(model: MaskPredictor, params: Any, ids_bl: Array, attention_mask_bl: Array | None,
                       completion_len: int, *, cfg_scale: float = 0.0, prompt_len: int = 0,
                       use_lora: bool = True, dropout_rng: Array | None = None) -> Array:
     """Final hidden states [B, C, D] of the last ``completion_len`` positions of ``ids_bl``.
@@ -118,7 +118,7 @@ def completion_hidden(model: LLaDA, params: Any, ids_bl: Array, attention_mask_b
         if attention_mask_bl is not None:
             attention_mask_bl = jnp.concatenate([attention_mask_bl] * 2, axis=0)
     rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
-    h = model.apply({"params": params}, ids_bl, attention_mask_bl, method=LLaDA.hidden,
+    h = model.apply({"params": params}, ids_bl, attention_mask_bl, method=type(model).hidden,
                     use_lora=use_lora, deterministic=dropout_rng is None, rngs=rngs,
                     keep_last=completion_len)
     if cfg_scale <= 0:
@@ -139,7 +139,7 @@ def _check_pair(prompt_ids_bp: Array, completion_ids_bc: Array, attention_mask_b
         raise ValueError(f"attention_mask {attention_mask_bl.shape} must be [B, P + C] = {want}")
 
 
-def per_token_logps(model: LLaDA, params: Any, prompt_ids_bp: Array, completion_ids_bc: Array,
+def per_token_logps(model: MaskPredictor, params: Any, prompt_ids_bp: Array, completion_ids_bc: Array,
                     mask_seeds_s: Array, *, p_mask_prompt: float, mask_rng: Array | None = None,
                     attention_mask_bl: Array | None = None, cfg_scale: float = 0.0,
                     use_lora: bool = True, seq_chunk: int | None = None,

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from d1jax.objectives.logprob import model_head, head_logps
-from d1jax.model import LLaDA
+from d1jax.model.predictor import MaskPredictor
 
 Array = jax.Array
 
@@ -92,7 +92,7 @@ def sft_noise(key: Array, input_ids_bl: Array, prompt_len_b: Array, mask_id: int
     return jnp.where(is_mask, mask_id, input_ids_bl), is_mask, t_b
 
 
-def sft_loss(model: LLaDA, params: Any, input_ids_bl: Array, prompt_len_b: Array, key: Array, *,
+def sft_loss(model: MaskPredictor, params: Any, input_ids_bl: Array, prompt_len_b: Array, key: Array, *,
              eps: float = 1e-3, dropout_rng: Array | None = None,
              seq_chunk: int | None = None) -> tuple[Array, dict[str, Array]]:
     """d1's ``dLLMTrainer.compute_loss`` (LLaDA's SFT objective).
@@ -114,7 +114,7 @@ def sft_loss(model: LLaDA, params: Any, input_ids_bl: Array, prompt_len_b: Array
     noisy_bl, is_mask_bl, t_b = sft_noise(key, input_ids_bl, prompt_len_b,
                                           model.config.mask_token_id, eps)
     rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
-    h_bld = model.apply({"params": params}, noisy_bl, None, method=LLaDA.hidden,
+    h_bld = model.apply({"params": params}, noisy_bl, None, method=type(model).hidden,
                         deterministic=dropout_rng is None, rngs=rngs)
     head, scale = model_head(model, params)
     ce_bl = -head_logps(h_bld, head, input_ids_bl, scale=scale, seq_chunk=seq_chunk)

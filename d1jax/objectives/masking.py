@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from d1jax.model import LLaDA
+from d1jax.model.predictor import MaskPredictor
 from d1jax.objectives.logprob import completion_hidden, head_logps, model_head
 
 Array = jax.Array
@@ -106,7 +106,7 @@ def block_masks(key: Array, completion_mask_bc: Array, *, block_length: int, num
     return chosen | later | padding | noised, k_bj
 
 
-def masked_logps(model: LLaDA, params: Any, noisy_ids_nl: Array, targets_nc: Array,
+def masked_logps(model: MaskPredictor, params: Any, noisy_ids_nl: Array, targets_nc: Array,
                  attention_mask_nl: Array | None, *, use_lora: bool = True,
                  dropout_rng: Array | None = None, seq_chunk: int | None = None) -> Array:
     """[N, C] float32 log p(target | noisy sequence) at the last C positions, one forward."""

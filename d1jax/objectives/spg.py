@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from d1jax.model import LLaDA
+from d1jax.model.predictor import MaskPredictor
 from d1jax.objectives import logprob, masking
 
 Array = jax.Array
@@ -124,7 +124,7 @@ def spg_inputs(key: Array, prompt_ids_bp: Array, completion_ids_bc: Array,
     return jnp.concatenate([prompt_bjp, comp_bjc], axis=-1), is_mask_bjc
 
 
-def spg_copies_loss(model: LLaDA, params: Any, ids_bjl: Array, is_mask_bjc: Array,
+def spg_copies_loss(model: MaskPredictor, params: Any, ids_bjl: Array, is_mask_bjc: Array,
                     prompt_mask_bp: Array, completion_ids_bc: Array, completion_mask_bc: Array,
                     advantages_b: Array, cfg: SPGConfig, *, dropout_rng: Array | None = None
                     ) -> tuple[Array, dict[str, Array]]:

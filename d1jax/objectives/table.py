@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import jax
 
-from d1jax.model import LLaDA
+from d1jax.model.predictor import MaskPredictor
 from d1jax.objectives import coupled_grpo, logprob, losses, masking, spg, wd1
 from d1jax.objectives.batch import GRPOBatch
 
@@ -35,21 +35,21 @@ class Objective:
     # (model, cfg, params, rows of one micro-batch, mask seed [1], dropout rng) -> (loss, metrics)
     loss: Callable[..., tuple[Array, dict]]
     # (model, cfg, rows of the whole batch, mask key) -> rows with the update's draws.
-    prepare: Callable[[LLaDA, Any, GRPOBatch, Array], GRPOBatch]
+    prepare: Callable[[MaskPredictor, Any, GRPOBatch, Array], GRPOBatch]
     # (model, cfg, params, batch, mask seeds [S], use_lora) -> [S, B, C] old/ref log-probs;
     # None: the loss has no ratio and no reference term (beta must be 0).
     logps: Callable[..., Array] | None
     hparams: type | None  # class of ``cfg.hparams`` (None: the objective has no own knobs)
 
 
-def mask_prompt_rows(model: LLaDA, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
+def mask_prompt_rows(model: MaskPredictor, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
     """d1's prompt noise (each token masked with probability ``cfg.p_mask_prompt``)."""
     return rows.replace(prompt_ids=logprob.mask_prompt(
         key, rows.prompt_ids, cfg.p_mask_prompt, model.config.mask_token_id))
 
 
 # ---------------------------------------------------------------------------- diffu-GRPO
-def estimate_logps(model: LLaDA, cfg: GRPOConfig, params: Params, batch: GRPOBatch,
+def estimate_logps(model: MaskPredictor, cfg: GRPOConfig, params: Params, batch: GRPOBatch,
                    seeds_s: Array, use_lora: bool = True, dropout_rng: Array | None = None,
                    p_mask_prompt: float | None = None) -> Array:
     """d1's one-step per-token log-probs [S, B, C] of the completions, one row block per
@@ -63,7 +63,7 @@ def estimate_logps(model: LLaDA, cfg: GRPOConfig, params: Params, batch: GRPOBat
         dropout_rng=dropout_rng)
 
 
-def diffu_grpo_loss(model: LLaDA, cfg: GRPOConfig, params: Params, rows: GRPOBatch,
+def diffu_grpo_loss(model: MaskPredictor, cfg: GRPOConfig, params: Params, rows: GRPOBatch,
                     seed_1: Array, dropout_rng: Array | None) -> tuple[Array, dict]:
     """d1's ``compute_loss``: clipped ratio to the old policy, k3 KL to the reference,
     token mean (``losses.grpo_loss``), on this iteration's mask seed ``seed_1`` [1]."""
@@ -74,13 +74,13 @@ def diffu_grpo_loss(model: LLaDA, cfg: GRPOConfig, params: Params, rows: GRPOBat
                             max_tokens=cfg.max_tokens)
 
 
-def _diffu_grpo_logps(model: LLaDA, cfg: GRPOConfig, params: Params, batch: GRPOBatch,
+def _diffu_grpo_logps(model: MaskPredictor, cfg: GRPOConfig, params: Params, batch: GRPOBatch,
                       seeds_s: Array, use_lora: bool) -> Array:
     return estimate_logps(model, cfg, params, batch, seeds_s, use_lora=use_lora)
 
 
 # ---------------------------------------------------------------------------- wd1
-def _wd1_prepare(model: LLaDA, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
+def _wd1_prepare(model: MaskPredictor, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
     """Prompt noise, and w+/w- [B] from the softmax over each group of G contiguous rows:
     a strided micro-batch holds no whole group."""
     w_pos_b, w_neg_b = wd1.wd1_weights(rows.advantages, cfg.hparams.group_size)
@@ -88,7 +88,7 @@ def _wd1_prepare(model: LLaDA, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
         per_row={"w_pos": w_pos_b, "w_neg": w_neg_b})
 
 
-def _wd1_loss(model: LLaDA, cfg, params: Params, rows: GRPOBatch, seed_1: Array,
+def _wd1_loss(model: MaskPredictor, cfg, params: Params, rows: GRPOBatch, seed_1: Array,
               dropout_rng: Array | None) -> tuple[Array, dict]:
     """wd1's loss (``wd1.wd1_weighted_loss``) on prepared rows: the prompt already noised
     (``cfg.p_mask_prompt``), the weights of whole groups; one current-policy pass."""
@@ -104,7 +104,7 @@ def _wd1_loss(model: LLaDA, cfg, params: Params, rows: GRPOBatch, seed_1: Array,
 
 
 # ---------------------------------------------------------------------------- SPG
-def _spg_prepare(model: LLaDA, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
+def _spg_prepare(model: MaskPredictor, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
     """SPG's J block-masked noisy copies per row (their prompts noised independently)."""
     ids_bjl, is_mask_bjc = spg.spg_inputs(key, rows.prompt_ids, rows.completion_ids,
                                           rows.completion_mask, model.config.mask_token_id,
@@ -112,7 +112,7 @@ def _spg_prepare(model: LLaDA, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
     return rows.replace(per_row={"ids": ids_bjl, "is_mask": is_mask_bjc})
 
 
-def _spg_loss(model: LLaDA, cfg, params: Params, rows: GRPOBatch, seed_1: Array,
+def _spg_loss(model: MaskPredictor, cfg, params: Params, rows: GRPOBatch, seed_1: Array,
               dropout_rng: Array | None) -> tuple[Array, dict]:
     return spg.spg_copies_loss(model, params, rows.per_row["ids"], rows.per_row["is_mask"],
                                rows.prompt_mask, rows.completion_ids, rows.completion_mask,
@@ -125,13 +125,13 @@ def _coupled_draw(cfg, key: Array, rows: int, completion_len: int) -> tuple[Arra
     return masking.coupled_masks(key, rows, completion_len, t_min=h.t_min, t_max=h.t_max)
 
 
-def _coupled_prepare(model: LLaDA, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
+def _coupled_prepare(model: MaskPredictor, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
     """The iteration's complementary masks, the same draw as ``_coupled_logps`` made."""
     is_mask_bc, t_b = _coupled_draw(cfg, key, *rows.completion_ids.shape)
     return rows.replace(per_row={"is_mask": is_mask_bc, "t": t_b})
 
 
-def _coupled_logps(model: LLaDA, cfg, params: Params, batch: GRPOBatch, seeds_s: Array,
+def _coupled_logps(model: MaskPredictor, cfg, params: Params, batch: GRPOBatch, seeds_s: Array,
                    use_lora: bool) -> Array:
     """[S, B, C] coupled log-probs, one mask draw per seed over the whole batch."""
     def one(seed):
@@ -142,7 +142,7 @@ def _coupled_logps(model: LLaDA, cfg, params: Params, batch: GRPOBatch, seeds_s:
     return jax.lax.map(one, seeds_s)
 
 
-def _coupled_loss(model: LLaDA, cfg, params: Params, rows: GRPOBatch, seed_1: Array,
+def _coupled_loss(model: MaskPredictor, cfg, params: Params, rows: GRPOBatch, seed_1: Array,
                   dropout_rng: Array | None) -> tuple[Array, dict]:
     return coupled_grpo.coupled_grpo_loss(
         model, params, rows.prompt_ids, rows.prompt_mask, rows.completion_ids,

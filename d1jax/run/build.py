@@ -8,7 +8,8 @@ from typing import Any, Callable
 
 import jax
 
-from d1jax.model import LLaDA, LLaDAConfig, init_params, preset, weights
+from d1jax.model import LLaDA, init_params
+from d1jax.model import family as family_lib
 from d1jax.model import lora as lora_lib
 from d1jax.model.tokenizer import load_tokenizer, special_ids, train_tiny_tokenizer
 from d1jax.run.spec import ModelSpec, RunSpec
@@ -19,8 +20,8 @@ class Setup:
     mesh: jax.sharding.Mesh
     rules: tuple
     tokenizer: Any
-    model: LLaDA  # with LoRA when the spec enables it
-    model_config: LLaDAConfig
+    model: Any  # the family's module (LLaDA, Dream), with LoRA when the spec enables it
+    model_config: Any  # its architecture (LLaDAConfig, DreamConfig)
     params: dict  # base params, plus adapters when LoRA is on
     ids: dict  # mask / eos / eot / pad token ids
 
@@ -42,8 +43,9 @@ def _tokenizer(m: ModelSpec, workdir: Path, texts: Callable[[], list[str]] | Non
     return load_tokenizer(m.path)
 
 
-def random_model_config(m: ModelSpec, tok) -> LLaDAConfig:
-    """The preset ``m.random_init`` sized to the tokenizer, with the spec's overrides."""
+def random_model_config(m: ModelSpec, tok) -> Any:
+    """The preset ``m.random_init`` of the spec's family sized to the tokenizer, with the
+    spec's overrides."""
     ids = special_ids(tok)
     vocab = -(-len(tok) // 64) * 64  # room for the mesh's tensor axis to divide it
     if m.vocab_size:
@@ -51,20 +53,21 @@ def random_model_config(m: ModelSpec, tok) -> LLaDAConfig:
             raise ValueError(f"model.vocab_size={m.vocab_size} is smaller than the "
                              f"tokenizer's {len(tok)} tokens")
         vocab = m.vocab_size
-    over = dict(vocab_size=vocab, embedding_size=vocab, mask_token_id=ids["mask"],
-                eos_token_id=ids["eos"], pad_token_id=ids["pad"], max_sequence_length=1024)
-    if m.width:
-        over.update(d_model=m.width, mlp_hidden_size=3 * m.width)
-    if m.n_layers:
-        over["n_layers"] = m.n_layers
-    return preset(m.random_init, **over)
+    return family_lib.get(m.family).sized_config(
+        m.random_init, vocab=vocab, mask=ids["mask"], eos=ids["eos"], pad=ids["pad"],
+        width=m.width, n_layers=m.n_layers)
 
 
-def make_model(m: ModelSpec, mcfg: LLaDAConfig) -> LLaDA:
-    """The flax module of architecture ``mcfg`` with the spec's dtypes, remat, layer
-    unrolling and LoRA."""
-    return LLaDA(mcfg, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, lora=m.lora,
-                 unroll_layers=m.unroll_layers, layers_per_loop=m.layers_per_loop)
+def make_model(m: ModelSpec, mcfg: Any):
+    """The flax module (the spec's family) of architecture ``mcfg`` with the spec's dtypes,
+    remat, layer unrolling and LoRA."""
+    fam = family_lib.get(m.family)
+    kw = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, lora=m.lora)
+    if fam.module is LLaDA:  # LLaDA's layer loop knobs
+        kw.update(unroll_layers=m.unroll_layers, layers_per_loop=m.layers_per_loop)
+    elif m.unroll_layers is not None:
+        kw["unroll_layers"] = bool(m.unroll_layers)
+    return fam.model(mcfg, **kw)
 
 
 def build(spec: RunSpec, workdir: str | Path, mesh: jax.sharding.Mesh,
@@ -81,8 +84,8 @@ def build(spec: RunSpec, workdir: str | Path, mesh: jax.sharding.Mesh,
         model = make_model(m, mcfg)
         params = init_params(model, rng, mesh, rules)
     else:
-        mcfg, params = weights.load_hf_checkpoint(m.path, mesh=mesh, dtype=m.param_dtype,
-                                                  rules=rules)
+        mcfg, params = family_lib.get(m.family).load(m.path, mesh=mesh, dtype=m.param_dtype,
+                                                     rules=rules)
         model = make_model(m, mcfg)
         if m.lora is not None:
             params = lora_lib.join(params, init_params(model, rng, mesh, rules,

@@ -15,7 +15,7 @@ from d1jax import checkpoint as ckpt_lib
 from d1jax import config as config_lib
 from d1jax import metrics as metrics_lib
 from d1jax.model import lora as lora_lib
-from d1jax.model import weights
+from d1jax.model import family as family_lib
 from d1jax.run import resume
 from d1jax.run import spec as spec_lib
 from d1jax.run.spec import LoopSpec, RunSpec
@@ -128,8 +128,8 @@ def export_hf(workdir: Path, setup, state, source_dir: str | None) -> Path:
     """
     out = workdir / "hf"
     params = lora_lib.merge(state.policy_params(), setup.model.lora)
-    weights.save_hf_checkpoint(out, setup.model_config, params, max_shard_size="2GB",
-                               source_dir=source_dir, tokenizer=setup.tokenizer)
+    family_lib.of(setup.model).save(out, setup.model_config, params, max_shard_size="2GB",
+                                    source_dir=source_dir, tokenizer=setup.tokenizer)
     if jax.process_index() == 0:
         (out / "d1jax_export.json").write_text(json.dumps({"time": time.time()}))
     return out

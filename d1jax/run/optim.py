@@ -35,8 +35,11 @@ class OptimConfig:
     warmup_steps: int = 0  # Linear warmup from 0 over this many optimizer steps.
     # After the warmup: "constant_with_warmup" keeps the rate (d1's GRPO, train.yaml);
     # "linear" decays it to 0 at ``total_steps`` (HF Trainer's default: d1's SFT).
+    # "cosine_with_min_lr" (DiffuCoder's coupled-GRPO recipe): a half cosine from lr to
+    # lr x ``min_lr_rate`` at ``total_steps``.
     schedule: str = "constant_with_warmup"
-    total_steps: int = 0  # Optimizer steps of the run; "linear" needs it.
+    total_steps: int = 0  # Optimizer steps of the run; "linear" and the cosine need it.
+    min_lr_rate: float = 0.0  # "cosine_with_min_lr": the final rate as a share of lr.
 
     def __post_init__(self):
         if self.learning_rate <= 0 or self.warmup_steps < 0 or self.max_grad_norm < 0:
@@ -46,19 +49,27 @@ class OptimConfig:
             raise ValueError(f"schedule={self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
 
 
-SCHEDULES = ("constant_with_warmup", "linear")
+SCHEDULES = ("constant_with_warmup", "linear", "cosine_with_min_lr")
 
 
 def lr_schedule(cfg: OptimConfig) -> optax.Schedule:
     """HF's schedules on the optimizer step s (0 at the first update): lr x s / warmup during
     the warmup, then ``constant_with_warmup``: lr; ``linear``: lr x (total - s) / (total -
-    warmup), floored at 0."""
+    warmup), floored at 0; ``cosine_with_min_lr``: lr x (m + (1 - m) (1 + cos(pi p)) / 2) with
+    p = (s - warmup) / (total - warmup) and m = ``min_lr_rate`` (HF's
+    ``get_cosine_with_min_lr_schedule_with_warmup``, one half cycle)."""
     w = cfg.warmup_steps
+    if cfg.schedule != "constant_with_warmup" and cfg.total_steps <= w:
+        raise ValueError(f"schedule={cfg.schedule!r} needs total_steps={cfg.total_steps} > "
+                         f"warmup_steps={w}")
     if cfg.schedule == "linear":
-        if cfg.total_steps <= w:
-            raise ValueError(f"schedule='linear' needs total_steps={cfg.total_steps} > "
-                             f"warmup_steps={w}")
         after = optax.linear_schedule(cfg.learning_rate, 0.0, cfg.total_steps - w)
+    elif cfg.schedule == "cosine_with_min_lr":
+        n, lr, m = cfg.total_steps - w, cfg.learning_rate, cfg.min_lr_rate
+
+        def after(s):
+            p = jnp.clip(s / n, 0.0, 1.0)
+            return lr * (m + (1.0 - m) * 0.5 * (1.0 + jnp.cos(jnp.pi * p)))
     else:
         after = optax.constant_schedule(cfg.learning_rate)
     if w == 0:
@@ -68,10 +79,11 @@ def lr_schedule(cfg: OptimConfig) -> optax.Schedule:
 
 def decay_mask(params: Any) -> Any:
     """True for leaves that get weight decay: every leaf outside a norm (attn_norm, ff_norm,
-    ln_f), as HF excludes LayerNorm weights. LoRA adapters are decayed, as under PEFT."""
+    ln_f; Dream's *_layernorm, norm) and every bias (Dream's q/k/v), as HF excludes LayerNorm
+    weights and biases. LoRA adapters are decayed, as under PEFT."""
     flat = traverse_util.flatten_dict(params)
     return traverse_util.unflatten_dict(
-        {k: not any("norm" in p or p == "ln_f" for p in k) for k in flat})
+        {k: not (any("norm" in p or p == "ln_f" for p in k) or k[-1] == "bias") for k in flat})
 
 
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:

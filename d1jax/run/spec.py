@@ -19,7 +19,9 @@ from d1jax import sampling as smp
 from d1jax import sharding
 from d1jax.config import ConfigError
 from d1jax.model import LoraConfig
+from d1jax.model import family as family_lib
 from d1jax.model import lora as lora_lib
+from d1jax.objectives import advantages as adv_lib
 from d1jax.objectives import coupled_grpo, spg, wd1
 from d1jax.objectives.table import GRPOConfig, SFTConfig
 from d1jax.run import optim
@@ -46,6 +48,7 @@ class ModelSpec:
     lora: LoraConfig | None
     unroll_layers: bool | None = None  # None: LLaDA's default (unrolled up to 8 layers)
     layers_per_loop: int = 1  # middle layers per loop iteration when not unrolled
+    family: str = "llada"  # d1jax.model.family: "llada" or "dream" (Dream, DiffuCoder)
 
     @property
     def random(self) -> bool:
@@ -218,16 +221,36 @@ def _model(c, weights: bool = True) -> ModelSpec:
     if isinstance(layers_per_loop, bool) or not isinstance(layers_per_loop, int) \
             or layers_per_loop < 1:
         raise ConfigError(f"model.layers_per_loop={layers_per_loop!r} must be an int >= 1")
-    lora = _lora(c.lora) if c.lora.enabled else None
+    fam = _family(m)
+    lora = _lora(c.lora, fam) if c.lora.enabled else None
     return ModelSpec(m.path, m.tokenizer_path, m.random_init, m.width, m.n_layers, m.vocab_size,
                      m.tokenizer_vocab, _DTYPES[m.dtype], _DTYPES[m.param_dtype],
-                     bool(m.remat), lora, m.get("unroll_layers"), layers_per_loop)
+                     bool(m.remat), lora, m.get("unroll_layers"), layers_per_loop, fam.name)
 
 
-def _lora(lo) -> LoraConfig:
-    """The adapters of config.lora, on the LLaDA projections ``lora.targets`` names."""
+def _family(m) -> family_lib.Family:
+    """config.model.family, checked against the checkpoint's config.json and the preset."""
+    name = m.get("family", "llada")
     try:
-        targets = lora_lib.check_targets(lo.get("targets", lora_lib.TARGETS))
+        fam = family_lib.get(name)
+    except ValueError as e:
+        raise ConfigError(f"config.model.family: {e}") from None
+    found = family_lib.detect(m.path) if m.path else None
+    if found is not None and found != name:
+        raise ConfigError(
+            f"config.model.path={m.path!r} holds a {family_lib.get(found).title} checkpoint but "
+            f"config.model.family={name!r}: set --config.model.family={found}")
+    if m.random_init and not m.path and m.random_init not in fam.presets:
+        raise ConfigError(f"config.model.random_init={m.random_init!r} is not a {fam.title} "
+                          f"preset; choose one of {', '.join(sorted(fam.presets))}")
+    return fam
+
+
+def _lora(lo, fam: family_lib.Family) -> LoraConfig:
+    """The adapters of config.lora, on the family's projections that ``lora.targets`` names."""
+    try:
+        targets = lora_lib.check_targets(lo.get("targets", fam.lora_targets), fam.lora_targets,
+                                         fam.title)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return LoraConfig(rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout, targets=targets)
@@ -242,7 +265,7 @@ def _optim(o) -> OptimSpec:
                           f"{', '.join(optim.SCHEDULES)}")
     adamw = optim.OptimConfig(learning_rate=o.learning_rate, b1=o.b1, b2=o.b2, eps=o.eps,
                               weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm,
-                              schedule=schedule)
+                              schedule=schedule, min_lr_rate=o.get("min_lr_rate", 0.0))
     return OptimSpec(adamw, o.warmup_ratio, o.grad_accum)
 
 
@@ -279,6 +302,9 @@ def _grpo(c, lora: bool) -> tuple[GRPOConfig, GRPORun]:
                          hparams=_hparams(c), lora_dropout=lora and c.lora.dropout > 0)
     except ValueError as e:
         raise ConfigError(f"grpo: {e}") from None
+    if g.advantage not in adv_lib.ESTIMATORS:
+        raise ConfigError(f"grpo.advantage={g.advantage!r}: choose one of "
+                          f"{', '.join(adv_lib.ESTIMATORS)}")
     run = GRPORun(g.num_generations, g.prompts_per_step, g.random_masking, g.advantage,
                   g.sync_ref_model, g.ref_model_sync_steps, g.ref_model_mixup_alpha)
     return cfg, run
@@ -304,12 +330,12 @@ def _eval(c) -> EvalSpec:
 # objective, batch, data order and task. A change to any of them is refused on resume
 # (d1jax.run.resume); steps, cadences, mesh, compute dtype and sampler knobs may change.
 RESUME_FIELDS = (
-    "stage", "seed", "max_prompt_length",
+    "stage", "seed", "max_prompt_length", "model.family",
     "model.path", "model.tokenizer_path", "model.random_init", "model.width", "model.n_layers",
     "model.vocab_size", "model.tokenizer_vocab", "model.param_dtype",
     "lora.enabled", "lora.rank", "lora.alpha", "lora.targets",
     "optim.learning_rate", "optim.b1", "optim.b2", "optim.eps", "optim.weight_decay",
-    "optim.max_grad_norm", "optim.warmup_ratio", "optim.lr_schedule",
+    "optim.max_grad_norm", "optim.warmup_ratio", "optim.lr_schedule", "optim.min_lr_rate",
     "task.name", "task.source", "task.num_train",
     "grpo.objective", "grpo.num_iterations", "grpo.beta", "grpo.sync_ref_model",
     "grpo.num_generations", "grpo.prompts_per_step",

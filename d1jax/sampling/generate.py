@@ -87,12 +87,16 @@ def _check_call(fns: ModelFns, prompt_ids: Array, prompt_mask: Array | None,
     if prompt_mask is not None and prompt_mask.shape != prompt_ids.shape:
         raise ValueError(f"prompt_mask shape {prompt_mask.shape} != prompt_ids shape "
                          f"{prompt_ids.shape}")
+    if config.kv_cache != "none" and fns.cache_absent:
+        raise NotImplementedError(
+            f"kv_cache={config.kv_cache!r}: {fns.cache_absent} has no KV-cache entry points "
+            f"(the Fast-dLLM cache is implemented for LLaDA); set sampler.kv_cache='none'")
     if config.kv_cache != "none" and (fns.prefill is None or fns.decode is None):
         raise ValueError(f"kv_cache={config.kv_cache!r} needs ModelFns with prefill and decode "
-                         "(e.g. sampling.llada_fns(model)), got a plain apply_fn")
+                         "(e.g. sampling.model_fns(model)), got a plain apply_fn")
     if config.recompute == "masked" and None in (fns.decode_at, fns.decode_hidden, fns.head):
         raise ValueError("recompute='masked' needs ModelFns with decode_at, decode_hidden and "
-                         "head (e.g. sampling.llada_fns(model))")
+                         "head (e.g. sampling.model_fns(model))")
 
 
 def generate(model_fns: ModelFns | ApplyFn, params: Any, prompt_ids: Array,
@@ -101,8 +105,8 @@ def generate(model_fns: ModelFns | ApplyFn, params: Any, prompt_ids: Array,
     """Generates ``config.gen_length`` tokens after each left-padded prompt.
 
     Args:
-      model_fns: ``ModelFns`` (``llada_fns(model)``), or just an ``ApplyFn``
-        (``llada_apply_fn(model)``) when ``config.kv_cache == "none"``.
+      model_fns: ``ModelFns`` (``model_fns(model)``), or just an ``ApplyFn``
+        (``model_apply_fn(model)``) when ``config.kv_cache == "none"``.
       params: model params (any sharding).
       prompt_ids: [B, Lp] int, left-padded; must not contain ``mask_id``.
       prompt_mask: [B, Lp] 1 for real tokens, 0 for padding (None: no padding).

@@ -7,6 +7,8 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 
+from d1jax.model import predictor
+
 Array = jax.Array
 # (params, ids [B, L], attention mask [B, L] | None, slice_start, slice_len) -> [B, S, V].
 ApplyFn = Callable[[Any, Array, Array | None, Array, int], Array]
@@ -38,18 +40,26 @@ class ModelFns(NamedTuple):
     decode_hidden: Callable[..., Array] | None = None
     head: Callable[[Any, Array], Array] | None = None
     decode_at: Callable[..., tuple[Array, Any]] | None = None
+    cache_absent: str | None = None  # the model's name when it has no KV-cache entry points
 
 
-def llada_apply_fn(model) -> ApplyFn:
-    """Adapts a ``d1jax.LLaDA`` to ``apply_fn(params, ids, mask, slice_start, slice_len)``."""
+def model_apply_fn(model) -> ApplyFn:
+    """Adapts a d1jax model (LLaDA, Dream: ``d1jax.model.predictor``'s interface, row i
+    predicting token i) to ``apply_fn(params, ids, mask, slice_start, slice_len)``."""
     def apply_fn(params, ids, mask, slice_start, slice_len):
         return model.apply({"params": params}, ids, mask, slice_start=slice_start,
                            slice_len=slice_len)
     return apply_fn
 
 
-def llada_fns(model) -> ModelFns:
-    """``ModelFns`` of a ``d1jax.LLaDA``, with the KV-cache entry points."""
+def model_fns(model) -> ModelFns:
+    """``ModelFns`` of a d1jax model: the forward, and for LLaDA the KV-cache entry points
+    (Dream has none yet: its ``ModelFns`` serve ``kv_cache="none"``, and asking for a cache
+    names the model)."""
+    if predictor.is_shifted(model):
+        return ModelFns(model_apply_fn(model), max_length=model.config.max_sequence_length,
+                        cache_absent=type(model).__name__)
+
     def prefill(params, ids, mask, slice_start, slice_len):
         return model.apply({"params": params}, ids, mask, slice_start=slice_start,
                            slice_len=slice_len, method=model.prefill)
@@ -68,5 +78,5 @@ def llada_fns(model) -> ModelFns:
     def decode_at(params, ids, idx, cache, window, window_start, mask):
         return model.apply({"params": params}, ids, idx, cache, window, window_start, mask,
                            method=model.decode_at)
-    return ModelFns(llada_apply_fn(model), prefill, decode, model.config.max_sequence_length,
+    return ModelFns(model_apply_fn(model), prefill, decode, model.config.max_sequence_length,
                     decode_hidden, head, decode_at)

@@ -37,7 +37,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from d1jax import sampling as smp
 from d1jax import sharding as shd
-from d1jax.model import LLaDA
+from d1jax.model.predictor import MaskPredictor
 from d1jax.objectives.batch import GRPOBatch, SFTBatch
 from d1jax.objectives.table import OBJECTIVES, GRPOConfig, SFTConfig
 from d1jax.run import optim
@@ -91,7 +91,7 @@ class JittedSteps:
     or device arrays; a program is compiled once per batch structure (which optional
     fields are present)."""
 
-    model: LLaDA
+    model: MaskPredictor
     optimizer: optax.GradientTransformation
     mesh: Mesh | None
     lora: bool
@@ -110,7 +110,7 @@ class JittedSteps:
         # The rollout sampler: its shardings follow its inputs (params by the rules,
         # prompts over the batch axes).
         self.generate = None if self.sampler is None else smp.make_generate_fn(
-            smp.llada_fns(self.model), self.sampler, self.model.config.max_sequence_length)
+            smp.model_fns(self.model), self.sampler, self.model.config.max_sequence_length)
         self._mix = jax.jit(pure_steps.mix_reference, donate_argnums=(1,))
 
     # ------------------------------------------------------------------ state
@@ -247,7 +247,7 @@ class JittedSteps:
         return jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=self.replicated)
 
 
-def make_jitted_steps(model: LLaDA, mesh: Mesh | None, optimizer: optax.GradientTransformation,
+def make_jitted_steps(model: MaskPredictor, mesh: Mesh | None, optimizer: optax.GradientTransformation,
                       *, lora: bool, keep_reference: bool = False,
                       grpo: GRPOConfig | None = None, sft: SFTConfig | None = None,
                       sampler: smp.SamplerConfig | None = None,
@@ -257,7 +257,7 @@ def make_jitted_steps(model: LLaDA, mesh: Mesh | None, optimizer: optax.Gradient
                        tuple(rules))
 
 
-def for_run(spec: RunSpec, model: LLaDA, mesh: Mesh, ids: dict, total_steps: int
+def for_run(spec: RunSpec, model: MaskPredictor, mesh: Mesh, ids: dict, total_steps: int
             ) -> JittedSteps:
     """The jitted programs of a run: the rollout sampler, the old/ref pass and the GRPO
     update, or the SFT update. ``ids``: the tokenizer's special ids (``special_ids``; from

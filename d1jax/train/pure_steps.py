@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from d1jax.model import LLaDA
+from d1jax.model.predictor import MaskPredictor
 from d1jax.model import lora as lora_lib
 from d1jax.objectives import logprob, losses
 from d1jax.objectives.batch import GRPOBatch, SFTBatch
@@ -33,7 +33,7 @@ from d1jax.train.state import Params, TrainState
 Array = jax.Array
 
 
-def rollout_logps(model: LLaDA, cfg: GRPOConfig, state: TrainState, batch: GRPOBatch
+def rollout_logps(model: MaskPredictor, cfg: GRPOConfig, state: TrainState, batch: GRPOBatch
                   ) -> dict[str, Array]:
     """Old and reference per-token log-probs for all mu mask seeds, once per rollout.
 
@@ -92,7 +92,7 @@ def _finish(optimizer, state: TrainState, loss, grads, metrics):
     return state, {"loss": loss, **metrics, **om, "skipped_updates": skipped}
 
 
-def grpo_update_step(model: LLaDA, optimizer: optax.GradientTransformation, cfg: GRPOConfig,
+def grpo_update_step(model: MaskPredictor, optimizer: optax.GradientTransformation, cfg: GRPOConfig,
                      state: TrainState, batch: GRPOBatch, rng: Array
                      ) -> tuple[TrainState, dict]:
     """One optimizer step of the configured objective on one inner iteration of a rollout.
@@ -120,7 +120,7 @@ def grpo_update_step(model: LLaDA, optimizer: optax.GradientTransformation, cfg:
     return _finish(optimizer, state, loss, grads, metrics)
 
 
-def sft_update_step(model: LLaDA, optimizer: optax.GradientTransformation, cfg: SFTConfig,
+def sft_update_step(model: MaskPredictor, optimizer: optax.GradientTransformation, cfg: SFTConfig,
                     state: TrainState, batch: SFTBatch, rng: Array) -> tuple[TrainState, dict]:
     """One masked-SFT optimizer step (``losses.sft_loss``) with gradient accumulation.
 

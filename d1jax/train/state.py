@@ -18,7 +18,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 
 from d1jax import sharding as shd
-from d1jax.model import LLaDA
+from d1jax.model.predictor import MaskPredictor
 from d1jax.model import lora as lora_lib
 
 Array = jax.Array
@@ -75,7 +75,7 @@ class TrainState:
 def init_train_state(params: Params, optimizer: optax.GradientTransformation, *, lora: bool,
                      keep_reference: bool = False, shardings: TrainState | None = None
                      ) -> TrainState:
-    """A TrainState for ``params`` (plain LLaDA params, with adapters when ``lora``).
+    """A TrainState for ``params`` (plain model params, with adapters when ``lora``).
 
     The trainable leaves are copied, since jitted updates donate them; the base leaves are
     kept as given. keep_reference stores a copy of the trainable leaves as the reference
@@ -87,7 +87,7 @@ def init_train_state(params: Params, optimizer: optax.GradientTransformation, *,
         frozen, trainable = lora_lib.split(params)
         if not trainable:
             raise ValueError("lora=True but params hold no lora_a/lora_b leaves: build the "
-                             "model with LLaDA(config, lora=LoraConfig(...))")
+                             "model with LLaDA(config, lora=LoraConfig(...)) (or Dream(...))")
     else:
         frozen, trainable = {}, params
     sh = shardings if shardings is not None else TrainState(None, None, None, None, None, None)
@@ -103,7 +103,7 @@ def init_train_state(params: Params, optimizer: optax.GradientTransformation, *,
                       ref=copy(trainable_in) if keep_reference else None, skipped=zero())
 
 
-def state_shardings(model: LLaDA, mesh: Mesh, optimizer: optax.GradientTransformation, *,
+def state_shardings(model: MaskPredictor, mesh: Mesh, optimizer: optax.GradientTransformation, *,
                     lora: bool, keep_reference: bool, rules=shd.DEFAULT_RULES) -> TrainState:
     """A TrainState of NamedShardings: params by the model's logical axes, optimizer
     moments like their params, counters and hyperparameters replicated."""
@@ -119,7 +119,7 @@ def state_shardings(model: LLaDA, mesh: Mesh, optimizer: optax.GradientTransform
                       ref=trainable if keep_reference else None, skipped=rep)
 
 
-def abstract_state(model: LLaDA, optimizer: optax.GradientTransformation, *, lora: bool,
+def abstract_state(model: MaskPredictor, optimizer: optax.GradientTransformation, *, lora: bool,
                    keep_reference: bool, shardings: TrainState | None = None) -> TrainState:
     """The TrainState as ShapeDtypeStructs (with ``shardings`` when given): what a compile
     for a topology needs, with no weights loaded."""

@@ -1,0 +1,126 @@
+"""Model families: the one table that knows each family's module, configs, checkpoints and
+LoRA names.
+
+Everything downstream (sampler, estimator, SFT, objectives, train loops, planner) takes a
+model module with the mask-predictor interface of ``d1jax.model.predictor`` and never asks
+which family it is; a run picks its family once, by ``model.family`` (checked against a
+checkpoint's ``config.json``), and ``run.build`` asks this table for the rest.
+
+- ``llada``: LLaDA-8B-Base/Instruct (``LLaDAModelLM``), ``d1jax.model.LLaDA``.
+- ``dream``: Dream-v0-7B and DiffuCoder-7B (model_type "Dream", Qwen2 blocks),
+  ``d1jax.model.dream.Dream``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from d1jax.model import dream_weights, lora as lora_lib, weights
+from d1jax.model.config import PRESETS, LLaDAConfig, preset
+from d1jax.model.dream import Dream
+from d1jax.model.dream_config import DREAM_PRESETS, DreamConfig, dream_preset
+from d1jax.model.llada import LLaDA
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """How one model family is built, loaded, saved and adapted."""
+
+    name: str
+    title: str  # for messages: "LLaDA", "Dream"
+    module: type  # the flax module (LLaDA, Dream)
+    config_class: type
+    model_types: tuple[str, ...]  # config.json model_type values of its checkpoints
+    presets: Mapping[str, dict]  # named architectures (random_init)
+    make_config: Callable[..., Any]  # (preset name, **overrides) -> config
+    # (preset, vocab, mask, eos, pad, width, n_layers) -> config: a random model's
+    # architecture sized to its tokenizer (width/n_layers 0: the preset's).
+    sized_config: Callable[..., Any]
+    lora_targets: tuple[str, ...]  # projection names LoRA may target
+    # (path, mesh, dtype, rules) -> (config, params)
+    load: Callable[..., tuple[Any, dict]]
+    # (path, config, params, *, max_shard_size, source_dir, tokenizer, lora)
+    save: Callable[..., None]
+
+    def model(self, config: Any, **kwargs: Any):
+        """The flax module of architecture ``config`` (kwargs: dtype, remat, lora, ...)."""
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"{self.title} needs a {self.config_class.__name__}, got "
+                            f"{type(config).__name__}")
+        return self.module(config, **kwargs)
+
+
+def _llada_sized(name, *, vocab, mask, eos, pad, width=0, n_layers=0) -> LLaDAConfig:
+    over = dict(vocab_size=vocab, embedding_size=vocab, mask_token_id=mask, eos_token_id=eos,
+                pad_token_id=pad, max_sequence_length=1024)
+    if width:
+        over.update(d_model=width, mlp_hidden_size=3 * width)
+    if n_layers:
+        over["n_layers"] = n_layers
+    return preset(name, **over)
+
+
+def _dream_sized(name, *, vocab, mask, eos, pad, width=0, n_layers=0) -> DreamConfig:
+    over = dict(vocab_size=vocab, mask_token_id=mask, eos_token_id=eos, bos_token_id=eos,
+                pad_token_id=pad, max_position_embeddings=1024)
+    if width:
+        over.update(hidden_size=width, intermediate_size=3 * width)
+    if n_layers:
+        over["num_hidden_layers"] = n_layers
+    return dream_preset(name, **over)
+
+
+def _llada_save(path, config, params, *, max_shard_size="5GB", source_dir=None,
+                tokenizer=None, lora=None) -> None:
+    weights.save_hf_checkpoint(path, config, params, max_shard_size=max_shard_size,
+                               source_dir=source_dir, tokenizer=tokenizer, lora=lora)
+
+
+def _dream_save(path, config, params, *, max_shard_size="5GB", source_dir=None,
+                tokenizer=None, lora=None) -> None:
+    dream_weights.save_dream_checkpoint(path, config, params, max_shard_size=max_shard_size,
+                                        source_dir=source_dir, tokenizer=tokenizer, lora=lora)
+
+
+FAMILIES: dict[str, Family] = {
+    "llada": Family(
+        "llada", "LLaDA", LLaDA, LLaDAConfig, ("llada", "LLaDA"), PRESETS, preset, _llada_sized,
+        lora_lib.TARGETS, weights.load_hf_checkpoint, _llada_save),
+    "dream": Family(
+        "dream", "Dream", Dream, DreamConfig, ("Dream", "dream"), DREAM_PRESETS, dream_preset,
+        _dream_sized, lora_lib.DREAM_TARGETS, dream_weights.load_dream_checkpoint, _dream_save),
+}
+
+
+def get(name: str) -> Family:
+    """The family called ``name``; ValueError listing the known ones."""
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise ValueError(f"unknown model family {name!r}; choose one of "
+                         f"{', '.join(FAMILIES)}") from None
+
+
+def of(model: Any) -> Family:
+    """The family of a model module (LLaDA or Dream instance)."""
+    for fam in FAMILIES.values():
+        if isinstance(model, fam.module):
+            return fam
+    raise TypeError(f"{type(model).__name__} is not a d1jax model family's module")
+
+
+def detect(path: str | os.PathLike) -> str | None:
+    """The family of the Hugging Face checkpoint at ``path`` by its config.json's
+    ``model_type`` (None when there is no config.json or the type is unknown)."""
+    cfg = Path(path) / "config.json"
+    if not cfg.is_file():
+        return None
+    model_type = json.loads(cfg.read_text()).get("model_type")
+    for fam in FAMILIES.values():
+        if model_type in fam.model_types:
+            return fam.name
+    return None
