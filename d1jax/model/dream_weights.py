@@ -162,10 +162,17 @@ def save_dream_checkpoint(path: str | os.PathLike, config: DreamConfig, params: 
 
     def finish(tmp: Path) -> None:
         hf_config = config.to_hf_dict()
+        # auto_map names the source's remote code (modeling_dream.py ...), copied beside the
+        # weights; a model without a source (random init) ships none, so its config names none.
+        auto_map = {}
         if source_dir is not None:
             skip = () if tokenizer is None else hf_files.TOKENIZER_FILES
-            hf_config["auto_map"] = (_copy_companions(Path(source_dir), tmp, skip)
-                                     or hf_config["auto_map"])
+            auto_map = _copy_companions(Path(source_dir), tmp, skip)
+        modules = hf_files.auto_map_modules(auto_map)
+        if auto_map and all((tmp / m).is_file() for m in modules):
+            hf_config["auto_map"] = auto_map
+        else:
+            hf_config.pop("auto_map", None)
         if tokenizer is not None:
             hf_files.ship_tokenizer(tokenizer, tmp)
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
