@@ -83,6 +83,36 @@ class LLaDAConfig:
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    # The shape names every family's config answers (the planner's FLOP counts read these).
+    @property
+    def width(self) -> int:
+        return self.d_model
+
+    @property
+    def depth(self) -> int:
+        return self.n_layers
+
+    @property
+    def query_heads(self) -> int:
+        return self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads
+
+    @property
+    def output_vocab(self) -> int:
+        """Columns of the output head (the logits' last axis)."""
+        return self.embedding_size
+
+    @property
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """[in, out] of each block projection, by its LoRA target name."""
+        d, q, kv, f = self.d_model, self.n_heads * self.head_dim, \
+            self.n_kv_heads * self.head_dim, self.mlp_hidden_size
+        return {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "attn_out": (q, d),
+                "ff_proj": (d, f), "up_proj": (d, f), "ff_out": (f, d)}
+
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any]) -> "LLaDAConfig":
         """Builds the config from a Hugging Face ``config.json`` dict.

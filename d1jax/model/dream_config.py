@@ -77,6 +77,37 @@ class DreamConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    # The shape names every family's config answers (the planner's FLOP counts read these).
+    @property
+    def width(self) -> int:
+        return self.hidden_size
+
+    @property
+    def depth(self) -> int:
+        return self.num_hidden_layers
+
+    @property
+    def query_heads(self) -> int:
+        return self.num_attention_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads
+
+    @property
+    def output_vocab(self) -> int:
+        """Columns of the output head (the logits' last axis)."""
+        return self.vocab_size
+
+    @property
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """[in, out] of each block projection, by its LoRA target name (q/k/v biases: left
+        out, D + 2 K H additions a token)."""
+        d, q, kv, f = self.hidden_size, self.num_attention_heads * self.head_dim, \
+            self.num_key_value_heads * self.head_dim, self.intermediate_size
+        return {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d),
+                "gate_proj": (d, f), "up_proj": (d, f), "down_proj": (f, d)}
+
     @property
     def rope_factor(self) -> float:
         """Positions are divided by this before RoPE (1 unless rope_scaling is "linear")."""

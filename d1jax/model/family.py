@@ -45,6 +45,12 @@ class Family:
     load: Callable[..., tuple[Any, dict]]
     # (path, config, params, *, max_shard_size, source_dir, tokenizer, lora)
     save: Callable[..., None]
+    # path -> config: a checkpoint's config.json alone (the planner: shapes, no weights)
+    read_config: Callable[..., Any] | None = None
+    default_preset: str = ""  # the released checkpoints' architecture (llada-8b, dream-7b)
+    # The first and last layers run outside the layer loop (LLaDA): the last runs only the
+    # rows the output reads, and XLA drops the first's q/k/v input gradient under LoRA.
+    peeled_ends: bool = False
 
     def model(self, config: Any, **kwargs: Any):
         """The flax module of architecture ``config`` (kwargs: dtype, remat, lora, ...)."""
@@ -89,10 +95,12 @@ def _dream_save(path, config, params, *, max_shard_size="5GB", source_dir=None,
 FAMILIES: dict[str, Family] = {
     "llada": Family(
         "llada", "LLaDA", LLaDA, LLaDAConfig, ("llada", "LLaDA"), PRESETS, preset, _llada_sized,
-        lora_lib.TARGETS, weights.load_hf_checkpoint, _llada_save),
+        lora_lib.TARGETS, weights.load_hf_checkpoint, _llada_save,
+        read_config=weights.read_config, default_preset="llada-8b", peeled_ends=True),
     "dream": Family(
         "dream", "Dream", Dream, DreamConfig, ("Dream", "dream"), DREAM_PRESETS, dream_preset,
-        _dream_sized, lora_lib.DREAM_TARGETS, dream_weights.load_dream_checkpoint, _dream_save),
+        _dream_sized, lora_lib.DREAM_TARGETS, dream_weights.load_dream_checkpoint, _dream_save,
+        read_config=dream_weights.read_dream_config, default_preset="dream-7b"),
 }
 
 

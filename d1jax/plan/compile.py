@@ -195,7 +195,7 @@ def estimate(program: Program, spec: PlanSpec, mesh, chip: chips.Chip, topology:
     cached = got is not None
     if got is None:
         got = _compile(lowered, lambda text: _largest_vocab_activation(
-            text, program.args, spec.model_config.embedding_size, mesh.shape.get("tensor", 1),
+            text, program.args, spec.model_config.output_vocab, mesh.shape.get("tensor", 1),
             n))
         if cache_root:
             plan_cache.write(cache_root, name, got)

@@ -1,10 +1,18 @@
-"""Analytic FLOP counts of LLaDA programs, loop-aware (every layer, step and block counted).
+"""Analytic FLOP counts of LLaDA and Dream programs, loop-aware (every layer, step and block
+counted).
 
 A matmul [m, k] x [k, n] is 2 m k n FLOPs. Per token and layer the projections cost
 2 (D·NH + 2 D·KH + NH·D + 3 D·F); attention over ``kv`` keys costs 4 kv·NH per query
 (scores and the weighted sum); the output head 2 D·V per position it is applied to; a LoRA
-adapter of rank r on a [in, out] projection 2 r (in + out) per token. Norms, RoPE, softmax
-and the optimizer are elementwise and left out (under 1% at 8B).
+adapter of rank r on a [in, out] projection 2 r (in + out) per token. Norms, RoPE, softmax,
+Dream's q/k/v biases and the optimizer are elementwise and left out (under 1% at 7-8B).
+Shapes come from the properties every family's config answers (``width``, ``depth``,
+``query_heads``, ``head_dim``, ``output_vocab``, ``projections`` by LoRA target name).
+
+Layer layout (``Family.peeled_ends``): LLaDA runs its first and last layers outside the
+layer loop, so its last layer computes queries and MLP only for the rows the output reads
+and, under LoRA, XLA drops the first layer's q/k/v input gradient; Dream scans all layers,
+running every row through each and computing that gradient.
 
 Training: the backward pass of a matmul costs twice its forward (input and weight
 gradients), once for a frozen weight (input gradient only: the base model under LoRA);
@@ -23,7 +31,7 @@ import dataclasses
 import numpy as np
 
 from d1jax import sampling as smp
-from d1jax.model import LLaDAConfig, LoraConfig
+from d1jax.model import LoraConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,21 +58,33 @@ class Forward:
         return Forward(*(k * a for a in dataclasses.astuple(self)))
 
 
-def projection_shapes(cfg: LLaDAConfig) -> dict[str, tuple[int, int]]:
-    """[in, out] of each block projection (the LoRA targets' names)."""
-    d, nh, kh, f = cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, \
-        cfg.mlp_hidden_size
-    return {"q_proj": (d, nh), "k_proj": (d, kh), "v_proj": (d, kh), "attn_out": (nh, d),
-            "ff_proj": (d, f), "up_proj": (d, f), "ff_out": (f, d)}
+# Forward rows per completion row in a GRPO objective's log-prob estimate, beside
+# classifier-free guidance's 2: coupled-GRPO's three masked copies (x_full, x_M, x_~M),
+# SPG's J noisy copies.
+_ESTIMATOR_COPIES = {"coupled_grpo": lambda hp: 3, "spg": lambda hp: hp.num_t}
 
 
-def forward(cfg: LLaDAConfig, batch: int, q_len: int, kv_len: int, head_positions: int,
+def estimator_rows(grpo) -> int:
+    """Rows the log-prob estimate of a ``GRPOConfig`` runs per completion."""
+    copies = _ESTIMATOR_COPIES.get(grpo.objective)
+    if copies is not None:
+        return copies(grpo.hparams)
+    return 2 if grpo.cfg_scale > 0 else 1
+
+
+def projection_shapes(cfg) -> dict[str, tuple[int, int]]:
+    """[in, out] of each block projection (the family's LoRA target names)."""
+    return cfg.projections
+
+
+def forward(cfg, batch: int, q_len: int, kv_len: int, head_positions: int,
             lora: LoraConfig | None = None, last_rows: int | None = None) -> Forward:
     """One forward of ``batch`` sequences: ``q_len`` positions through every layer,
     attending to ``kv_len`` keys, the head on ``head_positions`` of them. ``last_rows``: the
     last layer computes keys and values for all positions but queries, attention output
     and MLP only for that many (``LLaDA``'s full forward with a sliced output)."""
     shapes = projection_shapes(cfg)
+    n_layers = cfg.depth
     kv_side = ("k_proj", "v_proj")
     rows = (q_len if last_rows is None else last_rows)
 
@@ -75,46 +95,48 @@ def forward(cfg: LLaDAConfig, batch: int, q_len: int, kv_len: int, head_position
                    for name, (i, o) in shapes.items()
                    if name in names and (not adapter or name in lora.targets))
     kv, query = tuple(kv_side), tuple(n for n in shapes if n not in kv_side)
-    base = batch * (q_len * cfg.n_layers * per_token(kv, False)
-                    + (q_len * (cfg.n_layers - 1) + rows) * per_token(query, False))
-    adapters = batch * (q_len * cfg.n_layers * per_token(kv, True)
-                        + (q_len * (cfg.n_layers - 1) + rows) * per_token(query, True))
-    head = 2.0 * batch * head_positions * cfg.d_model * cfg.embedding_size
-    attention = 4.0 * batch * (q_len * (cfg.n_layers - 1) + rows) * kv_len * cfg.n_heads \
+    base = batch * (q_len * n_layers * per_token(kv, False)
+                    + (q_len * (n_layers - 1) + rows) * per_token(query, False))
+    adapters = batch * (q_len * n_layers * per_token(kv, True)
+                        + (q_len * (n_layers - 1) + rows) * per_token(query, True))
+    head = 2.0 * batch * head_positions * cfg.width * cfg.output_vocab
+    attention = 4.0 * batch * (q_len * (n_layers - 1) + rows) * kv_len * cfg.query_heads \
         * cfg.head_dim
     first_qkv = batch * q_len * per_token(("q_proj",) + kv, False)
     return Forward(base=float(base) + head, head=head, lora=float(adapters),
                    attention=attention, first_qkv=float(first_qkv))
 
 
-def train_step(fwd: Forward, *, lora: bool, remat: bool,
-               head_remat: bool) -> tuple[float, float]:
+def train_step(fwd: Forward, *, lora: bool, remat: bool, head_remat: bool,
+               peeled: bool = True) -> tuple[float, float]:
     """(model FLOPs, hardware FLOPs) of forward + backward given the forward's split.
 
-    Under LoRA the first layer's q/k/v input gradient is neither model work (it feeds the
-    frozen embedding) nor run: ``LLaDA``'s first layer is its own code in a full forward,
-    where XLA drops it."""
+    Under LoRA the first layer's q/k/v input gradient is not model work (it feeds the
+    frozen embedding); with ``peeled`` ends (``LLaDA``: the first layer is its own code)
+    XLA drops it, inside a layer loop (Dream) the chips still run it."""
     base_bwd = 1.0 if lora else 2.0  # frozen base under LoRA: input gradients only
     dead = fwd.first_qkv if lora else 0.0
     model = fwd.base * (1 + base_bwd) + fwd.lora * 3 + fwd.attention * 3 - dead
     layers = fwd.total - fwd.head
     recompute = (layers if remat else 0.0) + (fwd.head if head_remat else 0.0)
-    return model, model + recompute
+    return model, model + recompute + (0.0 if peeled else dead)
 
 
-def estimator(cfg: LLaDAConfig, batch: int, prompt: int, completion: int,
-              lora: LoraConfig | None = None, cfg_scale: float = 0.0) -> Forward:
-    """d1's one-step log-prob estimator: a forward over P + C, the head on C positions
-    (twice the batch with classifier-free guidance); the last layer runs its queries and
-    MLP on the completion only."""
-    rows = batch * (2 if cfg_scale > 0 else 1)
+def estimator(cfg, batch: int, prompt: int, completion: int,
+              lora: LoraConfig | None = None, cfg_scale: float = 0.0, *,
+              copies: int | None = None, peeled: bool = True) -> Forward:
+    """d1's one-step log-prob estimator: a forward over P + C, the head on C positions, on
+    ``copies`` rows per completion (``estimator_rows``; default twice the batch with
+    classifier-free guidance); with ``peeled`` ends the last layer runs its queries and MLP
+    on the completion only."""
+    rows = batch * (copies or (2 if cfg_scale > 0 else 1))
     length = prompt + completion
     return forward(cfg, rows, length, length, completion, lora,
-                   last_rows=completion)
+                   last_rows=completion if peeled else None)
 
 
-def sampler(cfg: LLaDAConfig, scfg, batch: int, prompt: int,
-            lora: LoraConfig | None = None) -> Forward:
+def sampler(cfg, scfg, batch: int, prompt: int, lora: LoraConfig | None = None, *,
+            peeled: bool = True) -> Forward:
     """One ``generate`` call, loop-aware, every step taking only its budget of tokens
     (with ``threshold < 1`` that is the upper bound; blocks may end earlier).
 
@@ -127,8 +149,9 @@ def sampler(cfg: LLaDAConfig, scfg, batch: int, prompt: int,
     total = prompt + scfg.gen_length
     blk = scfg.block_length
     budget = scfg.min_transfer()
-    if scfg.kv_cache == "none":  # the last layer's queries on the block only
-        return forward(cfg, rows, total, total, blk, lora, last_rows=blk).scale(
+    if scfg.kv_cache == "none":  # peeled: the last layer's queries on the block only
+        return forward(cfg, rows, total, total, blk, lora,
+                       last_rows=blk if peeled else None).scale(
             scfg.num_blocks * scfg.loop_steps)
     head_which, head_w = smp.head_sizes(scfg)
     rec_which, rec_w = smp.recompute_sizes(scfg)

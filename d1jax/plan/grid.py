@@ -2,6 +2,7 @@
 
   python -m d1jax.plan.grid --json=plan_grid.json            # every d1 config x slice
   python -m d1jax.plan.grid --configs=configs/grpo_sudoku.py --slices=v5p-8,v5e-16
+  python -m d1jax.plan.grid --configs=dream --slices=v5p-8,v6e-8 --json=docs/tpu_grid.json
 
 For each config and slice it compiles the run's programs (``d1jax.plan``) on the mesh of
 ``mesh_for`` (the weights sharded over every chip; a tensor axis where the batch has fewer
@@ -29,10 +30,15 @@ from absl import app, flags
 
 CONFIGS = ("configs/grpo_gsm8k.py", "configs/grpo_math.py", "configs/grpo_countdown.py",
            "configs/grpo_sudoku.py", "configs/sft_s1k.py")
+# Dream-7B and DiffuCoder-7B (docs/tpu_plan.md, "Dream-7B and DiffuCoder-7B"): --configs=dream
+DREAM_CONFIGS = ("configs/dream/grpo_gsm8k.py", "configs/diffucoder/coupled_grpo_sudoku.py:authors",
+                 "configs/dream/sft_s1k.py")
+CONFIG_SETS = {"llada": CONFIGS, "dream": DREAM_CONFIGS}
 SLICES = ("v4-8", "v5e-8", "v5e-16", "v5p-8", "v5p-64", "v6e-8")
 GIB = 2**30
 
-_CONFIGS = flags.DEFINE_list("configs", list(CONFIGS), "Config files (.py, ':variant' allowed).")
+_CONFIGS = flags.DEFINE_list("configs", list(CONFIGS), "Config files (.py, ':variant' "
+                             f"allowed), or a named set: {', '.join(CONFIG_SETS)}.")
 _SLICES = flags.DEFINE_list("slices", list(SLICES), "TPU slices or topologies.")
 _JSON = flags.DEFINE_string("json", "plan_grid.json", "Rows are appended here as they finish.")
 _MARKDOWN = flags.DEFINE_string("markdown", "", "Print the table of this JSON file and exit.")
@@ -55,6 +61,27 @@ def load_config(path: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config(variant or None)
+
+
+def config_name(path: str) -> str:
+    """A config's name in the tables: its path under configs/ without ``.py``, variant kept
+    (``grpo_gsm8k``, ``dream/grpo_gsm8k``, ``diffucoder/coupled_grpo_sudoku:authors``)."""
+    file, colon, variant = path.partition(":")
+    p = Path(file)
+    parts = p.with_suffix("").parts
+    name = "/".join(parts[parts.index("configs") + 1:] if "configs" in parts else parts[-1:])
+    return name + colon + variant
+
+
+def expand(paths: list[str]) -> list[str]:
+    """Config paths with the named sets (``CONFIG_SETS``) replaced by their files."""
+    return [p for item in paths for p in CONFIG_SETS.get(item, (item,))]
+
+
+def _unrolled(model) -> bool:
+    """Whether the model's layers run as straight-line code (LLaDA answers ``unrolled()``,
+    Dream's layer scan is unrolled only when ``unroll_layers`` says so)."""
+    return model.unrolled() if hasattr(model, "unrolled") else bool(model.unroll_layers)
 
 
 def mesh_for(run, chips: int) -> tuple[int, int, int]:
@@ -99,7 +126,7 @@ def plan_config(path: str, topology: str, seen: dict, progress=None,
         spec = PlanSpec.of(dataclasses.replace(
             base, model=dataclasses.replace(base.model, remat=remat)))
         mesh = dataclasses.replace(spec.run.mesh, shape=mesh_shape).build(devices)
-        layout = "unrolled" if make_model(spec.run.model, spec.model_config).unrolled() \
+        layout = "unrolled" if _unrolled(make_model(spec.run.model, spec.model_config)) \
             else "loop"
         fits = True
         for program in build_programs(spec, mesh):
@@ -138,10 +165,10 @@ def markdown(rows: list[dict]) -> str:
         timed = _timed(r)  # a time only where XLA's cost model gives a usable one
         tok = f"{r['tokens'] / chips / r['seconds']:,.0f}" if r.get("tokens") and timed \
             else "-"
-        compile_s = f"= {Path(r['same_as']).stem}" if r.get("same_as") else \
+        compile_s = f"= {config_name(r['same_as'])}" if r.get("same_as") else \
             f"{r['compile_s']:.0f}"
         out.append("| " + " | ".join([
-            Path(r["config"]).stem, r["slice"],
+            config_name(r["config"]), r["slice"],
             f"{m.get('data', 1)},{m.get('fsdp', 1)},{m.get('tensor', 1)}",
             r.get("layers", "?"), "on" if r["remat"] else "off", r["program"],
             f"{r['argument_bytes'] / GIB:.1f}", f"{r['temp_bytes'] / GIB:.1f}",
@@ -197,7 +224,8 @@ def summary(rows: list[dict], iterations=None) -> str:
             cycle = sec["rollout"] + sec["rollout_logps"] + \
                 iterations(path) * sec[update["program"]]
         out.append("| " + " | ".join([
-            Path(path).stem, slice_, f"{m.get('data', 1)},{m.get('fsdp', 1)},{m.get('tensor', 1)}",
+            config_name(path), slice_,
+            f"{m.get('data', 1)},{m.get('fsdp', 1)},{m.get('tensor', 1)}",
             ("on" if update["remat"] else "off") if fits else "does not fit",
             f"{big['total_bytes'] / GIB:.1f} / {big['capacity_bytes'] / GIB:.1f}",
             fmt(sec[update["program"]]), mfu(update),
@@ -224,7 +252,7 @@ def main(argv):
               f"MFU {100 * row['mfu']:.1f}%", file=sys.stderr, flush=True)
 
     for topology in _SLICES.value:
-        for path in _CONFIGS.value:
+        for path in expand(_CONFIGS.value):
             if (path, topology) in done:  # an earlier, interrupted grid measured it
                 continue
             t0 = time.perf_counter()

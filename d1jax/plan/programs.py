@@ -19,7 +19,7 @@ from jax.sharding import Mesh
 
 from d1jax import config as config_lib
 from d1jax import sharding as shd
-from d1jax.model import LLaDA, LLaDAConfig, preset, weights
+from d1jax.model import family as family_lib
 from d1jax.model.tokenizer import MASK
 from d1jax.objectives import logprob
 from d1jax.plan import flops as fl
@@ -36,10 +36,11 @@ def spec_of(config) -> spec_lib.RunSpec:
 
 @dataclasses.dataclass(frozen=True)
 class PlanSpec:
-    """A run as the planner sees it: its typed spec and its architecture."""
+    """A run as the planner sees it: its typed spec and its architecture (its family's
+    config class: ``LLaDAConfig``, ``DreamConfig``)."""
 
     run: spec_lib.RunSpec
-    model_config: LLaDAConfig
+    model_config: Any
 
     @classmethod
     def of(cls, run: spec_lib.RunSpec) -> "PlanSpec":
@@ -79,15 +80,17 @@ class _TokenizerShape:
         return self.n - 1 if token == MASK else self.unk_token_id
 
 
-def architecture(m: spec_lib.ModelSpec) -> LLaDAConfig:
-    """The run's architecture: model.path's config.json, the random_init preset as
-    ``run.build`` sizes it (tiny configs), or LLaDA-8B when model.path is unset or holds
-    no config.json."""
+def architecture(m: spec_lib.ModelSpec) -> Any:
+    """The run's architecture in its family's config class (``model.family``): model.path's
+    config.json, the random_init preset as ``run.build`` sizes it (tiny configs), or the
+    family's released size (LLaDA-8B, Dream-7B) when model.path is unset or holds no
+    config.json."""
+    fam = family_lib.get(m.family)
     if m.path and (Path(m.path).expanduser() / "config.json").is_file():
-        return weights.read_config(Path(m.path).expanduser())
+        return fam.read_config(Path(m.path).expanduser())
     if m.random:
         return setup.random_model_config(m, _TokenizerShape(m.tokenizer_vocab))
-    return preset("llada-8b")
+    return fam.make_config(fam.default_preset)
 
 
 def _nbytes(tree) -> int:
@@ -97,16 +100,29 @@ def _nbytes(tree) -> int:
 def _on_accelerator(run: spec_lib.RunSpec, rows: int, positions: int, vocab: int
                     ) -> spec_lib.RunSpec:
     """``run`` with the head chunk an accelerator's ``auto_chunk`` picks for ``rows`` x
-    ``positions`` (this host is a CPU, where it would pick the CPU budget)."""
+    ``positions`` (this host is a CPU, where it would pick the CPU budget); an objective
+    with its own automatic chunk (``hparams.seq_chunk`` None) gets the one for its
+    estimator's rows (``flops.estimator_rows``)."""
     chunk = logprob.auto_chunk(rows, positions, vocab, logprob.ACCELERATOR_CHUNK_BYTES)
     if run.grpo is not None:
-        run = dataclasses.replace(run, grpo=dataclasses.replace(run.grpo, seq_chunk=chunk))
+        hp = run.grpo.hparams
+        if getattr(hp, "seq_chunk", 0) is None:
+            hp = dataclasses.replace(hp, seq_chunk=logprob.auto_chunk(
+                rows * fl.estimator_rows(run.grpo), positions, vocab,
+                logprob.ACCELERATOR_CHUNK_BYTES))
+        run = dataclasses.replace(run, grpo=dataclasses.replace(run.grpo, seq_chunk=chunk,
+                                                                hparams=hp))
     if run.sft is not None:
         run = dataclasses.replace(run, sft=dataclasses.replace(run.sft, seq_chunk=chunk))
     return run
 
 
-def _steps(run: spec_lib.RunSpec, model: LLaDA, mesh: Mesh) -> steps_lib.JittedSteps:
+def _peeled(model) -> bool:
+    """Whether the model's first and last layers run outside its layer loop (flops.py)."""
+    return family_lib.of(model).peeled_ends
+
+
+def _steps(run: spec_lib.RunSpec, model, mesh: Mesh) -> steps_lib.JittedSteps:
     """The run's jitted steps; token ids are the architecture's (no tokenizer here)."""
     mcfg = model.config
     ids = {"mask": mcfg.mask_token_id, "eos": mcfg.eos_token_id, "eot": mcfg.eos_token_id}
@@ -132,11 +148,11 @@ def _sampler_program(name: str, steps: steps_lib.JittedSteps, rows: int, prompt:
     def lower():
         with shd.activate(steps.mesh, steps.rules):  # as the run calls it
             return steps.generate.lower(*args)
-    fwd = fl.sampler(model.config, scfg, rows, prompt, model.lora).total
+    fwd = fl.sampler(model.config, scfg, rows, prompt, model.lora, peeled=_peeled(model)).total
     length = prompt + scfg.gen_length
     return Program(name, lower, args, fwd, fwd, loop_bound=scfg.loop_steps,
                    weight_bytes=_nbytes(params),
-                   logits_bytes=4 * rows * length * model.config.embedding_size,
+                   logits_bytes=4 * rows * length * model.config.output_vocab,
                    tokens=rows * scfg.gen_length, sequences=rows)
 
 
@@ -146,11 +162,11 @@ def _step_program(name: str, steps: steps_lib.JittedSteps, args: tuple, batch, *
     return Program(name, lambda: steps.program(name, batch).lower(*args), args, **figures)
 
 
-def _grpo_programs(run: spec_lib.RunSpec, model: LLaDA, mesh: Mesh) -> list[Program]:
+def _grpo_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[Program]:
     mcfg, g, cfg = model.config, run.grpo_run, run.grpo
     rows, prompt, comp = g.prompts_per_step * g.num_generations, run.max_prompt_length, \
         run.sampler.gen_length
-    mu, v, micro = cfg.num_iterations, mcfg.embedding_size, rows // cfg.grad_accum
+    mu, v, micro = cfg.num_iterations, mcfg.output_vocab, rows // cfg.grad_accum
     config_lib.check_batch(rows, g.num_generations, setup.data_parallel_size(mesh),
                            "prompts_per_step x G", cfg.grad_accum)  # as the run checks
     # The old/ref pass sees every row at once, the update one micro-batch at a time.
@@ -160,13 +176,16 @@ def _grpo_programs(run: spec_lib.RunSpec, model: LLaDA, mesh: Mesh) -> list[Prog
     weights = _nbytes(state.policy_params())
     logits = 4 * rows * (prompt + comp) * v
 
-    est = functools.partial(fl.estimator, mcfg, rows, prompt, comp, cfg_scale=cfg.cfg_scale)
+    est = functools.partial(fl.estimator, mcfg, rows, prompt, comp,
+                            copies=fl.estimator_rows(cfg), peeled=_peeled(model))
     ref_lora = model.lora if run.keep_reference else None  # LoRA without a copy: base is ref
     logps_flops = mu * ((mu > 1) * est(lora=model.lora).total
                         + (cfg.beta != 0) * est(lora=ref_lora).total)
-    chunk = update_steps.grpo.seq_chunk
+    hp = update_steps.grpo.hparams  # an objective's own head chunk, if it has one
+    chunk = getattr(hp, "seq_chunk", None) or update_steps.grpo.seq_chunk
     model_f, hw_f = fl.train_step(est(lora=model.lora), lora=model.lora is not None,
-                                  remat=run.model.remat, head_remat=chunk < comp)
+                                  remat=run.model.remat, head_remat=chunk < comp,
+                                  peeled=_peeled(model))
     r = logps_steps.grpo_batch_like(rows, prompt, comp, for_update=False)
     b = update_steps.grpo_batch_like(rows, prompt, comp)
     return [
@@ -180,24 +199,25 @@ def _grpo_programs(run: spec_lib.RunSpec, model: LLaDA, mesh: Mesh) -> list[Prog
     ]
 
 
-def _sft_programs(run: spec_lib.RunSpec, model: LLaDA, mesh: Mesh) -> list[Program]:
+def _sft_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[Program]:
     mcfg, s = model.config, run.sft_run
     micro = s.batch_size // run.sft.grad_accum
     config_lib.check_batch(s.batch_size, 1, setup.data_parallel_size(mesh), "sft.batch_size",
                            run.sft.grad_accum)
-    steps = _steps(_on_accelerator(run, micro, s.max_length, mcfg.embedding_size), model, mesh)
+    steps = _steps(_on_accelerator(run, micro, s.max_length, mcfg.output_vocab), model, mesh)
     state, rng = steps.abstract_state(), steps.rng_like()
     batch = steps.sft_batch_like(s.batch_size, s.max_length)
     fwd = fl.forward(mcfg, s.batch_size, s.max_length, s.max_length, s.max_length, model.lora)
     model_f, hw_f = fl.train_step(fwd, lora=model.lora is not None, remat=run.model.remat,
-                                  head_remat=steps.sft.seq_chunk < s.max_length)
+                                  head_remat=steps.sft.seq_chunk < s.max_length,
+                                  peeled=_peeled(model))
     return [_step_program(
         "sft_update", steps, (state, batch, rng), batch, flops_model=model_f,
         flops_hardware=hw_f, loop_bound=1, weight_bytes=_nbytes(state.policy_params()),
-        logits_bytes=4 * micro * s.max_length * mcfg.embedding_size)]
+        logits_bytes=4 * micro * s.max_length * mcfg.output_vocab)]
 
 
-def _eval_programs(run: spec_lib.RunSpec, model: LLaDA, mesh: Mesh) -> list[Program]:
+def _eval_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[Program]:
     """One sampler per eval length; ``steps.generate`` is the function the eval run builds
     (``make_generate_fn`` of the model's fns for that sampler config)."""
     return [_sampler_program(f"eval_sampler_{scfg.gen_length}",

@@ -1,0 +1,112 @@
+"""d1jax.plan on the Dream family: FLOPs of Dream's shapes against a hand count, the
+architecture a Dream run plans (config.json or Dream-7B), and tiny Dream programs compiled
+for a 4-chip TPU v5e topology whose HLO FLOPs equal the analytic count (skipped without
+libtpu)."""
+
+import dataclasses
+import json
+
+import pytest
+
+from d1jax import config as config_lib
+from d1jax.model import LoraConfig, lora as lora_lib
+from d1jax.model.dream_config import DreamConfig, dream_preset
+from d1jax.plan import chips, flops
+
+# d 4, 2 query heads of 2 (1 kv head), mlp 6, vocab 8.
+_HAND = dict(vocab_size=8, hidden_size=4, intermediate_size=6, num_hidden_layers=1,
+             num_attention_heads=2, num_key_value_heads=1, mask_token_id=7, pad_token_id=6,
+             bos_token_id=6, eos_token_id=6)
+
+
+def _tpu_available() -> str:
+    try:
+        chips.topology_devices("v5e:2x2")
+    except ImportError as e:
+        return str(e)
+    return ""
+
+
+_NO_TPU = _tpu_available()
+needs_tpu = pytest.mark.skipif(bool(_NO_TPU), reason=f"no compile-only TPU topology: {_NO_TPU}")
+
+
+def test_dream_forward_flops_match_a_hand_count():
+    cfg = dream_preset("dream-test-tiny", **_HAND)
+    assert set(cfg.projections) == set(lora_lib.DREAM_TARGETS)
+    f = flops.forward(cfg, batch=2, q_len=3, kv_len=3, head_positions=1)
+    # per token: q 4x4, k 4x2, v 4x2 (GQA: one kv head), o 4x4, gate/up/down 3 x 4x6 = 120 MACs
+    assert f.base - f.head == 2 * 120 * 2 * 3
+    assert f.head == 2 * 4 * 8 * 2 * 1  # untied head: the same matmul as a tied one
+    assert f.attention == 2 * (2 * 3 * 3 * 4) * 2  # scores and sum: 3x3 keys x 4 dims, 2 rows
+    lora = flops.forward(cfg, 2, 3, 3, 1, LoraConfig(rank=1, targets=("o_proj", "gate_proj")))
+    assert lora.lora == 2 * ((4 + 4) + (4 + 6)) * 2 * 3
+    # Dream scans every layer over every row: the estimator's last layer is not trimmed to
+    # the completion, and each of coupled-GRPO's three copies is a row.
+    deep = dream_preset("dream-test-tiny", **{**_HAND, "num_hidden_layers": 3})
+    est = flops.estimator(deep, 2, 5, 4, copies=3, peeled=False)
+    assert est == flops.forward(deep, 6, 9, 9, 4)
+    assert est.base - est.head == 3 * 2 * 120 * 6 * 9
+    assert flops.estimator(deep, 2, 5, 4, peeled=True).total < est.total / 3
+
+
+def test_estimator_rows_by_objective():
+    gsm8k = config_lib.grpo("gsm8k", None, checkpoint="dream")
+    coupled = config_lib.grpo("sudoku", "authors", objective="coupled_grpo",
+                              checkpoint="diffucoder")
+    spg = config_lib.grpo("sudoku", None, objective="spg")
+    from d1jax.plan.compile import as_spec
+    assert flops.estimator_rows(as_spec(gsm8k).grpo) == 1
+    assert flops.estimator_rows(as_spec(coupled).grpo) == 3
+    assert flops.estimator_rows(as_spec(spg).grpo) == as_spec(spg).grpo.hparams.num_t
+
+
+def test_lora_first_layer_gradient_runs_inside_a_layer_loop():
+    g = flops.Forward(base=10.0, head=4.0, lora=1.0, attention=2.0, first_qkv=0.5)
+    peeled = flops.train_step(g, lora=True, remat=False, head_remat=False)
+    looped = flops.train_step(g, lora=True, remat=False, head_remat=False, peeled=False)
+    assert peeled == (28.5, 28.5) and looped == (28.5, 29.0)  # not model work, but run
+
+
+def test_architecture_of_a_dream_run(tmp_path):
+    from d1jax.plan import programs
+    run = programs.spec_of(config_lib.grpo("gsm8k", None, checkpoint="dream"))
+    assert run.model.family == "dream" and not run.model.path
+    assert programs.architecture(run.model) == dream_preset("dream-7b")
+    small = dream_preset("dream-test-tiny", hidden_size=64, num_hidden_layers=3)
+    (tmp_path / "config.json").write_text(json.dumps(small.to_hf_dict()))
+    got = programs.architecture(dataclasses.replace(run.model, path=str(tmp_path)))
+    assert isinstance(got, DreamConfig) and got == small
+    llada = programs.spec_of(config_lib.grpo("gsm8k", None))
+    assert programs.architecture(llada.model).d_model == 4096  # LLaDA-8B, as before
+
+
+def test_grid_names_configs_by_their_folder():
+    from d1jax.plan import grid
+    assert grid.config_name("configs/grpo_gsm8k.py") == "grpo_gsm8k"
+    assert grid.config_name("configs/dream/grpo_gsm8k.py") == "dream/grpo_gsm8k"
+    assert grid.config_name("configs/diffucoder/coupled_grpo_sudoku.py:authors") == \
+        "diffucoder/coupled_grpo_sudoku:authors"
+    assert grid.expand(["dream", "configs/sft_s1k.py"]) == \
+        [*grid.DREAM_CONFIGS, "configs/sft_s1k.py"]
+
+
+@needs_tpu
+def test_tiny_dream_programs_compile_to_the_analytic_count():
+    """A Dream LoRA update (every layer in the scan, the first layer's q/k/v input gradient
+    run) and coupled-GRPO's old/reference pass (three copies a row) compiled for v5e:2x2:
+    the HLO's loop-aware FLOPs equal the analytic count."""
+    from d1jax.plan import compile as plan_lib
+    from d1jax.plan.programs import PlanSpec, build_programs
+    chip, devices = chips.topology_devices("v5e:2x2")
+    cases = [(config_lib.grpo("gsm8k", "tiny", checkpoint="dream"), "grpo_update"),
+             (config_lib.grpo("sudoku", "authors,tiny", objective="coupled_grpo",
+                              checkpoint="diffucoder"), "rollout_logps")]
+    for c, name in cases:
+        c.model.n_layers = 2
+        spec = PlanSpec.of(plan_lib.as_spec(c))
+        mesh = dataclasses.replace(spec.run.mesh, shape=(1, 4, 1)).build(devices)
+        program = next(p for p in build_programs(spec, mesh) if p.name == name)
+        e = plan_lib.estimate(program, spec, mesh, chip, "v5e:2x2")
+        assert e.fits and e.flops_hardware > 0
+        assert e.flops_xla == pytest.approx(e.flops_hardware, rel=0.01), name
