@@ -280,19 +280,36 @@ def test_dream_run_resumes_exactly(dream_run, tmp_path):
                                        err_msg=f"step {step} {key}")
 
 
-@pytest.mark.parametrize("config_file,arg", [
-    ("configs/dream/sft_s1k.py", "tiny"),
-    ("configs/diffucoder/coupled_grpo_sudoku.py", "authors,tiny"),
-])
-def test_dream_configs_run_end_to_end_through_main(config_file, arg, tmp_path):
-    """The family's configs through d1jax.main's entry: a few steps, a checkpoint, an export."""
+@pytest.mark.parametrize("config_file,arg,changes", [
+    ("configs/dream/sft_s1k.py", "tiny", {}),
+    ("configs/dream/grpo_sudoku.py", "tiny", {"objective": "wd1", "beta": 0.0}),
+    ("configs/dream/grpo_sudoku.py", "tiny", {"objective": "spg", "beta": 0.0}),
+    ("configs/diffucoder/coupled_grpo_sudoku.py", "authors,tiny", {}),
+], ids=["sft", "wd1", "spg", "coupled_grpo_authors"])
+def test_dream_configs_save_resume_and_export(config_file, arg, changes, tmp_path):
+    """The family's configs as d1jax.main runs them: stopped (with a save) after the first
+    rollout's mu = 2 steps (SFT: after step 1), resumed from the workdir to the end, then
+    exported as a Dream checkpoint."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("cfg", config_file)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    c = mod.get_config(arg)
-    c.train.num_steps = 2
-    (sft if c.stage == "sft" else grpo).run(c, str(tmp_path))
-    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
-    assert (tmp_path / "checkpoints" / "2").is_dir()
+
+    first = 1 if mod.get_config(arg).stage == "sft" else 2
+    steps = 2 * first
+
+    def config(**train):
+        c = mod.get_config(arg)
+        for k, v in {"num_steps": steps, **train}.items():
+            setattr(c.train, k, v)
+        for k, v in changes.items():
+            setattr(c.grpo, k, v)
+        return c
+    stage = sft if mod.get_config(arg).stage == "sft" else grpo
+    with pytest.raises(RunStopped, match=f"stopped at step {first} of {steps}"):
+        stage.run(config(stop_after=first), str(tmp_path))
+    assert (tmp_path / "checkpoints" / str(first)).is_dir() and not (tmp_path / "hf").exists()
+    stage.run(config(), str(tmp_path))
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, steps + 1))
+    assert (tmp_path / "checkpoints" / str(steps)).is_dir()
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "Dream"
