@@ -341,6 +341,20 @@ def test_published_demo_tables_are_generated_from_the_published_results():
         assert demo_table.published_block(doc.read_text()) == want, doc.name
 
 
+def test_published_multi_seed_blocks_are_generated_from_the_published_results():
+    """docs/demo.md's multi-seed table and the README's claims are ``python -m
+    examples.demo.table <seeds workdir>/results.json --write`` of a clean commit's runs."""
+    results = json.loads(demo_table.PUBLISHED_SEEDS.read_text())
+    assert results["kind"] == "multi_seed" and not results["missing"]
+    assert len(results["commit"]) == 7 and int(results["commit"], 16) >= 0, results["commit"]
+    for name, docs in demo_table.SEEDS_BLOCKS.items():
+        want = demo_table.block(results, name)
+        for doc in docs:
+            assert demo_table.published_block(doc.read_text(), name) == want, (doc.name, name)
+    claims = demo_table.published_block(demo_table.README.read_text(), "demo-seeds-held")
+    assert f"commit {results['commit']}" in claims.splitlines()[1]
+
+
 def test_provenance_names_this_checkout():
     p = demo_report.provenance()
     head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True,
@@ -414,7 +428,8 @@ def test_multi_seed_claims_are_those_that_hold_in_every_run():
     # From the base: +2 / 0 / +2 held-out; the tie in run p0_loop breaks "on every set".
     assert held["diffu-GRPO from the base > base"]["held"] == [True, False, True]
     assert held["d1 (SFT + diffu-GRPO): rollout reward rises by more than 2 s.e."]["count"] == 2
-    assert held["+diffu-GRPO: rollout reward rises (last quarter > first)"]["count"] == 2
+    assert held["diffu-GRPO from the base: rollout reward rises (last quarter > first)"][
+        "count"] == 2
     text = aggregate.claims_list(res)
     head, tail = text.split("Not in all")
     assert "- SFT > base" in head and "- diffu-GRPO from the base > base: 2 of 3" in tail
@@ -451,11 +466,13 @@ def test_multi_seed_blocks_are_generated_with_commit_and_device(tmp_path):
         demo_table.main([str(path), "--write"])
     finally:
         demo_table.SEEDS_BLOCKS, demo_table.PUBLISHED_SEEDS = orig
-    for name, d in docs.items():
-        text = d.read_text()
-        assert demo_table.published_block(text, "demo-seeds-claims") == demo_table.block(
-            res, "demo-seeds-claims")
-        assert demo_table.published_block(text, "demo-table").count("\n") == 1  # untouched
+    for name, targets in blocks.items():
+        for d in targets:
+            assert demo_table.published_block(d.read_text(), name) == demo_table.block(res, name)
+    for d in docs.values():
+        assert demo_table.published_block(d.read_text(), "demo-table").count("\n") == 1  # kept
+    held = demo_table.published_block(docs["README.md"].read_text(), "demo-seeds-held")
+    assert "- SFT > base" in held and "Not in all" not in held
     assert json.loads((tmp_path / "pub.json").read_text()) == res
 
 

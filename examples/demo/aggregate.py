@@ -18,6 +18,7 @@ from examples.demo.report import ROWS
 
 SET_TITLES = {"heldout": "held-out", "d1_test": "d1 test"}
 ROW_TITLES = dict(ROWS)
+CLAIM_TITLES = {"d1": "d1 (SFT + diffu-GRPO)", "grpo_base": "diffu-GRPO from the base"}
 _START = {"grpo_base": "base", "d1": "sft"}  # every other GRPO row is "{objective}_{start}"
 STAGES = ("base", "sft")  # the supervised stages whose loss curves show convergence
 PARTS = 5  # loss curve summary: mean loss over each fifth of a stage's steps
@@ -120,7 +121,7 @@ def _claim_checks(kinds: list[str]) -> list[tuple[str, object]]:
         ("diffu-GRPO from the base > base", lambda r: _beats(r, "grpo_base", "base")),
     ]
     for kind in ("d1", "grpo_base"):
-        t = ROW_TITLES[kind]
+        t = CLAIM_TITLES[kind]
         checks.append((f"{t}: rollout reward rises (last quarter > first)",
                        lambda r, k=kind: _rises(r, k, 0.0)))
         checks.append((f"{t}: rollout reward rises by more than 2 s.e.",
@@ -224,14 +225,17 @@ def loss_table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def claims_list(res: dict) -> str:
-    """The claims that held in every run, then those that did not (with their count)."""
+def claims_list(res: dict, held_only: bool = False) -> str:
+    """The claims that held in every run, then those that did not, with their count
+    (``held_only``: the first list alone, its items only)."""
     n = len(res["runs"])
     held = [c for c in res["claims"] if c["all"]]
     not_held = [c for c in res["claims"] if not c["all"]]
-    out = [f"Held in all {n} runs (greedy accuracy, on every evaluation set):"]
-    out += [f"- {c['claim']}" for c in held] or ["- none"]
-    out.append(f"Not in all {n} (held in how many):")
+    items = [f"- {c['claim']}" for c in held] or ["- none"]
+    if held_only:
+        return "\n".join(items)
+    out = [f"Held in all {n} runs (greedy accuracy, on every evaluation set):", *items]
+    out += ["", f"Not in all {n} (held in how many):"]
     out += [f"- {c['claim']}: {c['count']} of {n}" for c in not_held] or ["- none"]
     return "\n".join(out)
 

@@ -22,8 +22,8 @@ def get_config(arg: str | None) -> mlc.ConfigDict:
 
     ``arg``: None (the README's run, 705 s measured on one shared core), "compare" (the same,
     plus wd1, SPG and coupled-GRPO from the SFT model on diffu-GRPO's budget; it reuses a
-    default run's workdir), "seeds" (the default with pretraining and SFT run to a loss
-    plateau: the runs of the multi-seed table, examples/demo/seeds.py) or "ci" (a shortened
+    default run's workdir), "seeds" (the default with 5x the pretraining and SFT steps: the
+    runs of the multi-seed table, examples/demo/seeds.py) or "ci" (a shortened
     run for the test suite: fewer pretraining steps, one 60-step diffu-GRPO run from the SFT
     model with exact rollouts).
     """
@@ -53,7 +53,7 @@ def get_config(arg: str | None) -> mlc.ConfigDict:
     d.data = _data()
     d.pretrain = _pretrain(ci)
     d.sft = _sft()
-    if arg == "seeds":  # budgets to a loss plateau, measured (docs/demo.md, multi-seed table)
+    if arg == "seeds":  # longer supervised stages (docs/demo.md, multi-seed table)
         d.pretrain.steps, d.sft.steps = SEEDS_PRETRAIN_STEPS, SEEDS_SFT_STEPS
         d.pretrain.save_every = d.sft.save_every = 500
     d.grpo = _grpo(ci)
@@ -79,8 +79,9 @@ def _model() -> mlc.ConfigDict:
     return g
 
 
-# ':seeds' budgets (optimizer steps): 5x the default's pretraining and SFT, where the
-# masked-diffusion loss of both has stopped falling (docs/demo.md, "Convergence").
+# ':seeds' budgets (optimizer steps): 5x the default's pretraining and SFT. Not yet a
+# plateau: on the H200 run both losses still fell ~10% from the 4th to the last fifth of
+# their steps (docs/demo.md, "Convergence").
 SEEDS_PRETRAIN_STEPS, SEEDS_SFT_STEPS = 2000, 1500
 
 

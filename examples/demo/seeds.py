@@ -1,7 +1,12 @@
 """The multi-seed table: the whole demo per (pretraining seed, rounding variant), aggregated.
 
   python -m examples.demo.seeds --config=configs/demo_sudoku.py:seeds \\
-      --pretrain_seeds=0,1,2 --variants=unrolled,loop --workdir=runs/demo_seeds --jobs=6
+      --pretrain_seeds=0,1,2 --variants=unrolled,loop --workdir=runs/demo_seeds --jobs=6 \\
+      '--config.demo.seeds=(0,)'
+
+(docs/demo.md's table: that command, one GRPO seed per run, six runs sharing one H200: 690 s
+in two invocations. On 2 CPU cores a run would take about an hour, estimated from the default
+demo's stage times, not measured.)
 
 Each run is ``python -m examples.demo`` in ``<workdir>/p{seed}_{variant}`` with
 ``--config.demo.seed={seed}`` (data order, base init, SFT) and the variant's model switches
