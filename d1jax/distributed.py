@@ -1,8 +1,8 @@
 """Joining a multi-process run, and leaving it promptly when a peer dies.
 
 ``initialize_from_env()`` joins the ``jax.distributed`` run that ``launch/`` (or the user)
-describes with ``D1JAX_COORDINATOR``, ``D1JAX_NUM_PROCESSES`` and ``D1JAX_PROCESS_ID``, and
-starts a ``PeerWatchdog``. Without it a dead peer leaves the others blocked in a collective
+describes with ``D1JAX_COORDINATOR``, ``D1JAX_NUM_PROCESSES`` and ``D1JAX_PROCESS_ID`` (or,
+on a TPU pod slice, ``D1JAX_DISTRIBUTED=auto``), and starts a ``PeerWatchdog``. Without it a dead peer leaves the others blocked in a collective
 until JAX's coordination service gives up (100 s by default) and aborts them with a
 "Fatal Python error"; with it they exit within ``D1JAX_PEER_TIMEOUT_S`` (30 s by default)
 with one line naming the lost process, and a rerun of all processes resumes from the last
@@ -113,24 +113,35 @@ _watchdog: PeerWatchdog | None = None
 
 
 def initialize_from_env() -> None:
-    """Joins a multi-process run when D1JAX_COORDINATOR is set, and starts the watchdog."""
+    """Joins a multi-process run, and starts the watchdog: with ``D1JAX_COORDINATOR`` (and
+    ``D1JAX_NUM_PROCESSES``, ``D1JAX_PROCESS_ID``) as given, or with ``D1JAX_DISTRIBUTED=auto``
+    as the platform describes it (a Cloud TPU pod slice: ``jax.distributed.initialize()``
+    reads the coordinator and process ids from the TPU metadata; ``launch/tpu_pod.sh`` sets
+    it). Neither set: a single-process run."""
     global _watchdog
     coordinator = os.environ.get("D1JAX_COORDINATOR")
-    if not coordinator:
+    mode = os.environ.get("D1JAX_DISTRIBUTED", "")
+    if mode not in ("", "auto"):
+        raise ValueError(f"D1JAX_DISTRIBUTED={mode!r}: 'auto' (TPU pods) or unset")
+    if not coordinator and mode != "auto":
         return
     import jax
-    if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS") == "cpu":
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        # Every process waits for the others' CPU topology (default 2 minutes): on a loaded
-        # machine a slow starter is not a failure.
-        minutes = int(os.environ.get("D1JAX_TOPOLOGY_TIMEOUT_MINUTES", "10"))
-        jax.config.update("jax_cpu_get_local_topology_timeout_minutes", minutes)
-        jax.config.update("jax_cpu_get_global_topology_timeout_minutes", minutes)
     timeout_s = float(os.environ.get("D1JAX_PEER_TIMEOUT_S", "30"))
-    n, pid = int(os.environ["D1JAX_NUM_PROCESSES"]), int(os.environ["D1JAX_PROCESS_ID"])
     # JAX's own missed-heartbeat handling aborts the process: keep it behind the watchdog.
-    jax.distributed.initialize(coordinator, n, pid,
-                               heartbeat_timeout_seconds=int(max(100, 3 * timeout_s)))
+    heartbeat = int(max(100, 3 * timeout_s))
+    if coordinator:
+        if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS") == "cpu":
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            # Every process waits for the others' CPU topology (default 2 minutes): on a
+            # loaded machine a slow starter is not a failure.
+            minutes = int(os.environ.get("D1JAX_TOPOLOGY_TIMEOUT_MINUTES", "10"))
+            jax.config.update("jax_cpu_get_local_topology_timeout_minutes", minutes)
+            jax.config.update("jax_cpu_get_global_topology_timeout_minutes", minutes)
+        n, pid = int(os.environ["D1JAX_NUM_PROCESSES"]), int(os.environ["D1JAX_PROCESS_ID"])
+        jax.distributed.initialize(coordinator, n, pid, heartbeat_timeout_seconds=heartbeat)
+    else:
+        jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat)
+        n, pid = jax.process_count(), jax.process_index()
     if n > 1 and timeout_s > 0:
         from jax._src import distributed as jax_distributed
         _watchdog = PeerWatchdog(jax_distributed.global_state.client, pid, n, timeout_s).start()

@@ -33,7 +33,10 @@ _CHECK_FITS = flags.DEFINE_string(
 
 def main(argv):
     del argv
-    distributed.initialize_from_env()
+    try:
+        distributed.initialize_from_env()
+    except ValueError as e:  # a bad D1JAX_* variable: one line
+        sys.exit(f"error: {e}")
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config is required, e.g. --config=configs/grpo_sudoku.py:tiny")

@@ -29,4 +29,6 @@ ALL=(gcloud compute tpus tpu-vm ssh "$NAME" --zone "$ZONE" --worker=all --comman
 
 run gcloud compute tpus tpu-vm create "$NAME" --zone "$ZONE" --accelerator-type "$TYPE" --version "$VERSION"
 run "${ALL[@]}" "git clone $REPO d1jax || (cd d1jax && git pull); cd d1jax && pip install -e '.[tpu]' -c requirements.txt"
-run "${ALL[@]}" "cd d1jax && python -m d1jax.main --workdir=$WORKDIR $*"
+# D1JAX_DISTRIBUTED=auto: every worker joins jax.distributed from the TPU metadata and runs the
+# peer watchdog, so a dead worker stops the others within D1JAX_PEER_TIMEOUT_S (d1jax/distributed.py).
+run "${ALL[@]}" "cd d1jax && D1JAX_DISTRIBUTED=auto python -m d1jax.main --workdir=$WORKDIR $*"
