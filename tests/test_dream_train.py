@@ -180,6 +180,10 @@ def test_family_is_checked_against_the_checkpoint_and_lora_names(tmp_path):
     c.model.random_init = "test-tiny"
     with pytest.raises(ConfigError, match="not a Dream preset"):
         spec_lib.from_config(c)
+    c = config_lib.grpo("sudoku", "tiny", checkpoint="dream")
+    c.sampler.kv_cache = "prefix"  # refused before any compute, not at the first rollout
+    with pytest.raises(ConfigError, match="implemented for LLaDA, not Dream"):
+        spec_lib.from_config(c)
 
 
 def test_diffucoder_authors_variant_is_its_recipe():

@@ -51,6 +51,7 @@ class Family:
     # The first and last layers run outside the layer loop (LLaDA): the last runs only the
     # rows the output reads, and XLA drops the first's q/k/v input gradient under LoRA.
     peeled_ends: bool = False
+    kv_cache: bool = False  # the module has the Fast-dLLM KV-cache entry points (LLaDA)
 
     def model(self, config: Any, **kwargs: Any):
         """The flax module of architecture ``config`` (kwargs: dtype, remat, lora, ...)."""
@@ -96,7 +97,8 @@ FAMILIES: dict[str, Family] = {
     "llada": Family(
         "llada", "LLaDA", LLaDA, LLaDAConfig, ("llada", "LLaDA"), PRESETS, preset, _llada_sized,
         lora_lib.TARGETS, weights.load_hf_checkpoint, _llada_save,
-        read_config=weights.read_config, default_preset="llada-8b", peeled_ends=True),
+        read_config=weights.read_config, default_preset="llada-8b", peeled_ends=True,
+        kv_cache=True),
     "dream": Family(
         "dream", "Dream", Dream, DreamConfig, ("Dream", "dream"), DREAM_PRESETS, dream_preset,
         _dream_sized, lora_lib.DREAM_TARGETS, dream_weights.load_dream_checkpoint, _dream_save,

@@ -391,6 +391,10 @@ def from_config(c, *, weights: bool = True) -> RunSpec:
         task=TaskSpec(c.task.name, c.task.source or None, c.task.num_train),
         identity=resume_identity(c), train=_loop(t),
         optim=_optim(c.optim))
+    fam = family_lib.get(model.family)
+    if c.get("sampler") is not None and c.sampler.kv_cache != "none" and not fam.kv_cache:
+        raise ConfigError(f"sampler.kv_cache={c.sampler.kv_cache!r}: the Fast-dLLM cache is "
+                          f"implemented for LLaDA, not {fam.title}; use sampler.kv_cache='none'")
     if c.stage == "grpo":
         s = c.sampler
         grpo, run = _grpo(c, lora)
