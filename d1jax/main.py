@@ -7,15 +7,13 @@ Each stage module exposes ``run(config, workdir)`` so tests and notebooks call i
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 from absl import app, flags
 from ml_collections import config_flags
 
 from d1jax import distributed
-from d1jax.config.cli import parse_flags, unknown_key_message, user_errors  # noqa: F401
-from d1jax.run.context import RunStopped
+from d1jax.config.cli import parse_flags, run_stage, unknown_key_message, user_errors  # noqa: F401
 
 STAGES = {
     "sft": "d1jax.train.sft",
@@ -40,26 +38,9 @@ def main(argv):
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config is required, e.g. --config=configs/grpo_sudoku.py:tiny")
-    stage = config.get("stage")
-    if stage not in STAGES:
-        sys.exit(f"error: config.stage={stage!r} is not one of {sorted(STAGES)}")
-    workdir = _WORKDIR.value or config.get("workdir")
-    if not workdir:
-        sys.exit("error: no workdir: pass --workdir=DIR or set config.workdir")
-    try:
-        if _CHECK_FITS.value:
-            check_fits(config, _CHECK_FITS.value)
-        importlib.import_module(STAGES[stage]).run(config, workdir)
-    except user_errors() as e:  # a mistake in a config or a file: one clear line
-        sys.exit(f"error: {e}")
-    except RunStopped as e:  # saved and stopped early: "rerun me", not "done" (docs/training.md)
-        distributed.finish()
-        print(e, file=sys.stderr, flush=True)
-        sys.exit(e.exit_code)
-    except Exception as e:  # a peer died inside a collective: one line naming it
-        distributed.on_failure(e)
-        raise
-    distributed.finish()
+    topology = _CHECK_FITS.value
+    run_stage(config, _WORKDIR.value, STAGES,
+              before=(lambda c: check_fits(c, topology)) if topology else None)
 
 
 def check_fits(config, topology: str) -> None:

@@ -107,8 +107,8 @@ EVAL_TINY = "--config=configs/eval.py:sudoku-tiny"
      "error: --config.mesh.shape=(1,2: expected a tuple such as --config.mesh.shape='(-1, 1, 1)'"),
     # Config files and variants: the valid variants named.
     ("d1jax.main", ["--config=configs/grpo_sudoku.py:tiyn"],
-     "error: --config=configs/grpo_sudoku.py:tiyn: unknown config variant 'tiyn': use ':tiny' "
-     "or nothing"),
+     "error: --config=configs/grpo_sudoku.py:tiyn: unknown config variant 'tiyn': use ':tiny', "
+     "':authors', ':authors,tiny' or nothing"),
     ("examples.demo", ["--config=configs/forward_demo.py:tiny"],
      "error: --config=configs/forward_demo.py:tiny: configs/forward_demo.py takes no "
      "':variant'; drop it"),

@@ -1,12 +1,14 @@
-"""Command-line helpers shared by ``d1jax.main``, ``d1jax.eval`` and ``d1jax.plan``."""
+"""Command-line helpers shared by ``d1jax.main``, ``d1jax.eval``, ``d1jax.plan`` and the demo."""
 
 from __future__ import annotations
 
 import difflib
 import glob
+import importlib
 import importlib.util
 import os
 import sys
+from typing import Any, Callable, Mapping
 
 from absl import flags
 from absl import logging as absl_logging
@@ -211,3 +213,36 @@ def _dotted_keys(config, prefix: str = ""):
         yield prefix + name
         if hasattr(value, "keys"):
             yield from _dotted_keys(value, f"{prefix}{name}.")
+
+
+def run_stage(config, workdir: str | None, stages: Mapping[str, str],
+              before: Callable[[Any], None] | None = None) -> None:
+    """The commands' shared body: ``run(config, workdir)`` of the module ``stages`` maps the
+    config's ``stage`` to, in ``workdir`` (default ``config.workdir``), after ``before(config)``.
+
+    A mistake in the config or a file ends in one ``error:`` line; a run stopped with a save
+    (SIGTERM, ``train.stop_after``) exits with its rerun code; in a multi-process run an error
+    from a collective ends in the watchdog's line naming the lost process.
+    """
+    from d1jax import distributed
+    from d1jax.run.context import RunStopped
+    stage = config.get("stage")
+    if stage not in stages:
+        sys.exit(f"error: config.stage={stage!r} is not one of {sorted(stages)}")
+    workdir = workdir or config.get("workdir")
+    if not workdir:
+        sys.exit("error: no workdir: pass --workdir=DIR or set config.workdir")
+    try:
+        if before is not None:
+            before(config)
+        importlib.import_module(stages[stage]).run(config, workdir)
+    except user_errors() as e:  # a mistake in a config or a file: one clear line
+        sys.exit(f"error: {e}")
+    except RunStopped as e:  # saved and stopped early: "rerun me", not "done" (docs/training.md)
+        distributed.finish()
+        print(e, file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)
+    except Exception as e:  # a peer died inside a collective: one line naming it
+        distributed.on_failure(e)
+        raise
+    distributed.finish()

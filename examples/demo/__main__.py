@@ -9,14 +9,10 @@ evaluation at the demo's prompt). As with ``python -m d1jax.main``, a mistake in
 or a path ends in one ``error:`` line.
 """
 
-import importlib
-import sys
-
 from absl import app, flags
 from ml_collections import config_flags
 
-from d1jax.config.cli import parse_flags, user_errors
-from d1jax.run.context import RunStopped
+from d1jax.config.cli import parse_flags, run_stage
 from examples.demo import task  # noqa: F401  (registers the demo's task for eval configs)
 
 STAGES = {"demo": "examples.demo.run", "forward": "examples.demo.forward",
@@ -29,20 +25,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory; default config.w
 
 def main(argv) -> None:
     del argv
-    config = _CONFIG.value
-    stage = config.get("stage")
-    if stage not in STAGES:
-        sys.exit(f"error: config.stage={stage!r} is not one of {sorted(STAGES)}")
-    workdir = _WORKDIR.value or config.get("workdir")
-    if not workdir:
-        sys.exit("error: no workdir: pass --workdir=DIR or set config.workdir")
-    try:
-        importlib.import_module(STAGES[stage]).run(config, workdir)
-    except user_errors() as e:  # a mistake in a config or a file: one clear line
-        sys.exit(f"error: {e}")
-    except RunStopped as e:  # a stage saved and stopped early: rerun to resume
-        print(e, file=sys.stderr, flush=True)
-        sys.exit(e.exit_code)
+    run_stage(_CONFIG.value, _WORKDIR.value, STAGES)
 
 
 if __name__ == "__main__":
