@@ -37,13 +37,13 @@ class Family:
     model_types: tuple[str, ...]  # config.json model_type values of its checkpoints
     presets: Mapping[str, dict]  # named architectures (random_init)
     make_config: Callable[..., Any]  # (preset name, **overrides) -> config
-    # (preset, vocab, mask, eos, pad, width, n_layers) -> config: a random model's
-    # architecture sized to its tokenizer (width/n_layers 0: the preset's).
-    sized_config: Callable[..., Any]
+    # The config's field names of what ``sized_config`` sets: vocab, mask, eos, pad, length,
+    # width, mlp, layers (each a tuple of the fields that take the value).
+    fields: Mapping[str, tuple[str, ...]]
     lora_targets: tuple[str, ...]  # projection names LoRA may target
     # (path, mesh, dtype, rules) -> (config, params)
     load: Callable[..., tuple[Any, dict]]
-    # (path, config, params, *, max_shard_size, source_dir, tokenizer, lora)
+    # (path, config, params, max_shard_size, dtype, *, source_dir, tokenizer, lora)
     save: Callable[..., None]
     # path -> config: a checkpoint's config.json alone (the planner: shapes, no weights)
     read_config: Callable[..., Any] | None = None
@@ -60,48 +60,39 @@ class Family:
                             f"{type(config).__name__}")
         return self.module(config, **kwargs)
 
-
-def _llada_sized(name, *, vocab, mask, eos, pad, width=0, n_layers=0) -> LLaDAConfig:
-    over = dict(vocab_size=vocab, embedding_size=vocab, mask_token_id=mask, eos_token_id=eos,
-                pad_token_id=pad, max_sequence_length=1024)
-    if width:
-        over.update(d_model=width, mlp_hidden_size=3 * width)
-    if n_layers:
-        over["n_layers"] = n_layers
-    return preset(name, **over)
-
-
-def _dream_sized(name, *, vocab, mask, eos, pad, width=0, n_layers=0) -> DreamConfig:
-    over = dict(vocab_size=vocab, mask_token_id=mask, eos_token_id=eos, bos_token_id=eos,
-                pad_token_id=pad, max_position_embeddings=1024)
-    if width:
-        over.update(hidden_size=width, intermediate_size=3 * width)
-    if n_layers:
-        over["num_hidden_layers"] = n_layers
-    return dream_preset(name, **over)
+    def sized_config(self, name: str, *, vocab: int, mask: int, eos: int, pad: int,
+                     width: int = 0, n_layers: int = 0) -> Any:
+        """Preset ``name`` sized to a tokenizer (vocabulary and special ids), 1024 positions,
+        with the width (MLP 3x) and depth overrides of a random model (0: the preset's)."""
+        values = dict(vocab=vocab, mask=mask, eos=eos, pad=pad, length=1024)
+        if width:
+            values.update(width=width, mlp=3 * width)
+        if n_layers:
+            values["layers"] = n_layers
+        return self.make_config(name, **{f: v for key, v in values.items()
+                                         for f in self.fields[key]})
 
 
-def _llada_save(path, config, params, *, max_shard_size="5GB", source_dir=None,
-                tokenizer=None, lora=None) -> None:
-    weights.save_hf_checkpoint(path, config, params, max_shard_size=max_shard_size,
-                               source_dir=source_dir, tokenizer=tokenizer, lora=lora)
-
-
-def _dream_save(path, config, params, *, max_shard_size="5GB", source_dir=None,
-                tokenizer=None, lora=None) -> None:
-    dream_weights.save_dream_checkpoint(path, config, params, max_shard_size=max_shard_size,
-                                        source_dir=source_dir, tokenizer=tokenizer, lora=lora)
+_LLADA_FIELDS = dict(
+    vocab=("vocab_size", "embedding_size"), mask=("mask_token_id",), eos=("eos_token_id",),
+    pad=("pad_token_id",), length=("max_sequence_length",), width=("d_model",),
+    mlp=("mlp_hidden_size",), layers=("n_layers",))
+_DREAM_FIELDS = dict(
+    vocab=("vocab_size",), mask=("mask_token_id",), eos=("eos_token_id", "bos_token_id"),
+    pad=("pad_token_id",), length=("max_position_embeddings",), width=("hidden_size",),
+    mlp=("intermediate_size",), layers=("num_hidden_layers",))
 
 
 FAMILIES: dict[str, Family] = {
     "llada": Family(
-        "llada", "LLaDA", LLaDA, LLaDAConfig, ("llada", "LLaDA"), PRESETS, preset, _llada_sized,
-        lora_lib.TARGETS, weights.load_hf_checkpoint, _llada_save,
+        "llada", "LLaDA", LLaDA, LLaDAConfig, ("llada", "LLaDA"), PRESETS, preset, _LLADA_FIELDS,
+        lora_lib.TARGETS, weights.load_hf_checkpoint, weights.save_hf_checkpoint,
         read_config=weights.read_config, default_preset="llada-8b", peeled_ends=True,
         kv_cache=True),
     "dream": Family(
         "dream", "Dream", Dream, DreamConfig, ("Dream", "dream"), DREAM_PRESETS, dream_preset,
-        _dream_sized, lora_lib.DREAM_TARGETS, dream_weights.load_dream_checkpoint, _dream_save,
+        _DREAM_FIELDS, lora_lib.DREAM_TARGETS, dream_weights.load_dream_checkpoint,
+        dream_weights.save_dream_checkpoint,
         read_config=dream_weights.read_dream_config, default_preset="dream-7b"),
 }
 
