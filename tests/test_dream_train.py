@@ -198,6 +198,7 @@ def test_diffucoder_authors_variant_is_its_recipe():
         1e-6, "cosine_with_min_lr", 0.1)
     assert (c.sampler.temperature, c.sampler.gen_length, c.sampler.steps) == (1.0, 256, 256)
     assert not c.lora.enabled and c.model.family == "dream"
+    assert c.model.remat and not c.model.unroll_layers  # the layout the planner fits at 7B
     assert config_lib.grpo("sudoku", "authors", objective="spg").grpo.num_iterations == 4
     with pytest.raises(ConfigError, match="no ':authors' variant"):
         config_lib.grpo("sudoku", "authors", objective="diffu_grpo")

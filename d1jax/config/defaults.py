@@ -297,6 +297,9 @@ def _authors(c: mlc.ConfigDict, objective: str, tiny: bool) -> None:
         g.epsilon = 0.5
         g.sync_ref_model = True
         if not tiny:
+            # Full fine-tuning of 7B with a reference copy fits v5p-8 and v6e-8 only with remat
+            # and the layer loop (docs/tpu_plan.md: 320 / 160 GiB a chip without remat).
+            c.model.remat, c.model.unroll_layers = True, False
             g.num_generations = 10  # prompts_per_step stays d1's: the recipe does not say its GPU count
             g.ref_model_sync_steps = 64
             c.optim.learning_rate = 1e-6
