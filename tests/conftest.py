@@ -55,3 +55,21 @@ def shared_d1():
         pytest.skip(f"d1 data folder {SHARED_D1} is absent (it sits beside the repo in CI)")
     return SHARED_D1
 
+
+@pytest.fixture(scope="session")
+def learnable_reference(tmp_path_factory):
+    """The uninterrupted GRPO run of tests/learnable.py's task (30 steps, 8 devices) through
+    ``python -m d1jax.main``, run once a session: test_faults resumes runs to equal it bit for
+    bit and test_multihost finishes a 2-process run to match it. Never changed: a test that
+    alters a run copies it first."""
+    import subprocess
+    import sys
+
+    from tests import learnable
+    wd = tmp_path_factory.mktemp("learnable_reference")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("D1JAX_PROCESS")}
+    r = subprocess.run([sys.executable, "-c", learnable.MAIN, *learnable.MAIN_FLAGS,
+                        f"--workdir={wd}"], cwd=Path(__file__).resolve().parents[1],
+                       capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-5000:])
+    return wd

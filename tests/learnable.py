@@ -31,6 +31,9 @@ OVERRIDES = {"task.name": NAME, "max_prompt_length": 24, "train.num_steps": 30,
              "grpo.prompts_per_step": 4, "grpo.num_generations": 8, "grpo.advantage": "grpo",
              "optim.learning_rate": 3e-3}
 FLAGS = tuple(f"--config.{k}={v}" for k, v in OVERRIDES.items())  # the same, for d1jax.main
+# d1jax.main's flags for the :tiny GRPO config on this task (test_faults, test_multihost and
+# conftest's session-wide ``learnable_reference`` run).
+MAIN_FLAGS = ("--config=configs/grpo_sudoku.py:tiny", *FLAGS)
 
 # `python -c MAIN <d1jax.main flags>` from the repository root: d1jax.main with the task.
 MAIN = ("import runpy, sys; import tests.learnable; sys.argv[0] = 'd1jax.main'; "

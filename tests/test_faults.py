@@ -29,7 +29,7 @@ from d1jax.metrics import read_jsonl
 from tests import learnable
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ("--config=configs/grpo_sudoku.py:tiny", *learnable.FLAGS)
+CONFIG = learnable.MAIN_FLAGS  # conftest's learnable_reference runs exactly these
 STEPS = learnable.OVERRIDES["train.num_steps"]  # 30: checkpoints 28 and 30 at the end
 TIMING = ("time_", "_per_s")  # wall-clock metrics differ between any two runs
 
@@ -133,11 +133,11 @@ def corrupt(wd, step):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The uninterrupted run, which learns: its reward rises (else the resumed runs compared
-    with it would prove little)."""
-    wd = tmp_path_factory.mktemp("uninterrupted")
-    ok(run(wd))
+def reference(learnable_reference):
+    """The uninterrupted run (``run(wd)`` with no fault: conftest's session-wide run, shared
+    with test_multihost), which learns: its reward rises (else the resumed runs compared with
+    it would prove little)."""
+    wd = learnable_reference
     assert steps(wd) == [STEPS - 2, STEPS]
     rewards = [r["reward"] for r in read_jsonl(wd / "metrics.jsonl")][::2]  # one per rollout
     assert learnable.rise(rewards) > learnable.MIN_RISE, rewards

@@ -21,7 +21,7 @@ from tests import learnable
 ROOT = Path(__file__).resolve().parents[1]
 # A task whose reward the tiny random model raises: a resume that lost the params, the Adam
 # moments, the data order or the RNG changes the rollouts that follow, compared exactly.
-CONFIG = ("--config=configs/grpo_sudoku.py:tiny", *learnable.FLAGS)
+CONFIG = learnable.MAIN_FLAGS
 STEPS = learnable.OVERRIDES["train.num_steps"]
 MAIN = (sys.executable, "-c", learnable.MAIN)  # d1jax.main with the task registered
 
@@ -72,8 +72,10 @@ def _two_processes(wd: Path) -> tuple[list[int], list[str]]:
     return [p.returncode for p in procs], outs
 
 
-def test_two_processes_then_one_on_another_mesh(tmp_path):
-    wd, ref = tmp_path / "run", tmp_path / "ref"
+def test_two_processes_then_one_on_another_mesh(tmp_path, learnable_reference):
+    # ref: the uninterrupted single-process run on mesh (8, 1, 1) (conftest; test_faults
+    # resumes against the same run).
+    wd, ref = tmp_path / "run", learnable_reference
     codes, outs = _two_processes(wd)
     if codes != [75, 75] and _never_trained(wd):
         # Infrastructure, not the code under test: one fresh try on a new port. A failure in
@@ -91,12 +93,10 @@ def test_two_processes_then_one_on_another_mesh(tmp_path):
     rewards = [r["reward"] for r in rows][::2]  # one per rollout (mu = 2)
     assert learnable.rise(rewards) > learnable.MIN_RISE, rewards  # the 2-process run learns
 
-    # Resume on one process, mesh (1, 4, 2), and run an uninterrupted reference on (8, 1, 1).
-    for args, d in (([f"--workdir={wd}", "--config.mesh.shape=(1,4,2)"], 8),
-                    ([f"--workdir={ref}"], 8)):
-        r = subprocess.run([*MAIN, *CONFIG, *args], cwd=ROOT,
-                           capture_output=True, text=True, timeout=600, env=_env(d))
-        assert r.returncode == 0, r.stderr[-4000:]
+    # Resume on one process, mesh (1, 4, 2); compare with the uninterrupted run on (8, 1, 1).
+    r = subprocess.run([*MAIN, *CONFIG, f"--workdir={wd}", "--config.mesh.shape=(1,4,2)"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600, env=_env(8))
+    assert r.returncode == 0, r.stderr[-4000:]
     got = {r["step"]: r for r in read_jsonl(wd / "metrics.jsonl")}
     want = {r["step"]: r for r in read_jsonl(ref / "metrics.jsonl")}
     assert sorted(got) == list(range(1, STEPS + 1))
