@@ -10,22 +10,22 @@ import shutil  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import jax  # noqa: E402
-import pytest  # noqa: E402
-
-import d1jax  # noqa: E402
-
-# One persistent compilation cache for the session's subprocesses, in a fresh temporary
-# folder: the many `python -m d1jax.main` runs (test_faults, test_multihost, test_train, ...)
-# compile the same tiny programs, and each cold start compiled them all again
-# (docs/testing.md, "Suite time"). Set after JAX is imported, so this process compiles as
-# before; the subprocesses inherit the environment.
+# One persistent compilation cache for the session, in a fresh temporary folder: the many
+# `python -m d1jax.main` subprocesses (test_faults, test_multihost, test_train, ...) and the
+# in-process runs (test_train_objectives' resumes) compile the same tiny programs, and each
+# cold start or new jit compiled them all again (docs/testing.md, "Suite time"). Set before
+# JAX is imported, so this process reads it too; subprocesses inherit the environment.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _XLA_CACHE = tempfile.mkdtemp(prefix="d1jax-tests-xla-")
     atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
     os.environ.update(JAX_COMPILATION_CACHE_DIR=_XLA_CACHE,
                       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                       JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+import d1jax  # noqa: E402
 
 SHARED_D1 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "d1"
 if SHARED_D1.is_dir():  # loaders read d1's files from here instead of downloading them
