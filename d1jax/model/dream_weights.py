@@ -30,7 +30,7 @@ from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, SingleDeviceSharding
+from jax.sharding import Mesh
 
 from d1jax import sharding as shd
 from d1jax.model import hf_files
@@ -38,7 +38,7 @@ from d1jax.model import lora as lora_lib
 from d1jax.model.config import LoraConfig, UnsupportedConfigError
 from d1jax.model.dream import Dream
 from d1jax.model.dream_config import DreamConfig
-from d1jax.model.weights import (CheckpointError, _get, _open_checkpoint, _read_slice, _set,
+from d1jax.model.weights import (CheckpointError, _get, _open_checkpoint, stream_params,
                                 write_checkpoint)
 
 ATTN_PROJS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -91,25 +91,6 @@ def read_dream_config(path: str | os.PathLike) -> DreamConfig:
         raise CheckpointError(f"{cfg_file}: {e}") from None
 
 
-def _check_keys(config: DreamConfig, where: Mapping[str, Any]) -> None:
-    expected = dream_key_map(config)
-    ignorable = {"lm_head.weight"} if config.tie_word_embeddings else set()
-    missing = sorted(set(expected) - set(where))
-    unexpected = sorted(set(where) - set(expected) - ignorable)
-    if missing or unexpected:
-        raise CheckpointError(
-            f"Dream checkpoint keys do not match its config: missing {missing[:8]}"
-            f"{' ...' if len(missing) > 8 else ''} ({len(missing)}), unexpected "
-            f"{unexpected[:8]}{' ...' if len(unexpected) > 8 else ''} ({len(unexpected)})")
-    shapes = dream_param_shapes(config)
-    for key, (ppath, layer, transposed) in expected.items():
-        want = shapes[ppath][1:] if layer is not None else shapes[ppath]
-        want = tuple(want[::-1] if transposed else want)
-        got = where[key].shape(key)
-        if got != want:
-            raise CheckpointError(f"{key}: shape {got} in the checkpoint, config needs {want}")
-
-
 def load_dream_checkpoint(path: str | os.PathLike, mesh: Mesh | None = None,
                           dtype: Any = jnp.float32, rules=shd.DEFAULT_RULES,
                           ) -> tuple[DreamConfig, dict[str, Any]]:
@@ -121,25 +102,10 @@ def load_dream_checkpoint(path: str | os.PathLike, mesh: Mesh | None = None,
     """
     path = Path(path)
     config = read_dream_config(path)
-    where = _open_checkpoint(path)
-    _check_keys(config, where)
-    shapes = dream_param_shapes(config)
-    shardings = shd.param_shardings(Dream(config), mesh, rules) if mesh is not None else None
-    by_param: dict[tuple[str, ...], dict[int | None, str]] = {}
-    transposed: dict[tuple[str, ...], bool] = {}
-    for key, (ppath, layer, t) in dream_key_map(config).items():
-        by_param.setdefault(ppath, {})[layer] = key
-        transposed[ppath] = t
-    params: dict[str, Any] = {}
-    for ppath, keys in by_param.items():
-        sharding = (_get(shardings, ppath) if shardings is not None
-                    else SingleDeviceSharding(jax.local_devices()[0]))
-
-        def read(index, ppath=ppath, keys=keys):
-            return _read_slice(where, keys, index, transposed[ppath], dtype)
-
-        _set(params, ppath, jax.make_array_from_callback(shapes[ppath], sharding, read))
-    return config, params
+    ignorable = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    return config, stream_params(_open_checkpoint(path), dream_key_map(config),
+                                 dream_param_shapes(config), Dream(config), mesh, dtype, rules,
+                                 ignorable, "Dream checkpoint")
 
 
 def save_dream_checkpoint(path: str | os.PathLike, config: DreamConfig, params: Mapping[str, Any],

@@ -165,23 +165,25 @@ def read_config(path: str | os.PathLike) -> LLaDAConfig:
         raise CheckpointError(f"{cfg_file}: invalid JSON ({e})") from None
 
 
-def _check_keys(config: LLaDAConfig, where: Mapping[str, _SafetensorsFile]) -> None:
-    expected = key_map(config)
+def check_keys(expected: Mapping[str, tuple], shapes: Mapping[tuple, tuple],
+               where: Mapping[str, Any], ignorable: set[str] = frozenset(),
+               what: str = "checkpoint") -> None:
+    """CheckpointError unless ``where`` (HF key -> its file) holds exactly the ``expected``
+    keys (HF key -> (param path, layer or None, transposed); ``ignorable`` may be present too)
+    with the shapes ``shapes`` (param path -> shape, layer-stacked) gives them."""
     missing = sorted(set(expected) - set(where))
-    unexpected = sorted(set(where) - set(expected))
+    unexpected = sorted(set(where) - set(expected) - set(ignorable))
     if missing or unexpected:
         raise CheckpointError(
-            f"checkpoint keys do not match the config: missing {missing[:8]}"
+            f"{what} keys do not match the config: missing {missing[:8]}"
             f"{' ...' if len(missing) > 8 else ''} ({len(missing)}), unexpected "
             f"{unexpected[:8]}{' ...' if len(unexpected) > 8 else ''} ({len(unexpected)})")
-    shapes = param_shapes(config)
     for key, (ppath, layer, transposed) in expected.items():
         want = shapes[ppath][1:] if layer is not None else shapes[ppath]
-        if transposed:
-            want = want[::-1]
+        want = tuple(want[::-1] if transposed else want)
         got = where[key].shape(key)
-        if got != tuple(want):
-            raise CheckpointError(f"{key}: shape {got} in the checkpoint, config needs {tuple(want)}")
+        if got != want:
+            raise CheckpointError(f"{key}: shape {got} in the checkpoint, config needs {want}")
 
 
 def load_hf_checkpoint(path: str | os.PathLike, mesh: Mesh | None = None,
@@ -200,15 +202,23 @@ def load_hf_checkpoint(path: str | os.PathLike, mesh: Mesh | None = None,
     """
     path = Path(path)
     config = read_config(path)
-    where = _open_checkpoint(path)
-    _check_keys(config, where)
-    shapes = param_shapes(config)
-    shardings = (shd.param_shardings(LLaDA(config), mesh, rules) if mesh is not None else None)
-    by_param: dict[tuple[str, ...], dict[int | None, str]] = {}
-    for key, (ppath, layer, _) in key_map(config).items():
-        by_param.setdefault(ppath, {})[layer] = key
-    transposed = {p: t for p, _, t in key_map(config).values()}
+    return config, stream_params(_open_checkpoint(path), key_map(config), param_shapes(config),
+                                 LLaDA(config), mesh, dtype, rules)
 
+
+def stream_params(where: Mapping[str, Any], expected: Mapping[str, tuple],
+                  shapes: Mapping[tuple, tuple], model, mesh: Mesh | None, dtype: Any,
+                  rules=shd.DEFAULT_RULES, ignorable: set[str] = frozenset(),
+                  what: str = "checkpoint") -> dict[str, Any]:
+    """The plain param tree of ``model`` from an opened checkpoint (``check_keys`` first):
+    each param placed with the sharding the rules give it over ``mesh`` (else on the first
+    local device), each device reading only its own shard from the memory maps."""
+    check_keys(expected, shapes, where, ignorable, what)
+    shardings = shd.param_shardings(model, mesh, rules) if mesh is not None else None
+    by_param: dict[tuple[str, ...], dict[int | None, str]] = {}
+    for key, (ppath, layer, _) in expected.items():
+        by_param.setdefault(ppath, {})[layer] = key
+    transposed = {p: t for p, _, t in expected.values()}
     params: dict[str, Any] = {}
     for ppath, keys in by_param.items():
         sharding = (_get(shardings, ppath) if shardings is not None
@@ -217,9 +227,8 @@ def load_hf_checkpoint(path: str | os.PathLike, mesh: Mesh | None = None,
         def read(index, ppath=ppath, keys=keys):
             return _read_slice(where, keys, index, transposed[ppath], dtype)
 
-        arr = jax.make_array_from_callback(shapes[ppath], sharding, read)
-        _set(params, ppath, arr)
-    return config, params
+        _set(params, ppath, jax.make_array_from_callback(shapes[ppath], sharding, read))
+    return params
 
 
 def _read_slice(where, keys: Mapping[int | None, str], index: tuple[slice, ...],
