@@ -12,23 +12,12 @@ from d1jax import config as config_lib
 from d1jax.model import LoraConfig, lora as lora_lib
 from d1jax.model.dream_config import DreamConfig, dream_preset
 from d1jax.plan import chips, flops
+from tests.test_plan import needs_tpu  # the compile-only TPU topology check
 
 # d 4, 2 query heads of 2 (1 kv head), mlp 6, vocab 8.
 _HAND = dict(vocab_size=8, hidden_size=4, intermediate_size=6, num_hidden_layers=1,
              num_attention_heads=2, num_key_value_heads=1, mask_token_id=7, pad_token_id=6,
              bos_token_id=6, eos_token_id=6)
-
-
-def _tpu_available() -> str:
-    try:
-        chips.topology_devices("v5e:2x2")
-    except ImportError as e:
-        return str(e)
-    return ""
-
-
-_NO_TPU = _tpu_available()
-needs_tpu = pytest.mark.skipif(bool(_NO_TPU), reason=f"no compile-only TPU topology: {_NO_TPU}")
 
 
 def test_dream_forward_flops_match_a_hand_count():
