@@ -113,7 +113,9 @@ class Dream(nn.Module):
       remat: rematerialise each block in the backward pass.
       lora: optional LoRA adapters on the projections named in ``lora.targets`` (Dream's
         names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj).
-      unroll_layers: unroll the layer scan (straight-line code) instead of a loop.
+      unroll_layers: unroll the layer scan (straight-line code) instead of a loop (None:
+        a loop, as False).
+      layers_per_loop: layers per iteration of that loop (``nn.scan``'s unroll).
     """
 
     config: DreamConfig
@@ -121,7 +123,8 @@ class Dream(nn.Module):
     param_dtype: DType = jnp.float32
     remat: bool = False
     lora: LoraConfig | None = None
-    unroll_layers: bool = False
+    unroll_layers: bool | None = None
+    layers_per_loop: int = 1
 
     shifted_prediction = SHIFTED_PREDICTION
 
@@ -140,7 +143,7 @@ class Dream(nn.Module):
             block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
             in_axes=(bc, bc, bc, bc), length=c.num_hidden_layers,
             metadata_params={nn.PARTITION_NAME: shd.LAYERS},
-            unroll=c.num_hidden_layers if self.unroll_layers else 1,
+            unroll=c.num_hidden_layers if self.unroll_layers else self.layers_per_loop,
         )(c, self.dtype, self.param_dtype, self.lora)
         self.norm = RMSNorm(c.rms_norm_eps, self.dtype, self.param_dtype)
         if not c.tie_word_embeddings:

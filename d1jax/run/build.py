@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import jax
 
-from d1jax.model import LLaDA, init_params
+from d1jax.model import init_params
 from d1jax.model import family as family_lib
 from d1jax.model import lora as lora_lib
 from d1jax.model.tokenizer import load_tokenizer, special_ids, train_tiny_tokenizer
@@ -61,13 +61,9 @@ def random_model_config(m: ModelSpec, tok) -> Any:
 def make_model(m: ModelSpec, mcfg: Any):
     """The flax module (the spec's family) of architecture ``mcfg`` with the spec's dtypes,
     remat, layer unrolling and LoRA."""
-    fam = family_lib.get(m.family)
-    kw = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, lora=m.lora)
-    if fam.module is LLaDA:  # LLaDA's layer loop knobs
-        kw.update(unroll_layers=m.unroll_layers, layers_per_loop=m.layers_per_loop)
-    elif m.unroll_layers is not None:
-        kw["unroll_layers"] = bool(m.unroll_layers)
-    return fam.model(mcfg, **kw)
+    return family_lib.get(m.family).model(
+        mcfg, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, lora=m.lora,
+        unroll_layers=m.unroll_layers, layers_per_loop=m.layers_per_loop)
 
 
 def build(spec: RunSpec, workdir: str | Path, mesh: jax.sharding.Mesh,
