@@ -102,6 +102,48 @@ def test_chunked_head_gradient_matches_float64_closed_form(chunk):
     np.testing.assert_allclose(np.asarray(dw), want_dw, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("upto", [0, 7, 8, 13, 20])
+def test_head_skips_chunks_past_what_is_read(upto):
+    """``upto``: chunks starting at or past it give 0 and no gradient; every position a
+    chunk computes, and the gradient of a loss that reads only positions < upto, are the
+    float64 closed form's (chunks of 4: upto 7 computes 8 positions, 8 computes 8)."""
+    rs = np.random.RandomState(2)
+    h, w = rs.normal(size=(2, 20, 6)), rs.normal(size=(6, 11))
+    t, cot = rs.randint(0, 11, (2, 20)), rs.normal(size=(2, 20))
+    read = np.arange(20) < upto
+    cot = cot * read  # a loss that reads positions < upto only
+    logits = h @ w
+    lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    full = np.take_along_axis(logits, t[..., None], -1)[..., 0] - lse
+    computed = np.arange(20) < -(-upto // 4) * 4
+    dlogits = cot[..., None] * (np.eye(11)[t] - np.exp(logits - lse[..., None]))
+
+    def f(h, w):
+        return logprob.head_logps(h, w, jnp.asarray(t), seq_chunk=4, upto=jnp.int32(upto))
+    logp, vjp = jax.jit(lambda h, w: jax.vjp(f, h, w))(jnp.asarray(h, jnp.float32),
+                                                        jnp.asarray(w, jnp.float32))
+    dh, dw = vjp(jnp.asarray(cot, jnp.float32))
+    np.testing.assert_allclose(np.asarray(logp), np.where(computed, full, 0.0), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(dh), dlogits @ w.T, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(dw), np.einsum("bcd,bcv->dv", h, dlogits),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_read_mask_keeps_every_read_log_prob(tiny_model, tiny_params, tiny_config):
+    """``read_mask_bc`` (d1's completion mask, ragged over rows): the read positions equal
+    the estimator without it, bitwise; chunks wholly past the last read one are 0."""
+    prompt, comp = _inputs(tiny_config, lc=8)
+    read = np.zeros((3, 8), np.int32)
+    read[0, :3], read[1, :1], read[2, :2] = 1, 1, 1  # last read position 2: chunks of 2
+    assert int(logprob.read_upto(jnp.asarray(read))) == 3
+    args = (tiny_model, tiny_params, prompt, comp, np.array([1, 5]))
+    want = logprob.per_token_logps(*args, p_mask_prompt=0.3, seq_chunk=2)
+    got = logprob.per_token_logps(*args, p_mask_prompt=0.3, seq_chunk=2, read_mask_bc=read)
+    np.testing.assert_array_equal(np.asarray(got)[..., :4], np.asarray(want)[..., :4])
+    assert not np.asarray(got)[..., 4:].any() and np.asarray(want)[..., 4:].all()
+    assert int(logprob.read_upto(jnp.zeros((3, 8)))) == 0
+
+
 def test_prompt_mask_rate_is_p_and_fixed_by_the_seed():
     prompt = jnp.zeros((64, 200), jnp.int32)
     rates = [float((logprob.mask_prompt(logprob.mask_key(s), prompt, 0.15, 7) == 7).mean())

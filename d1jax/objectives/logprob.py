@@ -62,13 +62,16 @@ def auto_chunk(batch: int, length: int, vocab: int, budget: int | None = None) -
 
 
 def head_logps(hidden_bcd: Array, head_dv: Array, targets_bc: Array, *,
-               scale: float | None = None, seq_chunk: int | None = None) -> Array:
+               scale: float | None = None, seq_chunk: int | None = None,
+               upto: Array | int | None = None) -> Array:
     """log p(target) [B, C] from final hidden states through the output head.
 
     Logits are ``hidden @ head`` accumulated in float32 (times ``scale`` when given), with a
     float32 log-softmax over the vocabulary. ``seq_chunk`` positions are done at a time
     (None: ``auto_chunk``; 0: all at once); each chunk is rematerialised for the gradient,
-    so neither pass keeps more than one chunk of logits.
+    so neither pass keeps more than one chunk of logits. ``upto`` (may be traced): only
+    positions below it are read, so a chunk that starts at or past it is skipped, forward
+    and backward, and gives 0 (``read_upto``).
     """
     b, c, d = hidden_bcd.shape
     if head_dv.shape[0] != d:
@@ -91,8 +94,22 @@ def head_logps(hidden_bcd: Array, head_dv: Array, targets_bc: Array, *,
         raise ValueError(f"seq_chunk={k} must divide the completion length {c}")
     h_nbkd = hidden_bcd.reshape(b, c // k, k, d).swapaxes(0, 1)
     t_nbk = targets_bc.reshape(b, c // k, k).swapaxes(0, 1)
-    out_nbk = jax.lax.map(lambda a: jax.checkpoint(chunk)(*a), (h_nbkd, t_nbk))
+
+    def one(a):
+        h_bkd, t_bk, start = a
+        if upto is None:
+            return jax.checkpoint(chunk)(h_bkd, t_bk)
+        return jax.lax.cond(start < upto, jax.checkpoint(chunk),
+                            lambda h, t: jnp.zeros(t.shape, jnp.float32), h_bkd, t_bk)
+    out_nbk = jax.lax.map(one, (h_nbkd, t_nbk, jnp.arange(0, c, k)))
     return out_nbk.swapaxes(0, 1).reshape(b, c)
+
+
+def read_upto(read_mask_bc: Array) -> Array:
+    """One past the last position any row reads (0 when none): ``head_logps``'s ``upto``
+    for a mask of the positions whose log-probs are used, e.g. d1's completion mask."""
+    c = read_mask_bc.shape[-1]
+    return jnp.max(jnp.where(read_mask_bc.reshape(-1, c).any(0), jnp.arange(1, c + 1), 0))
 
 
 def model_head(model: MaskPredictor, params: Any) -> tuple[Array, float | None]:
@@ -143,7 +160,8 @@ def per_token_logps(model: MaskPredictor, params: Any, prompt_ids_bp: Array, com
                     mask_seeds_s: Array, *, p_mask_prompt: float, mask_rng: Array | None = None,
                     attention_mask_bl: Array | None = None, cfg_scale: float = 0.0,
                     use_lora: bool = True, seq_chunk: int | None = None,
-                    dropout_rng: Array | None = None) -> Array:
+                    dropout_rng: Array | None = None,
+                    read_mask_bc: Array | None = None) -> Array:
     """d1's one-step per-token log-probs of the completion, one row per mask seed.
 
     Args:
@@ -157,6 +175,9 @@ def per_token_logps(model: MaskPredictor, params: Any, prompt_ids_bp: Array, com
       use_lora: False evaluates the base model, adapters off (the reference policy).
       seq_chunk: completion positions per head chunk (None: automatic, 0: all at once).
       dropout_rng: enables LoRA dropout (training); None is deterministic.
+      read_mask_bc: [B, C] the positions whose log-probs the caller reads (d1's completion
+        mask, which every loss and metric applies): the output head skips the chunks past
+        the last of them (``head_logps``' ``upto``), whose log-probs are then 0. None: all.
     Returns:
       [S, B, C] float32 log p(completion token | completion masked, prompt partly masked).
     """
@@ -168,6 +189,7 @@ def per_token_logps(model: MaskPredictor, params: Any, prompt_ids_bp: Array, com
     p, c = prompt_ids_bp.shape[1], completion_ids_bc.shape[1]
     masked_bc = jnp.full_like(completion_ids_bc, mask_id)
     head, scale = model_head(model, params)
+    upto = None if read_mask_bc is None else read_upto(read_mask_bc)
 
     def one_seed(seed):
         noisy_bp = mask_prompt(mask_key(seed, mask_rng), prompt_ids_bp, p_mask_prompt, mask_id)
@@ -176,7 +198,8 @@ def per_token_logps(model: MaskPredictor, params: Any, prompt_ids_bp: Array, com
         h_bcd = completion_hidden(model, params, ids_bl, attention_mask_bl, c,
                                   cfg_scale=cfg_scale, prompt_len=p, use_lora=use_lora,
                                   dropout_rng=drop)
-        return head_logps(h_bcd, head, completion_ids_bc, scale=scale, seq_chunk=seq_chunk)
+        return head_logps(h_bcd, head, completion_ids_bc, scale=scale, seq_chunk=seq_chunk,
+                          upto=upto)
 
     if mask_seeds_s.shape[0] == 1:  # the update step: no loop at all
         return one_seed(mask_seeds_s[0])[None]

@@ -53,14 +53,15 @@ def estimate_logps(model: MaskPredictor, cfg: GRPOConfig, params: Params, batch:
                    seeds_s: Array, use_lora: bool = True, dropout_rng: Array | None = None,
                    p_mask_prompt: float | None = None) -> Array:
     """d1's one-step per-token log-probs [S, B, C] of the completions, one row block per
-    mask seed (``logprob.per_token_logps`` with this config's estimator settings)."""
+    mask seed (``logprob.per_token_logps`` with this config's estimator settings); 0 past
+    the batch's last completion-mask position, which no loss or metric reads."""
     p = cfg.p_mask_prompt if p_mask_prompt is None else p_mask_prompt
     return logprob.per_token_logps(
         model, params, batch.prompt_ids, batch.completion_ids, seeds_s, p_mask_prompt=p,
         attention_mask_bl=masking.attention_mask(batch.prompt_mask, batch.completion_ids.shape[1],
                                                   cfg.use_attention_mask),
         cfg_scale=cfg.cfg_scale, use_lora=use_lora, seq_chunk=cfg.seq_chunk,
-        dropout_rng=dropout_rng)
+        dropout_rng=dropout_rng, read_mask_bc=batch.completion_mask)
 
 
 def diffu_grpo_loss(model: MaskPredictor, cfg: GRPOConfig, params: Params, rows: GRPOBatch,
@@ -97,7 +98,8 @@ def _wd1_loss(model: MaskPredictor, cfg, params: Params, rows: GRPOBatch, seed_1
                                      h.use_attention_mask)
     logps_bc = logprob.per_token_logps(
         model, params, rows.prompt_ids, rows.completion_ids, seed_1, p_mask_prompt=0.0,
-        attention_mask_bl=attn_bl, seq_chunk=h.seq_chunk, dropout_rng=dropout_rng)[0]
+        attention_mask_bl=attn_bl, seq_chunk=h.seq_chunk, dropout_rng=dropout_rng,
+        read_mask_bc=rows.completion_mask)[0]
     n_groups = rows.advantages.shape[0] / h.group_size
     return wd1.wd1_weighted_loss(logps_bc, rows.completion_mask, rows.per_row["w_pos"],
                                  rows.per_row["w_neg"], n_groups, negative=h.negative)
