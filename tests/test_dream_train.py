@@ -21,6 +21,7 @@ from d1jax import sampling as smp
 from d1jax.config import ConfigError
 from d1jax.metrics import read_jsonl
 from d1jax.model import family as family_lib
+from d1jax.model import hf_files
 from d1jax.model.dream import Dream
 from d1jax.model.dream_weights import load_dream_checkpoint
 from d1jax.objectives import advantages, logprob, losses
@@ -256,7 +257,9 @@ def test_dream_export_is_a_dream_checkpoint_of_the_trained_policy(dream_run):
     wd, _ = dream_run
     hf = wd / "hf"
     cfg_json = json.loads((hf / "config.json").read_text())
-    assert cfg_json["model_type"] == "Dream" and "auto_map" not in cfg_json  # no remote code
+    assert cfg_json["model_type"] == "Dream"  # random init: d1jax's remote code, named
+    assert cfg_json["auto_map"] == dict(hf_files.DREAM.auto_map)
+    assert all((hf / name).is_file() for name in hf_files.DREAM.files)
     assert (hf / "tokenizer.json").is_file() and (hf / "tokenizer_config.json").is_file()
     cfg, params = load_dream_checkpoint(hf)
     ids = jnp.asarray(np.random.RandomState(0).randint(0, cfg.vocab_size - 4, (2, 12)))

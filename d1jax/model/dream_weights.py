@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -45,9 +44,6 @@ ATTN_PROJS = ("q_proj", "k_proj", "v_proj", "o_proj")
 BIASED_PROJS = ("q_proj", "k_proj", "v_proj")
 MLP_PROJS = ("gate_proj", "up_proj", "down_proj")
 NORMS = ("input_layernorm", "post_attention_layernorm")
-# Files of a source Dream directory shipped with an export (its remote code comes from its
-# auto_map).
-COMPANIONS = (hf_files.GENERATION_CONFIG, *hf_files.TOKENIZER_FILES)
 
 KeyMap = dict[str, tuple[tuple[str, ...], int | None, bool]]
 
@@ -116,10 +112,12 @@ def save_dream_checkpoint(path: str | os.PathLike, config: DreamConfig, params: 
 
     Files go to a temporary directory next to ``path`` and replace the old weights only when
     complete. ``source_dir``: the directory the model was loaded from; its generation config,
-    tokenizer files (unless ``tokenizer`` is given) and ``auto_map`` modules (Dream's
-    ``modeling_dream.py`` ...) are copied, and its ``auto_map`` kept. ``tokenizer``: the
-    ``transformers`` tokenizer to ship (``hf_files.ship_tokenizer``). ``lora``: adapters in
-    ``params`` are merged into the kernels (refused without it).
+    tokenizer files (unless ``tokenizer`` is given) and remote code are copied byte for byte,
+    and its ``auto_map`` kept. Without remote code of its own (a random init, ``source_dir``
+    None) the export carries d1jax's ``configuration_dream.py`` and ``modeling_dream.py``,
+    which transformers 4.x and 5.x open (``hf_files``); its README.md says which code it holds.
+    ``tokenizer``: the ``transformers`` tokenizer to ship (``hf_files.ship_tokenizer``).
+    ``lora``: adapters in ``params`` are merged into the kernels (refused without it).
     """
     path = Path(path)
     params = lora_lib.merge(params, lora)
@@ -128,33 +126,8 @@ def save_dream_checkpoint(path: str | os.PathLike, config: DreamConfig, params: 
 
     def finish(tmp: Path) -> None:
         hf_config = config.to_hf_dict()
-        # auto_map names the source's remote code (modeling_dream.py ...), copied beside the
-        # weights; a model without a source (random init) ships none, so its config names none.
-        auto_map = {}
-        if source_dir is not None:
-            skip = () if tokenizer is None else hf_files.TOKENIZER_FILES
-            auto_map = _copy_companions(Path(source_dir), tmp, skip)
-        modules = hf_files.auto_map_modules(auto_map)
-        if auto_map and all((tmp / m).is_file() for m in modules):
-            hf_config["auto_map"] = auto_map
-        else:
-            hf_config.pop("auto_map", None)
-        if tokenizer is not None:
-            hf_files.ship_tokenizer(tokenizer, tmp)
+        hf_config["auto_map"] = hf_files.copy_companions(source_dir, tmp, tokenizer,
+                                                         hf_files.DREAM)
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
 
     write_checkpoint(path, entries, max_shard_size, dtype, finish)
-
-
-def _copy_companions(source: Path, dest: Path, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Copies the source's generation config, tokenizer and auto_map modules; its auto_map."""
-    if not source.is_dir():
-        raise FileNotFoundError(f"source_dir {source} is not a directory; pass the Hugging "
-                                f"Face Dream directory the model was loaded from, or None")
-    cfg = source / "config.json"
-    auto_map = dict(json.loads(cfg.read_text()).get("auto_map") or {}) if cfg.exists() else {}
-    names = sorted((set(COMPANIONS) - set(skip)) | hf_files.auto_map_modules(auto_map))
-    for name in names:
-        if (source / name).is_file():
-            shutil.copy2(source / name, dest / name)
-    return auto_map

@@ -1,33 +1,76 @@
 """The files beside the weights of a Hugging Face export: remote code, generation config, tokenizer.
 
-``transformers`` opens a LLaDA directory with ``trust_remote_code=True`` by importing the
-modules its ``config.json`` names in ``auto_map`` from that same directory. Every export
-carries d1jax's own ``configuration_llada.py`` and ``modeling_llada.py`` (package data in
-``hf_remote/``): same class names, ``model_type`` and weight names as LLaDA's official code,
-but they load under transformers 4.x and 5.x, where the official file fails under 5.x. A source
-directory's own copies of those two files are therefore not shipped (its other ``auto_map``
-modules are); the export's README.md says which code it holds.
+``transformers`` opens a LLaDA or Dream directory with ``trust_remote_code=True`` by importing
+the modules its ``config.json`` names in ``auto_map`` from that same directory (and the modules
+those import with ``from .x import``). d1jax ships its own remote code for both families
+(package data in ``hf_remote/``): same class names, ``model_type`` and weight names as the
+official code, loading under transformers 4.x and 5.x.
 
-Tokenizer files are copied byte for byte from the directory the tokenizer was loaded from. Only
-a directory that transformers 4 cannot read (``tokenizer_class`` "TokenizersBackend", which
-transformers 5's ``save_pretrained`` writes, e.g. d1jax's trained tiny tokenizer) is written
-again: its ``tokenizer.json`` as is, and a ``tokenizer_config.json`` naming
-``PreTrainedTokenizerFast``, the class LLaDA's own tokenizer uses, with the chat template inline.
+- LLaDA: every export carries d1jax's ``configuration_llada.py`` and ``modeling_llada.py``;
+  LLaDA's official ``modeling_llada.py`` fails under transformers 5, so a source directory's
+  own copies are not shipped (its other ``auto_map`` modules are).
+- Dream: an export of a source directory with remote code of its own (Dream's and
+  DiffuCoder's ``modeling_dream.py`` with its ``generation_utils.py``, and their
+  ``diffusion_generate``) carries those files byte for byte and the source's ``auto_map``;
+  one without (a random init) carries d1jax's ``configuration_dream.py`` and
+  ``modeling_dream.py``.
+
+The export's README.md says which code it holds.
+
+Tokenizer files are copied byte for byte from the directory the tokenizer was loaded from,
+with the modules its ``tokenizer_config.json`` ``auto_map`` names. Only a directory that
+transformers 4 cannot read (``tokenizer_class`` "TokenizersBackend", which transformers 5's
+``save_pretrained`` writes, e.g. d1jax's trained tiny tokenizer) is written again: its
+``tokenizer.json`` as is, and a ``tokenizer_config.json`` naming ``PreTrainedTokenizerFast``,
+the class LLaDA's own tokenizer uses, with the chat template inline.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
 import json
 import os
+import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
-REMOTE_CODE = ("configuration_llada.py", "modeling_llada.py")
-AUTO_MAP = {"AutoConfig": "configuration_llada.LLaDAConfig",
-            "AutoModel": "modeling_llada.LLaDAModelLM",
-            "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM"}
+
+@dataclasses.dataclass(frozen=True)
+class RemoteCode:
+    """d1jax's own Hugging Face code for one family and what its export's README says."""
+
+    title: str  # "LLaDA", "Dream"
+    files: tuple[str, ...]  # in hf_remote/
+    auto_map: Mapping[str, str]  # the config.json entries naming them
+    reference: str  # the official checkpoint whose class, model_type and weight names it keeps
+    loader: str  # the d1jax function that reads the weights back
+    # True: a source directory's own remote code is shipped instead (Dream); False: d1jax's
+    # always replaces it (LLaDA's official code fails under transformers 5).
+    keep_source: bool
+    forward: str  # README: what ``model(...).logits`` is
+
+
+LLADA = RemoteCode(
+    "LLaDA", ("configuration_llada.py", "modeling_llada.py"),
+    {"AutoConfig": "configuration_llada.LLaDAConfig",
+     "AutoModel": "modeling_llada.LLaDAModelLM",
+     "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM"},
+    "GSAI-ML/LLaDA-8B-Instruct", "d1jax.model.weights.load_hf_checkpoint", keep_source=False,
+    forward="`model(input_ids, attention_mask=...).logits` is one bidirectional pass.")
+DREAM = RemoteCode(
+    "Dream", ("configuration_dream.py", "modeling_dream.py"),
+    {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+    "Dream-org/Dream-v0-Instruct-7B", "d1jax.model.dream_weights.load_dream_checkpoint",
+    keep_source=True,
+    forward="`model(input_ids, attention_mask=...).logits` is one bidirectional pass giving "
+            "Dream's raw logits (row i predicts token i+1; Dream's sampler shifts them by one), "
+            "with RoPE positions counted from each row's first real token, as Dream's sampler "
+            "passes them. d1jax's code has no `diffusion_generate` (`d1jax.sampling.dream` "
+            "samples).")
+# LLaDA's names, as before Dream had remote code of its own.
+REMOTE_CODE, AUTO_MAP = LLADA.files, dict(LLADA.auto_map)
 GENERATION_CONFIG = "generation_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
@@ -36,6 +79,8 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 # tokenizer_class values that only transformers 5 knows.
 V5_ONLY_TOKENIZER_CLASSES = ("TokenizersBackend",)
 README = "README.md"
+# A module's relative imports, as transformers' dynamic-module loader finds them.
+_RELATIVE_IMPORT = re.compile(r"^\s*(?:import|from)\s+\.(\w+)", re.MULTILINE)
 
 
 def auto_map_modules(auto_map: dict[str, Any]) -> set[str]:
@@ -51,59 +96,88 @@ def auto_map_modules(auto_map: dict[str, Any]) -> set[str]:
 
 
 def remote_code_dir() -> Path:
-    """The folder of d1jax's ``configuration_llada.py`` and ``modeling_llada.py``."""
+    """The folder of d1jax's remote code (``hf_remote/``: LLaDA's and Dream's)."""
     return Path(str(importlib.resources.files("d1jax.model") / "hf_remote"))
 
 
-def _source_auto_map(source: Path) -> dict[str, Any]:
-    cfg = source / "config.json"
-    if not cfg.exists():
+def _auto_map(file: Path) -> dict[str, Any]:
+    """The ``auto_map`` of a config.json or tokenizer_config.json ({} when it has none)."""
+    if not file.is_file():
         return {}
     try:
-        return dict(json.loads(cfg.read_text()).get("auto_map") or {})
+        return dict(json.loads(file.read_text()).get("auto_map") or {})
     except json.JSONDecodeError as e:
-        raise ValueError(f"{cfg}: invalid JSON ({e}); pass a Hugging Face model directory "
+        raise ValueError(f"{file}: invalid JSON ({e}); pass a Hugging Face model directory "
                          f"as source_dir") from None
 
 
-def copy_companions(source_dir: str | os.PathLike | None, dest: Path,
-                    tokenizer: Any = None) -> dict[str, Any]:
-    """Writes d1jax's remote code, and the generation config and tokenizer files, to ``dest``.
+def own_remote_code(source: Path | None, code: RemoteCode) -> bool:
+    """Whether an export of ``code``'s family from ``source`` ships the source's model code:
+    the family keeps it, and the source's config.json maps every class d1jax's code maps
+    (AutoConfig, AutoModel) to a module present in the directory."""
+    if source is None or not code.keep_source:
+        return False
+    source_map = _auto_map(source / "config.json")
+    entries = {k: source_map[k] for k in code.auto_map if k in source_map}
+    return (entries.keys() == code.auto_map.keys()
+            and all((source / m).is_file() for m in auto_map_modules(entries)))
+
+
+def copy_companions(source_dir: str | os.PathLike | None, dest: Path, tokenizer: Any = None,
+                    code: RemoteCode = LLADA) -> dict[str, Any]:
+    """Writes the remote code, generation config and tokenizer files of an export to ``dest``.
 
     Args:
       source_dir: the Hugging Face directory the model was loaded from, or None. Its
-        ``generation_config.json`` and the modules of its ``auto_map`` other than LLaDA's two
-        are copied; so are its tokenizer files when ``tokenizer`` is None.
+        ``generation_config.json`` and the modules of its ``auto_map`` (with the modules
+        they import) are copied, except its copies of d1jax's files when the family always
+        ships d1jax's (``code.keep_source`` False: LLaDA); so are its tokenizer files when
+        ``tokenizer`` is None.
       tokenizer: the ``transformers`` tokenizer to ship (see the module docstring), or None.
-    Returns the ``auto_map`` the export's config.json should carry: ``AUTO_MAP`` plus the
-    source's other entries whose modules were copied. Writes ``dest/README.md`` saying so.
+      code: the family's remote code (``LLADA``, ``DREAM``).
+    Returns the ``auto_map`` the export's config.json should carry: the source's, when its
+    own code is shipped (``own_remote_code``), else ``code.auto_map`` plus the source's other
+    entries whose modules were copied. Writes ``dest/README.md`` saying which code it holds.
     """
-    for name in REMOTE_CODE:
-        shutil.copyfile(remote_code_dir() / name, dest / name)
+    source = None if source_dir is None else Path(source_dir)
+    if source is not None and not source.is_dir():
+        raise FileNotFoundError(f"source_dir {source} is not a directory; pass the Hugging "
+                                f"Face directory the model was loaded from, or None")
+    own = own_remote_code(source, code)
+    auto_map: dict[str, Any] = {} if own else dict(code.auto_map)
+    if not own:
+        for name in code.files:
+            shutil.copyfile(remote_code_dir() / name, dest / name)
     copied: list[str] = []
-    auto_map = dict(AUTO_MAP)
-    source = None
-    if source_dir is not None:
-        source = Path(source_dir)
-        if not source.is_dir():
-            raise FileNotFoundError(f"source_dir {source} is not a directory; pass the Hugging "
-                                    f"Face directory the model was loaded from, or None")
-        source_map = _source_auto_map(source)
-        wanted = {GENERATION_CONFIG, *(auto_map_modules(source_map) - set(REMOTE_CODE))}
+    if source is not None:
+        source_map = _auto_map(source / "config.json")
+        wanted = {GENERATION_CONFIG, *auto_map_modules(source_map)}
+        if not own:
+            wanted -= set(code.files)
         if tokenizer is None:
-            wanted |= set(TOKENIZER_FILES)
+            wanted |= {*TOKENIZER_FILES, *auto_map_modules(_auto_map(source / TOKENIZER_CONFIG))}
         copied = _copy(source, dest, sorted(wanted))
-        auto_map.update({k: v for k, v in source_map.items() if k not in AUTO_MAP
+        auto_map.update({k: v for k, v in source_map.items() if k not in auto_map
                          and auto_map_modules({k: v}) <= set(copied)})
     tokenizer_note = ship_tokenizer(tokenizer, dest) if tokenizer is not None else ""
-    (dest / README).write_text(_readme(source, copied, tokenizer_note))
+    (dest / README).write_text(_readme(code, source, own, copied, tokenizer_note))
     return auto_map
 
 
 def _copy(source: Path, dest: Path, names: list[str]) -> list[str]:
+    """Copies the ``names`` present in ``source``, and the modules those import
+    (``from .x import``) that ``dest`` does not hold yet; returns what it copied."""
     present = [n for n in names if (source / n).is_file()]
     for name in present:
         shutil.copy2(source / name, dest / name)
+    todo = [n for n in present if n.endswith(".py")]
+    while todo:
+        for module in _RELATIVE_IMPORT.findall((source / todo.pop()).read_text()):
+            name = module + ".py"
+            if (source / name).is_file() and not (dest / name).exists():
+                shutil.copy2(source / name, dest / name)
+                present.append(name)
+                todo.append(name)
     return present
 
 
@@ -114,7 +188,7 @@ def ship_tokenizer(tokenizer: Any, dest: Path) -> str:
     readable = config.is_file() and (json.loads(config.read_text()).get("tokenizer_class")
                                      not in V5_ONLY_TOKENIZER_CLASSES)
     if readable:
-        names = _copy(where, dest, list(TOKENIZER_FILES))
+        names = _copy(where, dest, [*TOKENIZER_FILES, *auto_map_modules(_auto_map(config))])
         return f"Tokenizer files copied unchanged from `{where}`: " + _names(names) + "."
     if (where / "tokenizer.json").is_file():
         shutil.copy2(where / "tokenizer.json", dest / "tokenizer.json")
@@ -145,18 +219,28 @@ def _names(names: list[str]) -> str:
     return ", ".join(f"`{n}`" for n in names)
 
 
-def _readme(source: Path | None, copied: list[str], tokenizer_note: str) -> str:
-    lines = ["# LLaDA checkpoint exported by d1jax", "",
-             "Weights in the Hugging Face LLaDA layout (`config.json` + safetensors); "
-             "`d1jax.model.weights.load_hf_checkpoint` reads them back.", "",
-             "Remote code: d1jax's own `configuration_llada.py` and `modeling_llada.py`, "
-             "written to load under transformers 4.x and 5.x (LLaDA's official "
-             "`modeling_llada.py` fails under 5.x). Class names, `model_type` and weight names "
-             "are those of GSAI-ML/LLaDA-8B-Instruct, so either code opens these weights. Open "
-             "them with `transformers.AutoModel.from_pretrained(path, trust_remote_code=True)` "
-             "(or `AutoModelForCausalLM`); `model(input_ids, attention_mask=...).logits` is "
-             "one bidirectional pass."]
-    replaced = [n for n in REMOTE_CODE if source is not None and (source / n).is_file()
+def _readme(code: RemoteCode, source: Path | None, own: bool, copied: list[str],
+            tokenizer_note: str) -> str:
+    lines = [f"# {code.title} checkpoint exported by d1jax", "",
+             f"Weights in the Hugging Face {code.title} layout (`config.json` + safetensors); "
+             f"`{code.loader}` reads them back.", ""]
+    opening = ("Open them with `transformers.AutoModel.from_pretrained(path, "
+               "trust_remote_code=True)`" + (" (or `AutoModelForCausalLM`)"
+                                             if "AutoModelForCausalLM" in code.auto_map else ""))
+    if own:
+        lines.append(f"Remote code: the source model's own, copied unchanged from `{source}` "
+                     f"(listed below). d1jax's own {_names(code.files)} (package data in "
+                     f"`d1jax/model/hf_remote/`) read the same weights under transformers 4.x "
+                     f"and 5.x, should the source's code not load under yours. {opening}.")
+    else:
+        official = (f" ({code.title}'s official `{code.files[1]}` fails under 5.x)"
+                    if not code.keep_source else "")
+        lines.append(f"Remote code: d1jax's own `{code.files[0]}` and `{code.files[1]}`, "
+                     f"written to load under transformers 4.x and 5.x{official}. Class names, "
+                     f"`model_type` and weight names are those of {code.reference}, so either "
+                     f"code opens these weights. {opening}; {code.forward}")
+    replaced = [n for n in code.files if not own and source is not None
+                and (source / n).is_file()
                 and (source / n).read_bytes() != (remote_code_dir() / n).read_bytes()]
     if replaced:
         lines += ["", f"The source directory's own {_names(replaced)} (`{source}`) "
