@@ -61,8 +61,15 @@ def write_hf_dir(path, cfg: DreamConfig, sd) -> str:
     return path
 
 
-def np_raw_logits(sd, cfg: DreamConfig, ids, mask=None, positions=None):
-    """modeling_dream.DreamModel forward in float64: raw logits [B, L, V] (row i -> i+1)."""
+def np_raw_logits(sd, cfg: DreamConfig, ids, mask=None, positions=None, *, cache=None,
+                  q_start=0, kv=None):
+    """modeling_dream.DreamModel forward in float64: raw logits [B, L, V] (row i -> i+1).
+
+    ``kv``: a list that receives each layer's keys (after RoPE) and values [B, K, L, H] of
+    the rows. With ``cache`` (such a list of a whole sequence) ``ids`` [B, Q] are positions
+    q_start:+Q, attending to their own keys/values there and to the cache's elsewhere
+    (``mask`` [B, L] masks the whole sequence's keys): Fast-dLLM's cached forward.
+    """
     g = {k: v.astype(np.float64) for k, v in sd.items()}
     b, l = ids.shape
     n, k, h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -87,6 +94,11 @@ def np_raw_logits(sd, cfg: DreamConfig, ids, mask=None, positions=None):
         q = rope(proj["q"].reshape(b, l, n, h).transpose(0, 2, 1, 3))
         kk = rope(proj["k"].reshape(b, l, k, h).transpose(0, 2, 1, 3))
         v = proj["v"].reshape(b, l, k, h).transpose(0, 2, 1, 3)
+        if kv is not None:
+            kv.append((kk, v))
+        if cache is not None:  # the rows' keys/values in place of the cache's
+            kk, v = (np.concatenate([c[:, :, :q_start], a, c[:, :, q_start + l:]], axis=2)
+                     for c, a in zip(cache[i], (kk, v)))
         kk, v = np.repeat(kk, n // k, axis=1), np.repeat(v, n // k, axis=1)  # repeat_kv
         s = q @ kk.transpose(0, 1, 3, 2) / np.sqrt(h)
         if mask is not None:
@@ -216,8 +228,6 @@ def test_tied_embeddings_and_llada_satisfy_the_interface(tmp_path, tiny_model, t
     got = predictor.predict_logits(tiny_model, tiny_params, ids, jnp.asarray(MASK))
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert predictor.is_shifted(Dream(cfg)) and not predictor.is_shifted(tiny_model)
-    with pytest.raises(NotImplementedError, match="LLaDA only"):
-        predictor.require_unshifted(Dream(cfg), "the KV-cached sampler")
 
 
 def test_random_init_is_born_sharded_with_layer_stacked_params():

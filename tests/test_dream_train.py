@@ -9,6 +9,7 @@ resume and export checks compare runs that learn.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -82,12 +83,14 @@ def test_d1_sampler_on_dream_matches_the_numpy_loop_token_by_token(peaked, kw):
     np.testing.assert_array_equal(np.asarray(out.ids), ref)
 
 
-def test_kv_cache_on_dream_is_refused_by_name(peaked):
+def test_dream_samples_with_the_fast_settings(peaked):
+    """Fast-dLLM's dual cache, refreshed every 8 tokens, tau 0.99 (SamplerConfig.fast): every
+    position decoded (tests/test_dream_cache.py checks the tokens)."""
     _, params = peaked
     ids, mask = make_prompts(CFG.vocab_size, CFG.pad_token_id, lp=8)
-    cfg = _dream_cfg(block_length=8, steps=8, kv_cache="dual")
-    with pytest.raises(NotImplementedError, match="Dream has no KV-cache entry points"):
-        smp.generate(smp.model_fns(Dream(CFG)), params, ids, mask, jax.random.key(0), cfg)
+    cfg = dataclasses.replace(_dream_cfg(block_length=8, steps=8), **smp.FAST_DEFAULTS)
+    out = smp.generate(smp.model_fns(Dream(CFG)), params, ids, mask, jax.random.key(0), cfg)
+    assert cfg.kv_cache == "dual" and not (np.asarray(out.ids) == CFG.mask_token_id).any()
 
 
 def _log_softmax(x):
@@ -182,9 +185,8 @@ def test_family_is_checked_against_the_checkpoint_and_lora_names(tmp_path):
     with pytest.raises(ConfigError, match="not a Dream preset"):
         spec_lib.from_config(c)
     c = config_lib.grpo("sudoku", "tiny", checkpoint="dream")
-    c.sampler.kv_cache = "prefix"  # refused before any compute, not at the first rollout
-    with pytest.raises(ConfigError, match="implemented for LLaDA, not Dream"):
-        spec_lib.from_config(c)
+    c.sampler.kv_cache = "prefix"  # Dream's rollouts take the Fast-dLLM cache too
+    assert spec_lib.from_config(c).sampler.kv_cache == "prefix"
 
 
 def test_diffucoder_authors_variant_is_its_recipe():

@@ -102,6 +102,7 @@ def sampler_fields(tiny: bool, rollout: bool = True) -> mlc.ConfigDict:
     s.parallel_rule = "budget"  # With threshold < 1: "budget" unmasks at least the exact schedule's tokens per step; "fast_dllm" at least one (Fast-dLLM, no step cap).
     s.recompute = "block"  # Dual cache steps recompute the whole block (Fast-dLLM) or only "masked" positions.
     s.cache_refresh = 0  # With kv_cache: refresh it once this many block tokens were decoded (0: at block starts only).
+    s.first_position = False  # With parallel_rule "fast_dllm": a block's first step unmasks its first position alone (Fast-dLLM's Dream loop).
     return s
 
 

@@ -51,7 +51,6 @@ class Family:
     # The first and last layers run outside the layer loop (LLaDA): the last runs only the
     # rows the output reads, and XLA drops the first's q/k/v input gradient under LoRA.
     peeled_ends: bool = False
-    kv_cache: bool = False  # the module has the Fast-dLLM KV-cache entry points (LLaDA)
 
     def model(self, config: Any, **kwargs: Any):
         """The flax module of architecture ``config`` (kwargs: dtype, remat, lora, ...)."""
@@ -87,8 +86,7 @@ FAMILIES: dict[str, Family] = {
     "llada": Family(
         "llada", "LLaDA", LLaDA, LLaDAConfig, ("llada", "LLaDA"), PRESETS, preset, _LLADA_FIELDS,
         lora_lib.TARGETS, weights.load_hf_checkpoint, weights.save_hf_checkpoint,
-        read_config=weights.read_config, default_preset="llada-8b", peeled_ends=True,
-        kv_cache=True),
+        read_config=weights.read_config, default_preset="llada-8b", peeled_ends=True),
     "dream": Family(
         "dream", "Dream", Dream, DreamConfig, ("Dream", "dream"), DREAM_PRESETS, dream_preset,
         _DREAM_FIELDS, lora_lib.DREAM_TARGETS, dream_weights.load_dream_checkpoint,

@@ -23,9 +23,10 @@ objectives hold no family switch:
   each row's first real token, as Dream's ``_sample``. ``Dream.raw_logits`` is the unshifted
   Hugging Face forward.
 
-A model says which it is by its ``shifted_prediction`` class attribute (absent: False). The
-KV-cached sampler (``prefill``/``decode_*``) exists for LLaDA only; ``require_unshifted``
-refuses other models there with a clear error.
+A model says which it is by its ``shifted_prediction`` class attribute (absent: False).
+Both offer the Fast-dLLM KV-cache entry points (``prefill``, ``decode_hidden``,
+``decode_at``); ``d1jax.sampling.model_fns`` adapts their signatures (Dream's read the whole
+sequence: a row's prediction needs the token before it).
 """
 
 from __future__ import annotations
@@ -64,12 +65,3 @@ def predict_logits(model: Any, params: Any, ids_bl: Array, attention_mask_bl: Ar
 def output_head(model: Any, params: Any) -> tuple[Array, float | None]:
     """(output head [D, V], logit scale or None) of ``model`` (its static ``output_head``)."""
     return type(model).output_head(params, model.config)
-
-
-def require_unshifted(model: Any, what: str) -> None:
-    """Refuses a shifted model in code that exists for LLaDA's layout only (names ``what``)."""
-    if is_shifted(model):
-        raise NotImplementedError(
-            f"{what} is implemented for LLaDA only: {type(model).__name__} predicts token i "
-            f"from row i-1 and has no KV-cache entry points; use the exact sampler "
-            f"(sampler.kv_cache='none') or d1jax.sampling.dream.diffusion_generate")

@@ -193,7 +193,8 @@ def sampler_config(group, prefix: str, gen_length: int, steps: int) -> smp.Sampl
             temperature=group.temperature, cfg_scale=group.cfg_scale,
             remasking=group.remasking, use_attention_mask=group.use_attention_mask,
             kv_cache=group.kv_cache, threshold=group.threshold, recompute=group.recompute,
-            cache_refresh=group.cache_refresh, parallel_rule=group.parallel_rule)
+            cache_refresh=group.cache_refresh, parallel_rule=group.parallel_rule,
+            first_position=group.get("first_position", False))
     except ValueError as e:
         raise ConfigError(f"{prefix}{e}") from None
 
@@ -391,10 +392,6 @@ def from_config(c, *, weights: bool = True) -> RunSpec:
         task=TaskSpec(c.task.name, c.task.source or None, c.task.num_train),
         identity=resume_identity(c), train=_loop(t),
         optim=_optim(c.optim))
-    fam = family_lib.get(model.family)
-    if c.get("sampler") is not None and c.sampler.kv_cache != "none" and not fam.kv_cache:
-        raise ConfigError(f"sampler.kv_cache={c.sampler.kv_cache!r}: the Fast-dLLM cache is "
-                          f"implemented for LLaDA, not {fam.title}; use sampler.kv_cache='none'")
     if c.stage == "grpo":
         s = c.sampler
         grpo, run = _grpo(c, lora)

@@ -1,4 +1,5 @@
-"""LLaDA's semi-autoregressive sampler and its fast (cached, parallel) variants.
+"""LLaDA's semi-autoregressive sampler and its fast (cached, parallel) variants, for LLaDA
+and Dream.
 
 ``generate`` (the API and the semantics), ``config`` (SamplerConfig), ``step`` (one
 denoising step and the step loop), ``exact`` and ``cached`` (the two block loops),

@@ -97,21 +97,20 @@ def _block_ids(ids_bl: Array, start, cfg: SamplerConfig) -> Array:
     return jax.lax.dynamic_slice_in_dim(ids_bl, start, cfg.block_length, axis=1)
 
 
-def _recompute_masked(fns: ModelFns, ctx: Context, cfg: SamplerConfig, block_ids_bs: Array,
+def _recompute_masked(fns: ModelFns, ctx: Context, cfg: SamplerConfig, ids_bl: Array,
                       kv, prev_masked_bs: Array, i: Array, start):
     """``recompute="masked"``: the positions masked before the previous step, recomputed at
     the static width of ``recompute_sizes``; their keys/values go into the block's window.
     Returns (hidden [B, blk, D] (other rows zero, never read), (cache, window))."""
     blk = cfg.block_length
-    rows = jnp.arange(block_ids_bs.shape[0])[:, None]
+    rows = jnp.arange(ids_bl.shape[0])[:, None]
     order, (which, sizes) = _first(prev_masked_bs), recompute_sizes(cfg)
 
     def on(m):
         def fn():  # rows past the masked count point outside the block: dropped
             idx = jnp.where(jnp.arange(m) < jnp.sum(prev_masked_bs, -1, keepdims=True),
                             order[:, :m], blk)
-            ids = jnp.take_along_axis(block_ids_bs, jnp.minimum(idx, blk - 1), axis=1)
-            h, window = fns.decode_at(ctx.params, ids, idx, *kv, start, ctx.attn_bl)
+            h, window = fns.decode_at(ctx.params, ids_bl, idx, *kv, start, ctx.attn_bl)
             h_bsd = jnp.zeros((h.shape[0], blk, h.shape[-1]), h.dtype)
             return h_bsd.at[rows, idx].set(h, mode="drop"), (kv[0], window)
         return fn
@@ -153,15 +152,13 @@ def _cached_step(fns: ModelFns, ctx: Context, cfg: SamplerConfig, block, ids_bl:
     blk, start, kv = cfg.block_length, block_start(ctx, block, cfg), state.kv
     keys = block_keys(ctx, block, i, cfg)
     q_len = blk if cfg.kv_cache == "dual" else ids_bl.shape[1] - start  # static: block is int
-    ids = jax.lax.dynamic_slice_in_dim(ids_bl, start, q_len, axis=1)
     if fns.decode_hidden is None or fns.head is None:
-        out = fns.decode(ctx.params, ids, kv[0], start, ctx.attn_bl, blk)
+        out = fns.decode(ctx.params, ids_bl, kv[0], start, q_len, ctx.attn_bl, blk)
         return (*propose(mask_eos(out.astype(jnp.float32), cfg), *keys, cfg), kv)
     if cfg.recompute == "masked":
-        h, kv = _recompute_masked(fns, ctx, cfg, _block_ids(ids_bl, start, cfg), kv,
-                                  state.prev_masked_bs, i, start)
+        h, kv = _recompute_masked(fns, ctx, cfg, ids_bl, kv, state.prev_masked_bs, i, start)
     else:
-        h = fns.decode_hidden(ctx.params, ids, kv[0], start, ctx.attn_bl)[:, :blk]
+        h = fns.decode_hidden(ctx.params, ids_bl, kv[0], start, q_len, ctx.attn_bl)[:, :blk]
     return (*_propose_masked(fns, ctx, cfg, h, masked_bs, i, keys), kv)
 
 

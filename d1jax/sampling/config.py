@@ -47,6 +47,9 @@ class SamplerConfig:
     cache_refresh: int = 0  # kv_cache: a full forward (fresh keys/values) before any step
     #                        once this many block tokens were decoded since the last one;
     #                        0 = only at block starts (Fast-dLLM).
+    first_position: bool = False  # A block's first step (its full forward) unmasks the
+    #                              block's first position alone: Fast-dLLM's Dream loop
+    #                              (generation_utils_block); needs parallel_rule="fast_dllm".
 
     def __post_init__(self):
         for name in ("gen_length", "block_length", "steps"):
@@ -80,6 +83,9 @@ class SamplerConfig:
         if self.cache_refresh > 0 and self.kv_cache == "none":
             raise ValueError(f"cache_refresh={self.cache_refresh} needs a KV cache "
                              "(kv_cache='prefix' or 'dual')")
+        if self.first_position and self.parallel_rule != "fast_dllm":
+            raise ValueError("first_position=True (Fast-dLLM's Dream loop) needs "
+                             f"parallel_rule='fast_dllm', got {self.parallel_rule!r}")
         if self.kv_cache != "none" and self.cfg_scale > 0:
             raise ValueError(f"cfg_scale={self.cfg_scale} with kv_cache={self.kv_cache!r} is not "
                              "supported; use kv_cache='none' for classifier-free guidance")

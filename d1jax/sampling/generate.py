@@ -1,4 +1,4 @@
-"""LLaDA's semi-autoregressive masked-diffusion sampler as one jitted program.
+"""LLaDA's semi-autoregressive masked-diffusion sampler as one jitted program (any family).
 
 Semantics of LLaDA ``generate.py`` and d1's ``DiffuGRPOTrainer.generate``: the completion
 starts fully masked and is decoded block by block, left to right. Each block gets
@@ -27,7 +27,8 @@ Approximate fast decoding (Fast-dLLM, arXiv:2505.22618), options of the same loo
   layer's keys/values (its logits serve the block's first step); later steps recompute only
   the block ("dual") or the block and everything after it ("prefix"), attending to the
   cached keys/values elsewhere. The cache is refreshed at the next block (and within it
-  with ``cache_refresh``).
+  with ``cache_refresh``). Either family: Dream's cached forwards also recompute the row
+  before the block, which predicts its first position (``d1jax.model.dream``).
 - Parallel decoding at threshold tau, by ``parallel_rule``:
   "budget" (tau < 1): a step unmasks every masked position of the block whose confidence
   exceeds tau, and at least the exact schedule's budget, so tau >= 1 is the exact sampler
@@ -39,6 +40,8 @@ Approximate fast decoding (Fast-dLLM, arXiv:2505.22618), options of the same loo
   ``steps = gen_length``). Global step numbers (keys, ``decoded_at``) then reserve
   ``block_length`` per block.
   Either way a block ends as soon as no row has a mask left in it (bounded while loop).
+  ``first_position`` ("fast_dllm" only): step 0 unmasks the block's first position alone,
+  as Fast-dLLM's Dream loop does at each block's full forward.
   With random remasking the "confidence" is the random draw, as in Fast-dLLM's code.
 - ``recompute="masked"`` (dual cache): a step recomputes only the block positions masked
   before the previous step; older decoded positions keep the keys/values of the step after
@@ -87,10 +90,6 @@ def _check_call(fns: ModelFns, prompt_ids: Array, prompt_mask: Array | None,
     if prompt_mask is not None and prompt_mask.shape != prompt_ids.shape:
         raise ValueError(f"prompt_mask shape {prompt_mask.shape} != prompt_ids shape "
                          f"{prompt_ids.shape}")
-    if config.kv_cache != "none" and fns.cache_absent:
-        raise NotImplementedError(
-            f"kv_cache={config.kv_cache!r}: {fns.cache_absent} has no KV-cache entry points "
-            f"(the Fast-dLLM cache is implemented for LLaDA); set sampler.kv_cache='none'")
     if config.kv_cache != "none" and (fns.prefill is None or fns.decode is None):
         raise ValueError(f"kv_cache={config.kv_cache!r} needs ModelFns with prefill and decode "
                          "(e.g. sampling.model_fns(model)), got a plain apply_fn")

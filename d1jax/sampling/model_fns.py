@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 from d1jax.model import predictor
 
@@ -17,20 +18,25 @@ ApplyFn = Callable[[Any, Array, Array | None, Array, int], Array]
 class ModelFns(NamedTuple):
     """The model's entry points. ``prefill``/``decode`` serve ``kv_cache`` only.
 
+    The cached ones take the whole sequence ids [B, L] and the rows to recompute, so a model
+    reads the tokens it needs (a shifted predictor like Dream also the one before them).
+
     forward: ``ApplyFn``.
     prefill: ``(params, ids [B, L], mask, slice_start, slice_len) -> (logits [B, S, V],
       cache)``, cache holding every layer's keys/values of the whole sequence.
-    decode: ``(params, ids [B, Q], cache, q_start, mask [B, L], head_len) -> logits
-      [B, head_len, V]``: positions q_start:+Q recomputed, attending to the cache elsewhere.
+    decode: ``(params, ids [B, L], cache, q_start, q_len, mask [B, L], head_len) -> logits
+      [B, head_len, V]``: positions q_start:+q_len (static q_len) recomputed, attending to
+      the cache elsewhere; the logits of the first head_len of them.
     max_length: the model's max_sequence_length (longer requests are refused).
     decode_hidden, head: optional split of ``decode`` into ``(params, ids, cache, q_start,
-      mask) -> hidden [B, Q, D]`` and ``(params, hidden [B, S, D]) -> logits [B, S, V]``;
-      with them cached steps run the output head on the still-masked positions only.
-    decode_at: ``(params, ids [B, Q], idx [B, Q], cache, window, window_start, mask) ->
+      q_len, mask) -> hidden [B, q_len, D]`` and ``(params, hidden [B, S, D]) -> logits
+      [B, S, V]``; with them cached steps run the output head on the masked positions only.
+    decode_at: ``(params, ids [B, L], idx [B, Q], cache, window, window_start, mask) ->
       (hidden [B, Q, D], window)``, for ``recompute="masked"``: window positions
       window_start + idx recomputed, their keys/values written into ``window`` (the
       block's keys/values, kept apart from the cache; idx >= W: a padding row, not
-      written), attending to it and to the cache.
+      written), attending to it and to the cache; row q predicts position window_start +
+      idx[q].
     """
 
     forward: ApplyFn
@@ -40,7 +46,6 @@ class ModelFns(NamedTuple):
     decode_hidden: Callable[..., Array] | None = None
     head: Callable[[Any, Array], Array] | None = None
     decode_at: Callable[..., tuple[Array, Any]] | None = None
-    cache_absent: str | None = None  # the model's name when it has no KV-cache entry points
 
 
 def model_apply_fn(model) -> ApplyFn:
@@ -53,30 +58,40 @@ def model_apply_fn(model) -> ApplyFn:
 
 
 def model_fns(model) -> ModelFns:
-    """``ModelFns`` of a d1jax model: the forward, and for LLaDA the KV-cache entry points
-    (Dream has none yet: its ``ModelFns`` serve ``kv_cache="none"``, and asking for a cache
-    names the model)."""
-    if predictor.is_shifted(model):
-        return ModelFns(model_apply_fn(model), max_length=model.config.max_sequence_length,
-                        cache_absent=type(model).__name__)
+    """``ModelFns`` of a d1jax model: the forward and the KV-cache entry points.
+
+    LLaDA's cached methods take the tokens of the rows they recompute; a shifted
+    predictor's (Dream) take the whole sequence, since the prediction of a row's token
+    reads the token before it (for a block's first row, one outside the block).
+    """
+    whole = predictor.is_shifted(model)
+
+    def apply(params, *args, **kw):
+        return model.apply({"params": params}, *args, **kw)
 
     def prefill(params, ids, mask, slice_start, slice_len):
-        return model.apply({"params": params}, ids, mask, slice_start=slice_start,
-                           slice_len=slice_len, method=model.prefill)
+        return apply(params, ids, mask, slice_start=slice_start, slice_len=slice_len,
+                     method=model.prefill)
 
-    def decode(params, ids, cache, q_start, mask, head_len):
-        return model.apply({"params": params}, ids, cache, q_start, mask, head_len=head_len,
-                           method=model.decode_slice)
-
-    def decode_hidden(params, ids, cache, q_start, mask):
-        return model.apply({"params": params}, ids, cache, q_start, mask,
-                           method=model.decode_hidden)
+    def decode_hidden(params, ids, cache, q_start, q_len, mask):
+        if whole:
+            return apply(params, ids, cache, q_start, mask, slice_len=q_len,
+                         method=model.decode_hidden)
+        rows = jax.lax.dynamic_slice_in_dim(ids, q_start, q_len, axis=1)
+        return apply(params, rows, cache, q_start, mask, method=model.decode_hidden)
 
     def head(params, hidden):
-        return model.apply({"params": params}, hidden, method=model.logits)
+        return apply(params, hidden, method=model.logits)
+
+    def decode(params, ids, cache, q_start, q_len, mask, head_len):
+        return head(params, decode_hidden(params, ids, cache, q_start, q_len, mask)[:, :head_len])
 
     def decode_at(params, ids, idx, cache, window, window_start, mask):
-        return model.apply({"params": params}, ids, idx, cache, window, window_start, mask,
-                           method=model.decode_at)
+        if not whole:  # the rows' tokens (padding rows idx >= W clamped)
+            w = window.k.shape[2]  # [n_layers, B, W, K, H]
+            block = jax.lax.dynamic_slice_in_dim(ids, window_start, w, axis=1)
+            ids = jnp.take_along_axis(block, jnp.minimum(idx, w - 1), axis=1)
+        return apply(params, ids, idx, cache, window, window_start, mask,
+                     method=model.decode_at)
     return ModelFns(model_apply_fn(model), prefill, decode, model.config.max_sequence_length,
                     decode_hidden, head, decode_at)

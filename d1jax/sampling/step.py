@@ -172,6 +172,8 @@ def transfer(seq: DecodeState, x0_bs: Array, conf_bs: Array, i: Array, block,
     xb = jax.lax.dynamic_slice_in_dim(seq.ids_bl, start, blk, axis=1)
     masked = xb == cfg.mask_id
     take = select(conf_bs, masked, num_to_unmask(conf_bs, masked, ctx.min_transfer_n[i], cfg))
+    if cfg.first_position:  # Fast-dLLM's Dream loop: step 0 takes the block's first position
+        take = jnp.where(i == 0, masked & (jnp.arange(blk) == 0), take)
     ids = jax.lax.dynamic_update_slice_in_dim(seq.ids_bl, jnp.where(take, x0_bs, xb), start,
                                               axis=1)
     db = jax.lax.dynamic_slice_in_dim(seq.decoded_at_bg, block * blk, blk, axis=1)
