@@ -231,12 +231,22 @@ class Dream(nn.Module):
         """Prediction-aligned logits [B, L, V] (row i predicts token i), or [B, slice_len, V]
         of positions slice_start:+slice_len (slice_start may be traced; only those rows go
         through the output head)."""
+        return self.logits(self.sliced_hidden(
+            input_ids, attention_mask, positions=positions, slice_start=slice_start,
+            slice_len=slice_len, use_lora=use_lora, deterministic=deterministic))
+
+    def sliced_hidden(self, input_ids: Array, attention_mask: Array | None = None, *,
+                      positions: Array | None = None, slice_start: Array | int | None = None,
+                      slice_len: int | None = None, use_lora: bool = True,
+                      deterministic: bool = True) -> Array:
+        """``__call__`` before the output head: prediction-aligned hidden states [B, L or
+        slice_len, D]."""
         h = self.hidden(input_ids, attention_mask, positions=positions, use_lora=use_lora,
                         deterministic=deterministic)
         if slice_len is not None:
             h = jax.lax.dynamic_slice_in_dim(h, 0 if slice_start is None else slice_start,
                                              slice_len, axis=1)
-        return self.logits(h)
+        return h
 
     @staticmethod
     def output_head(params: dict[str, Any], config: DreamConfig) -> tuple[Array, float | None]:

@@ -264,13 +264,23 @@ class LLaDA(nn.Module):
         slice_start may be traced (e.g. the current block inside a sampler loop);
         slice_len is static. Only the sliced positions go through the output head.
         """
+        return self.logits(self.sliced_hidden(
+            input_ids, attention_mask, positions=positions, slice_start=slice_start,
+            slice_len=slice_len, use_lora=use_lora, deterministic=deterministic))
+
+    def sliced_hidden(self, input_ids: Array, attention_mask: Array | None = None, *,
+                      positions: Array | None = None, slice_start: Array | int | None = None,
+                      slice_len: int | None = None, use_lora: bool = True,
+                      deterministic: bool = True) -> Array:
+        """``__call__`` before the output head: final-norm hidden states [B, L or slice_len,
+        D] (``logits`` maps any subset of them, e.g. the block positions still masked)."""
         b, l = input_ids.shape
         positions = _positions(positions, b, l)
         rows = None if slice_len is None else (
             slice_start if slice_start is not None else 0, slice_len)
         h, _ = self._stack(self.wte(input_ids), positions, attention_mask, use_lora,
                            deterministic, out_rows=rows)
-        return self.logits(h)
+        return h
 
     @staticmethod
     def output_head(params: Mapping[str, Any], config: LLaDAConfig) -> tuple[Array, float | None]:

@@ -6,7 +6,7 @@ A model module (``d1jax.model.LLaDA``, ``d1jax.model.dream.Dream``) offers, thro
 - ``__call__(ids [B, L], attention_mask [B, L] | None, *, slice_start, slice_len, use_lora,
   deterministic)``: logits whose row i is the model's prediction of token i (the
   distribution a masked position i is filled from, whose log-probability an estimator
-  reads), all rows or a slice;
+  reads), all rows or a slice; ``sliced_hidden`` (same arguments) is it before the head;
 - ``hidden(ids, attention_mask, *, use_lora, deterministic, keep_last)``: the final-norm
   hidden states those logits come from (row-aligned the same way), and ``logits(hidden)``;
 - the static ``output_head(params, config)``: (head [D, V], logit scale or None), for the

@@ -117,7 +117,7 @@ def _recompute_masked(fns: ModelFns, ctx: Context, cfg: SamplerConfig, ids_bl: A
     return jax.lax.switch(_width(which, sizes, i, prev_masked_bs), [on(m) for m in sizes])
 
 
-def _propose_masked(fns: ModelFns, ctx: Context, cfg: SamplerConfig, h_bsd: Array,
+def propose_masked(fns: ModelFns, ctx: Context, cfg: SamplerConfig, h_bsd: Array,
                     masked_bs: Array, i: Array, keys) -> tuple[Array, Array]:
     """Proposals [B, blk] with the output head run on the masked positions only, at the
     static width of ``head_sizes`` (the first m of ``_first``: all of them)."""
@@ -159,7 +159,7 @@ def _cached_step(fns: ModelFns, ctx: Context, cfg: SamplerConfig, block, ids_bl:
         h, kv = _recompute_masked(fns, ctx, cfg, ids_bl, kv, state.prev_masked_bs, i, start)
     else:
         h = fns.decode_hidden(ctx.params, ids_bl, kv[0], start, q_len, ctx.attn_bl)[:, :blk]
-    return (*_propose_masked(fns, ctx, cfg, h, masked_bs, i, keys), kv)
+    return (*propose_masked(fns, ctx, cfg, h, masked_bs, i, keys), kv)
 
 
 def cached_block(block, seq: DecodeState, fns: ModelFns, ctx: Context,

@@ -37,6 +37,9 @@ class ModelFns(NamedTuple):
       block's keys/values, kept apart from the cache; idx >= W: a padding row, not
       written), attending to it and to the cache; row q predicts position window_start +
       idx[q].
+    forward_hidden: optional ``forward`` before the output head: ``(params, ids, mask,
+      slice_start, slice_len) -> hidden [B, S, D]``; with it and ``head`` the exact sampler
+      runs the head on the block's masked positions only.
     """
 
     forward: ApplyFn
@@ -46,6 +49,7 @@ class ModelFns(NamedTuple):
     decode_hidden: Callable[..., Array] | None = None
     head: Callable[[Any, Array], Array] | None = None
     decode_at: Callable[..., tuple[Array, Any]] | None = None
+    forward_hidden: Callable[..., Array] | None = None
 
 
 def model_apply_fn(model) -> ApplyFn:
@@ -93,5 +97,8 @@ def model_fns(model) -> ModelFns:
             ids = jnp.take_along_axis(block, jnp.minimum(idx, w - 1), axis=1)
         return apply(params, ids, idx, cache, window, window_start, mask,
                      method=model.decode_at)
+    def forward_hidden(params, ids, mask, slice_start, slice_len):
+        return apply(params, ids, mask, slice_start=slice_start, slice_len=slice_len,
+                     method=model.sliced_hidden)
     return ModelFns(model_apply_fn(model), prefill, decode, model.config.max_sequence_length,
-                    decode_hidden, head, decode_at)
+                    decode_hidden, head, decode_at, forward_hidden)
