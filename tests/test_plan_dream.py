@@ -39,6 +39,37 @@ def test_dream_forward_flops_match_a_hand_count():
     assert flops.estimator(deep, 2, 5, 4, peeled=True).total < est.total / 3
 
 
+def test_cached_steps_run_the_row_before_query_only():
+    """Dream's cached steps recompute, query-only, the row before the slice (dual, prefix)
+    or before each masked position (recompute="masked"): every layer runs its queries,
+    attention over all keys, o_proj and the MLP on them, no keys or values. The count
+    exceeds the LLaDA-shaped one (``shifted=False``) by exactly those rows."""
+    from d1jax.sampling import SamplerConfig
+    deep = dream_preset("dream-test-tiny", **{**_HAND, "num_hidden_layers": 3})
+    lora = LoraConfig(rank=1, targets=("q_proj", "k_proj"))
+    batch, prompt, total = 2, 2, 2 + 8
+    # a query-only row in each of 3 layers: q, o (16 MACs each), gate/up/down (72); scores
+    # and sums over the 10 keys, 2 heads of 2; the q adapter's 4 + 4 (k's is not run)
+    row_base, row_att, row_lora = 3 * 2 * 104, 3 * 4 * total * 4, 3 * 2 * (4 + 4)
+    # 2 blocks of 4 in 4 steps of one token: step 0 is the full forward
+    dual = dict(gen_length=8, block_length=4, steps=8, kv_cache="dual")
+    cases = [(dual, 2 * 3),  # one row before the block at steps 1-3
+             (dict(dual, kv_cache="prefix"), 2 * 3),
+             (dict(dual, cache_refresh=2), 2 * 2),  # step 2 refreshes: steps 1 and 3
+             # the masked positions before the previous step, 4, 3, 2: a row before each
+             (dict(dual, recompute="masked"), 2 * (4 + 3 + 2))]
+    for kw, rows in cases:
+        scfg = SamplerConfig(**kw)
+        plain, shifted = (flops.sampler(deep, scfg, batch, prompt, lora, peeled=False,
+                                        shifted=s) for s in (False, True))
+        assert shifted.head == plain.head, kw
+        assert shifted.base - plain.base == batch * rows * row_base, kw
+        assert shifted.attention - plain.attention == batch * rows * row_att, kw
+        assert shifted.lora - plain.lora == batch * rows * row_lora, kw
+    exact = SamplerConfig(gen_length=8, block_length=4, steps=8)  # no cached step
+    assert flops.sampler(deep, exact, 2, 2, shifted=True) == flops.sampler(deep, exact, 2, 2)
+
+
 def test_estimator_rows_by_objective():
     gsm8k = config_lib.grpo("gsm8k", None, checkpoint="dream")
     coupled = config_lib.grpo("sudoku", "authors", objective="coupled_grpo",
@@ -104,3 +135,29 @@ def test_tiny_dream_programs_compile_to_the_analytic_count():
     for (program, *_), e in zip(jobs, estimates):
         assert e.fits and e.flops_hardware > 0
         assert e.flops_xla == pytest.approx(e.flops_hardware, rel=0.01), program.name
+
+
+@needs_tpu
+def test_tiny_dream_cached_sampler_compiles_to_the_analytic_count():
+    """A Dream eval sampler with the dual cache compiled for v5e:2x2: XLA's loop-aware count
+    is the analytic one (the row before the block among every cached step's rows) plus two
+    things the walk or the kernel adds: the head switch at its widest branch (the block of 8
+    where the static widths are 6, 4, 2) and the cached rows' scores and sums over their own
+    block's 8 fresh keys beside the whole cache's (``attend_two_part``; the analytic count
+    takes the sequence's keys once)."""
+    from d1jax.plan import compile as plan_lib
+    from d1jax.plan.programs import PlanSpec
+    c = config_lib.eval_config("sudoku-tiny", checkpoint="dream")
+    c.model.width, c.model.n_layers, c.model.vocab_size = 512, 1, 1152
+    c.eval.gen_lengths, c.sampler.block_length, c.sampler.kv_cache = (16,), 8, "dual"
+    c.eval.batch_size, c.max_prompt_length = 8, 16
+    (e,) = plan_lib.plan(c, "v5e:2x2", (1, 4, 1), cache_dir="")
+    spec = PlanSpec.of(plan_lib.as_spec(c))
+    m = spec.model_config
+    blocks, cached_steps = 2, 3  # 8 steps of 2 tokens over 2 blocks: 4 a block, 1 full
+    widest = 2 * m.width * m.output_vocab * 8 * blocks * ((8 - 6) + (8 - 4) + (8 - 2))
+    own = 4 * 8 * blocks * cached_steps * (8 + 1) * 8 * m.query_heads * m.head_dim * m.depth
+    assert e.flops_xla == pytest.approx(e.flops_hardware + widest + own, rel=0.01)
+    # counted LLaDA's way (no row before the block), the sum falls short by ~4%
+    plain = flops.sampler(m, spec.run.eval.samplers[0], 8, 16, peeled=False)
+    assert e.flops_xla != pytest.approx(plain.total + widest + own, rel=0.01)

@@ -14,6 +14,10 @@ layer loop, so its last layer computes queries and MLP only for the rows the out
 and, under LoRA, XLA drops the first layer's q/k/v input gradient; Dream scans all layers,
 running every row through each and computing that gradient.
 
+Shifted prediction (``d1jax.model.predictor.is_shifted``: Dream): position p is predicted
+by row p-1, so a cached sampler step also runs the row before each recomputed position
+through every layer, query-only (its keys/values stay the cache's).
+
 Training: the backward pass of a matmul costs twice its forward (input and weight
 gradients), once for a frozen weight (input gradient only: the base model under LoRA);
 attention has no weights and costs twice its forward. ``remat`` recomputes the layers'
@@ -78,11 +82,15 @@ def projection_shapes(cfg) -> dict[str, tuple[int, int]]:
 
 
 def forward(cfg, batch: int, q_len: int, kv_len: int, head_positions: int,
-            lora: LoraConfig | None = None, last_rows: int | None = None) -> Forward:
+            lora: LoraConfig | None = None, last_rows: int | None = None,
+            query_only: int = 0) -> Forward:
     """One forward of ``batch`` sequences: ``q_len`` positions through every layer,
     attending to ``kv_len`` keys, the head on ``head_positions`` of them. ``last_rows``: the
     last layer computes keys and values for all positions but queries, attention output
-    and MLP only for that many (``LLaDA``'s full forward with a sliced output)."""
+    and MLP only for that many (``LLaDA``'s full forward with a sliced output).
+    ``query_only``: rows more that every layer runs without keys and values (queries,
+    attention, output projection and MLP: a shifted predictor's cached step, the row
+    before each recomputed one)."""
     shapes = projection_shapes(cfg)
     n_layers = cfg.depth
     kv_side = ("k_proj", "v_proj")
@@ -95,14 +103,14 @@ def forward(cfg, batch: int, q_len: int, kv_len: int, head_positions: int,
                    for name, (i, o) in shapes.items()
                    if name in names and (not adapter or name in lora.targets))
     kv, query = tuple(kv_side), tuple(n for n in shapes if n not in kv_side)
-    base = batch * (q_len * n_layers * per_token(kv, False)
-                    + (q_len * (n_layers - 1) + rows) * per_token(query, False))
+    query_rows = q_len * (n_layers - 1) + rows + query_only * n_layers
+    base = batch * (q_len * n_layers * per_token(kv, False) + query_rows * per_token(query, False))
     adapters = batch * (q_len * n_layers * per_token(kv, True)
-                        + (q_len * (n_layers - 1) + rows) * per_token(query, True))
+                        + query_rows * per_token(query, True))
     head = 2.0 * batch * head_positions * cfg.width * cfg.output_vocab
-    attention = 4.0 * batch * (q_len * (n_layers - 1) + rows) * kv_len * cfg.query_heads \
-        * cfg.head_dim
-    first_qkv = batch * q_len * per_token(("q_proj",) + kv, False)
+    attention = 4.0 * batch * query_rows * kv_len * cfg.query_heads * cfg.head_dim
+    first_qkv = batch * (q_len * per_token(("q_proj",) + kv, False)
+                         + query_only * per_token(("q_proj",), False))
     return Forward(base=float(base) + head, head=head, lora=float(adapters),
                    attention=attention, first_qkv=float(first_qkv))
 
@@ -136,24 +144,33 @@ def estimator(cfg, batch: int, prompt: int, completion: int,
 
 
 def sampler(cfg, scfg, batch: int, prompt: int, lora: LoraConfig | None = None, *,
-            peeled: bool = True) -> Forward:
+            peeled: bool = True, shifted: bool = False) -> Forward:
     """One ``generate`` call, loop-aware, every step taking only its budget of tokens
     (with ``threshold < 1`` that is the upper bound; blocks may end earlier).
 
-    Exact: every step is a full forward with the head on the block. With a KV cache a
-    block's first step (and each ``cache_refresh``) is a full forward; the others
-    recompute the block ("dual"), the block and what follows ("prefix") or the masked
-    positions ("masked"), attending to all keys, with the head on the still-masked ones.
+    Exact: every step is a full forward (with ``peeled`` ends the last layer's queries on
+    the block only), the head on the block positions that can still be masked, at the
+    static widths of ``head_sizes`` (with CFG on the whole block, twice the rows). With a
+    KV cache a block's first step (and each ``cache_refresh``) is a full forward; the
+    others recompute the block ("dual"), the block and what follows ("prefix") or the
+    masked positions ("masked"), attending to all keys, with the head on the still-masked
+    ones. ``shifted`` (a shifted predictor, ``d1jax.model.predictor.is_shifted``: Dream):
+    a cached step also recomputes, query-only, the row before the slice (one row) or
+    before each masked position (as many rows).
     """
     rows = batch * (2 if scfg.cfg_scale > 0 else 1)
     total = prompt + scfg.gen_length
     blk = scfg.block_length
     budget = scfg.min_transfer()
-    if scfg.kv_cache == "none":  # peeled: the last layer's queries on the block only
-        return forward(cfg, rows, total, total, blk, lora,
-                       last_rows=blk if peeled else None).scale(
-            scfg.num_blocks * scfg.loop_steps)
     head_which, head_w = smp.head_sizes(scfg)
+    if scfg.kv_cache == "none":
+        last_rows = blk if peeled else None
+        if scfg.cfg_scale > 0:  # CFG mixes two passes' logits: the head on the whole block
+            return forward(cfg, rows, total, total, blk, lora, last_rows=last_rows).scale(
+                scfg.num_blocks * scfg.loop_steps)
+        return sum((forward(cfg, rows, total, total, head_w[head_which[i]], lora,
+                            last_rows=last_rows) for i in range(scfg.loop_steps)),
+                   Forward()).scale(scfg.num_blocks)
     rec_which, rec_w = smp.recompute_sizes(scfg)
     out = Forward()
     for block in range(scfg.num_blocks):
@@ -167,7 +184,10 @@ def sampler(cfg, scfg, batch: int, prompt: int, lora: LoraConfig | None = None, 
                 continue
             if scfg.recompute == "masked":
                 q = rec_w[rec_which[i]]
+                before = q if shifted else 0  # the row before each recomputed position
             else:
                 q = blk if scfg.kv_cache == "dual" else total - (prompt + block * blk)
-            out = out + forward(cfg, rows, q, total, head_w[head_which[i]], lora)
+                before = 1 if shifted else 0  # the row before the slice
+            out = out + forward(cfg, rows, q, total, head_w[head_which[i]], lora,
+                                query_only=before)
     return out

@@ -19,7 +19,7 @@ from jax.sharding import Mesh
 
 from d1jax import config as config_lib
 from d1jax import sharding as shd
-from d1jax.model import family as family_lib
+from d1jax.model import family as family_lib, predictor
 from d1jax.model.tokenizer import MASK
 from d1jax.objectives import logprob
 from d1jax.plan import flops as fl
@@ -148,7 +148,8 @@ def _sampler_program(name: str, steps: steps_lib.JittedSteps, rows: int, prompt:
     def lower():
         with shd.activate(steps.mesh, steps.rules):  # as the run calls it
             return steps.generate.lower(*args)
-    fwd = fl.sampler(model.config, scfg, rows, prompt, model.lora, peeled=_peeled(model)).total
+    fwd = fl.sampler(model.config, scfg, rows, prompt, model.lora, peeled=_peeled(model),
+                     shifted=predictor.is_shifted(model)).total
     length = prompt + scfg.gen_length
     return Program(name, lower, args, fwd, fwd, loop_bound=scfg.loop_steps,
                    weight_bytes=_nbytes(params),
