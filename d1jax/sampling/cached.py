@@ -118,7 +118,7 @@ def _recompute_masked(fns: ModelFns, ctx: Context, cfg: SamplerConfig, ids_bl: A
 
 
 def propose_masked(fns: ModelFns, ctx: Context, cfg: SamplerConfig, h_bsd: Array,
-                    masked_bs: Array, i: Array, keys) -> tuple[Array, Array]:
+                   masked_bs: Array, i: Array, keys) -> tuple[Array, Array]:
     """Proposals [B, blk] with the output head run on the masked positions only, at the
     static width of ``head_sizes`` (the first m of ``_first``: all of them)."""
     order, (which, sizes) = _first(masked_bs), head_sizes(cfg)

@@ -97,6 +97,7 @@ def model_fns(model) -> ModelFns:
             ids = jnp.take_along_axis(block, jnp.minimum(idx, w - 1), axis=1)
         return apply(params, ids, idx, cache, window, window_start, mask,
                      method=model.decode_at)
+
     def forward_hidden(params, ids, mask, slice_start, slice_len):
         return apply(params, ids, mask, slice_start=slice_start, slice_len=slice_len,
                      method=model.sliced_hidden)
