@@ -208,6 +208,25 @@ def test_no_full_sequence_logits_and_memory_flat_in_mu(tiny_model, tiny_params, 
     assert max(temp) <= 1.1 * min(temp), temp
 
 
+@pytest.mark.parametrize("upto", [None, 100])
+def test_head_gradient_keeps_at_most_two_chunks_of_logits(upto):
+    """The head's gradient, whole-sequence logits [4, 256, 32000] (125 MiB) in chunks of 32:
+    its compiled scratch stays under two chunks of logits (16 MiB each) plus the inputs'
+    size, three with the skip of ``upto`` (its cond's output and branch; a cond outside the
+    checkpoint kept every chunk's logits for the backward: 102 MiB)."""
+    b, c, d, v, k = 4, 256, 64, 32000, 32
+    args = (jax.ShapeDtypeStruct((b, c, d), jnp.float32), jax.ShapeDtypeStruct((d, v), jnp.float32),
+            jax.ShapeDtypeStruct((b, c), jnp.int32))
+
+    def f(h, w, t):
+        return logprob.head_logps(h, w, t, seq_chunk=k,
+                                  upto=None if upto is None else jnp.int32(upto)).sum()
+    temp = jax.jit(jax.grad(f, argnums=(0, 1))).lower(*args).compile().memory_analysis()
+    chunk_logits, inputs = b * k * v * 4, (b * c * d + d * v) * 4
+    chunks = 2 if upto is None else 3
+    assert temp.temp_size_in_bytes < chunks * chunk_logits + inputs, temp.temp_size_in_bytes
+
+
 def test_sequence_logps_sums_over_mask():
     per_token = jnp.array([[-1.0, -2.0, -3.0], [-0.5, -0.5, -0.5]])
     mask = jnp.array([[1, 1, 0], [1, 1, 1]])

@@ -389,6 +389,20 @@ def test_training_programs_compile_and_match_the_analytic_count(stage, names):
         assert e.flops_xla == pytest.approx(e.flops_hardware + widest, rel=0.01), e.program
 
 
+@needs_tpu
+def test_skipped_head_chunks_keep_the_programs_priced(monkeypatch):
+    """Head chunks past the completion mask are skipped under a cond whose predicate is
+    reduced over the rows, which the (1, 4, 1) mesh shards: XLA's TPU cost model must still
+    price the log-prob and update programs (a boolean all-reduce there was booked at -1 s,
+    and the plan showed NaN seconds). A 1-byte chunk budget gives the tiny programs a head
+    chunk per position."""
+    from d1jax.objectives import logprob
+    from d1jax.plan import compile as plan_lib
+    monkeypatch.setattr(logprob, "ACCELERATOR_CHUNK_BYTES", 1)
+    for e in plan_lib.plan(config_lib.grpo("gsm8k", "tiny"), "v5e:2x2", (1, 4, 1)):
+        assert np.isfinite(e.seconds) and e.seconds > 0, (e.program, e.xla_seconds_once)
+
+
 def test_advice_names_only_changes_the_batch_checks_accept():
     """An SFT update that does not fit with remat, 8 rows on 8 chips: one row a chip cannot
     split into micro-batches, so the advice is a shorter sequence; GRPO's 96 rows on 4 chips

@@ -69,9 +69,9 @@ def head_logps(hidden_bcd: Array, head_dv: Array, targets_bc: Array, *,
     Logits are ``hidden @ head`` accumulated in float32 (times ``scale`` when given), with a
     float32 log-softmax over the vocabulary. ``seq_chunk`` positions are done at a time
     (None: ``auto_chunk``; 0: all at once); each chunk is rematerialised for the gradient,
-    so neither pass keeps more than one chunk of logits. ``upto`` (may be traced): only
-    positions below it are read, so a chunk that starts at or past it is skipped, forward
-    and backward, and gives 0 (``read_upto``).
+    so neither pass keeps more than about two chunks of logits. ``upto`` (may be traced):
+    only positions below it are read, so a chunk that starts at or past it is skipped,
+    forward and backward, and gives 0 (``read_upto``); its cond keeps one chunk more.
     """
     b, c, d = hidden_bcd.shape
     if head_dv.shape[0] != d:
@@ -95,13 +95,13 @@ def head_logps(hidden_bcd: Array, head_dv: Array, targets_bc: Array, *,
     h_nbkd = hidden_bcd.reshape(b, c // k, k, d).swapaxes(0, 1)
     t_nbk = targets_bc.reshape(b, c // k, k).swapaxes(0, 1)
 
-    def one(a):
-        h_bkd, t_bk, start = a
-        if upto is None:
-            return jax.checkpoint(chunk)(h_bkd, t_bk)
-        return jax.lax.cond(start < upto, jax.checkpoint(chunk),
-                            lambda h, t: jnp.zeros(t.shape, jnp.float32), h_bkd, t_bk)
-    out_nbk = jax.lax.map(one, (h_nbkd, t_nbk, jnp.arange(0, c, k)))
+    def skipping(h_bkd, t_bk, start):  # inside the checkpoint: a cond's residuals would
+        #                                   keep every chunk's logits for the backward
+        return jax.lax.cond(start < upto, chunk, lambda h, t: jnp.zeros(t.shape, jnp.float32),
+                            h_bkd, t_bk)
+    one = jax.checkpoint(lambda h_bkd, t_bk, start: chunk(h_bkd, t_bk)) if upto is None \
+        else jax.checkpoint(skipping)
+    out_nbk = jax.lax.map(lambda a: one(*a), (h_nbkd, t_nbk, jnp.arange(0, c, k)))
     return out_nbk.swapaxes(0, 1).reshape(b, c)
 
 
@@ -109,7 +109,9 @@ def read_upto(read_mask_bc: Array) -> Array:
     """One past the last position any row reads (0 when none): ``head_logps``'s ``upto``
     for a mask of the positions whose log-probs are used, e.g. d1's completion mask."""
     c = read_mask_bc.shape[-1]
-    return jnp.max(jnp.where(read_mask_bc.reshape(-1, c).any(0), jnp.arange(1, c + 1), 0))
+    # An integer max over the (sharded) rows: libtpu's cost model cannot price a boolean
+    # all-reduce (``any`` over rows) and books it at -1 s.
+    return jnp.max(jnp.where(read_mask_bc != 0, jnp.arange(1, c + 1), 0))
 
 
 def model_head(model: MaskPredictor, params: Any) -> tuple[Array, float | None]:
