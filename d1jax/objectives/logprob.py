@@ -9,7 +9,7 @@
 
 Memory: the transformer runs on the whole sequence, but the output head only on completion
 positions, ``seq_chunk`` of them at a time and rematerialised in the backward pass: never
-[B, L, V] logits, at most [B, seq_chunk, V] float32 live (8B: V = 126,464).
+[B, L, V] logits, a few [B, seq_chunk, V] float32 chunks live (8B: V = 126,464).
 
 Shape letters: S mask seeds, B batch, P prompt length, C completion length, L = P + C,
 D d_model, V vocabulary.
@@ -95,13 +95,15 @@ def head_logps(hidden_bcd: Array, head_dv: Array, targets_bc: Array, *,
     h_nbkd = hidden_bcd.reshape(b, c // k, k, d).swapaxes(0, 1)
     t_nbk = targets_bc.reshape(b, c // k, k).swapaxes(0, 1)
 
-    def skipping(h_bkd, t_bk, start):  # inside the checkpoint: a cond's residuals would
-        #                                   keep every chunk's logits for the backward
+    def body(h_bkd, t_bk, start):
+        if upto is None:
+            return chunk(h_bkd, t_bk)
+        # The cond sits inside the checkpoint: outside it, its residuals would keep every
+        # chunk's logits for the backward.
         return jax.lax.cond(start < upto, chunk, lambda h, t: jnp.zeros(t.shape, jnp.float32),
                             h_bkd, t_bk)
-    one = jax.checkpoint(lambda h_bkd, t_bk, start: chunk(h_bkd, t_bk)) if upto is None \
-        else jax.checkpoint(skipping)
-    out_nbk = jax.lax.map(lambda a: one(*a), (h_nbkd, t_nbk, jnp.arange(0, c, k)))
+    out_nbk = jax.lax.map(lambda a: jax.checkpoint(body)(*a),
+                          (h_nbkd, t_nbk, jnp.arange(0, c, k)))
     return out_nbk.swapaxes(0, 1).reshape(b, c)
 
 
