@@ -127,8 +127,9 @@ def test_default_iteration_is_step_mod_mu(full_ft):
     cfg = table.GRPOConfig(num_iterations=3, beta=0.0)
     state = state_lib.init_train_state(params, opt, lora=False).replace(step=jnp.int32(4))
     batch = rollout_batch(mu=3).replace(old_logps=jnp.zeros((3, 8, 5)).at[1].set(1.0))
-    seed, rows = pure_steps.iteration_rows(cfg, state, batch)  # 4 % 3 = 1
+    seed, rows, current = pure_steps.iteration_rows(cfg, state, batch)  # 4 % 3 = 1
     assert int(seed[0]) == int(batch.mask_seeds[1]) and float(rows.old_logps.min()) == 1.0
+    assert not bool(current)  # iteration 1: the rollout's old row, not the update's own
 
 
 def test_reference_pass_only_when_beta_is_nonzero(full_ft, monkeypatch):
@@ -358,8 +359,9 @@ def test_wd1_update_weights_whole_groups_under_strided_micro_batches(full_ft):
 
 
 def test_coupled_old_and_reference_passes_score_the_update_masks(full_ft):
-    """Coupled-GRPO's rollout pass equals ``coupled_logps`` on the seed's mask draw, and the
-    first update (policy = old policy) sees ratio exactly 1 under grad accumulation."""
+    """Coupled-GRPO's rollout pass equals ``coupled_logps`` on the seed's mask draw (old
+    row 0 is the first update's own, not computed), and the updates on the rollout's policy
+    see ratio exactly 1 under grad accumulation."""
     model, params, opt = full_ft
     cfg = table.GRPOConfig(num_iterations=2, beta=0.04, grad_accum=2, objective="coupled_grpo",
                             hparams=coupled_grpo.CoupledGRPOConfig(beta=0.04))
@@ -370,7 +372,8 @@ def test_coupled_old_and_reference_passes_score_the_update_masks(full_ft):
         is_mask_bc, t_b = masking.coupled_masks(logprob.mask_key(batch.mask_seeds[it]), 8, 5)
         want = coupled_grpo.coupled_logps(model, params, batch.prompt_ids, batch.prompt_mask,
                                           batch.completion_ids, is_mask_bc, t_b, cfg.hparams)
-        np.testing.assert_allclose(out["old_logps"][it], want, rtol=1e-5, atol=1e-5)
+        old = out["old_logps"][it]
+        np.testing.assert_allclose(old, want if it else np.zeros_like(want), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(out["ref_logps"][it], want, rtol=1e-5, atol=1e-5)
         rows = batch.replace(iteration=np.int32(it), **out)
         _, m = pure_steps.grpo_update_step(model, opt, cfg, state, rows, jax.random.key(0))
@@ -455,7 +458,8 @@ def test_reference_logps_are_the_base_models_not_the_policys(lora_policy, sync_r
     assert np.abs(want_ref - want_policy).max() > 0.05  # the adapters matter
     for s in range(2):
         np.testing.assert_allclose(out["ref_logps"][s], want_ref, atol=2e-5, err_msg=s)
-        np.testing.assert_allclose(out["old_logps"][s], want_policy, atol=2e-5, err_msg=s)
+    # Old row 0 is the first update's own (not computed); row 1 is the policy's.
+    np.testing.assert_allclose(out["old_logps"][1], want_policy, atol=2e-5)
     # sync_reference: ref adapters <- 0.6 policy + 0.4 ref, leaf by leaf (TRL's mixup); with
     # no copy (d1) a no-op, and the reference stays the base model.
     start = lora_lib.split(params)[1]
@@ -499,16 +503,18 @@ def test_mask_seeds_are_drawn_per_inner_iteration_and_update_it_uses_seed_it():
 
 
 def test_update_of_iteration_i_scores_with_mask_seed_i(ft_steps, full_ft):
-    """p_mask_prompt = 0.5, seeds (1, 2, 3): the rollout's old log-probs of row i equal the
-    hand-computed estimator under seed i (and differ between seeds); given those
-    independent log-probs as old_logps, the first update (policy = old policy) has ratio
-    exactly 1 at iteration i only: it masks the prompt with seed i and reads row i."""
+    """p_mask_prompt = 0.5, seeds (1, 2, 3): the rollout's old log-probs of row i > 0 equal
+    the hand-computed estimator under seed i (and differ between seeds; row 0 is the first
+    update's own); given those independent log-probs as old_logps, the first update
+    (policy = old policy) has ratio exactly 1 at iteration i only: it masks the prompt with
+    seed i and reads row i."""
     steps, params, batch = ft_steps
     model = full_ft[0]
     want = np.stack([_np_one_step_logps(model, params, batch, s, 0.5)
                      for s in batch.mask_seeds])
     assert np.abs(want[0] - want[1]).max() > 1e-2 and np.abs(want[1] - want[2]).max() > 1e-2
-    np.testing.assert_allclose(batch.old_logps, want, atol=2e-5)
+    np.testing.assert_allclose(batch.old_logps[1:], want[1:], atol=2e-5)
+    np.testing.assert_array_equal(batch.old_logps[0], 0.0)
     mine = batch.replace(old_logps=want.astype(np.float32))
     for it in range(3):
         _, m = steps.grpo_update(steps.init(params), mine.replace(iteration=np.int32(it)),
@@ -518,3 +524,39 @@ def test_update_of_iteration_i_scores_with_mask_seed_i(ft_steps, full_ft):
     wrong = mine.replace(old_logps=want[[1, 0, 2]].astype(np.float32), iteration=np.int32(1))
     _, m = steps.grpo_update(steps.init(params), wrong, jax.random.key(0))
     assert float(m["ratio_max"]) - float(m["ratio_min"]) > 1e-2
+
+
+def test_first_update_reads_its_own_old_logps_as_the_skipped_pass_would(full_ft, monkeypatch):
+    """mu = 3, beta = 0.04, grad accumulation 2: the rollout skips the old pass of mask seed
+    0 (2 old passes, 3 reference passes), and the first update, which reads its own
+    detached log-probs, gives the params and metrics of the update given that pass (d1's
+    order: every old pass before the first update)."""
+    model, params, opt = full_ft
+    cfg = table.GRPOConfig(num_iterations=3, beta=0.04, grad_accum=2, p_mask_prompt=0.5)
+    state = state_lib.init_train_state(params, opt, lora=False, keep_reference=True)
+    batch = rollout_batch(mu=3, p=12).replace(mask_seeds=np.array([1, 2, 3], np.int32))
+    calls, real = [], logprob.per_token_logps
+
+    def counting(*args, **kwargs):
+        calls.append(np.shape(args[4])[0])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(logprob, "per_token_logps", counting)
+    skipped = pure_steps.rollout_logps(model, cfg, state, batch)
+    assert calls == [2, 3]  # old seeds 2, 3; reference seeds 1, 2, 3
+    monkeypatch.setattr(pure_steps, "first_old_from_update", lambda cfg: False)
+    full = pure_steps.rollout_logps(model, cfg, state, batch)
+    np.testing.assert_array_equal(skipped["old_logps"][1:], full["old_logps"][1:])
+    np.testing.assert_array_equal(skipped["ref_logps"], full["ref_logps"])
+    assert np.abs(np.asarray(full["old_logps"][0])).min() > 0  # the pass d1 runs
+    with_pass = pure_steps.grpo_update_step(model, opt, cfg, state, batch.replace(
+        iteration=np.int32(0), **full), jax.random.key(0))
+    monkeypatch.undo()
+    own = pure_steps.grpo_update_step(model, opt, cfg, state, batch.replace(
+        iteration=np.int32(0), **skipped), jax.random.key(0))
+    # AdamW's first step moves each weight by about lr = 1e-2 whatever its gradient's size,
+    # so the params agree to a fraction of it; the gradient norm agrees to rounding.
+    for a, b in zip(jax.tree.leaves(own[0].params), jax.tree.leaves(with_pass[0].params)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=3e-4)
+    for k in ("loss", "grad_norm", "kl", "ratio_min", "ratio_max", "clip_ratio"):
+        np.testing.assert_allclose(own[1][k], with_pass[1][k], rtol=1e-5, atol=1e-7, err_msg=k)
+    assert float(own[1]["ratio_min"]) == float(own[1]["ratio_max"]) == 1.0

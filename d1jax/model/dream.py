@@ -203,9 +203,11 @@ class Dream(nn.Module):
 
     def hidden(self, input_ids: Array, attention_mask: Array | None = None, *,
                positions: Array | None = None, use_lora: bool = True,
-               deterministic: bool = True, keep_last: int | None = None) -> Array:
+               deterministic: bool = True, keep_last: int | None = None,
+               read_upto: Array | int | None = None) -> Array:
         """Prediction-aligned final-norm hidden states [B, L, D] (row i predicts token i), or
-        [B, keep_last, D] of the last ``keep_last`` positions.
+        [B, keep_last, D] of the last ``keep_last`` positions. ``read_upto`` is accepted for
+        the interface and changes nothing: every layer runs every row (no peeled last layer).
 
         positions: RoPE positions; default Dream's ``tok_idx`` of ``attention_mask``
         (``dream_positions``), or 0..L-1 without a mask.

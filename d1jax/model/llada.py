@@ -100,6 +100,13 @@ class Block(nn.Module):
 # test models; not LLaDA-8B, whose 32 layers stay one compiled loop).
 UNROLL_MAX_LAYERS = 8
 
+
+def read_widths(n_out: int) -> tuple[int, ...]:
+    """The static row widths the last layer switches between under ``read_upto``: a
+    quarter, a half and all of ``n_out``."""
+    return tuple(sorted({w for w in (n_out // 4, n_out // 2, n_out) if w > 0}))
+
+
 # Block.__call__ positions (self = 0) that are Python values, static under remat.
 _STATIC_BLOCK_ARGS = (4, 5, 10)
 
@@ -166,14 +173,15 @@ class LLaDA(nn.Module):
                use_lora: bool, deterministic: bool = True, cache: KVCache | None = None,
                window: KVCache | None = None, q_start: Array | int = 0,
                idx_bq: Array | None = None, return_kv: bool = False,
-               out_rows: tuple[Array | int, int] | None = None):
+               out_rows: tuple[Array | int, int] | None = None,
+               read_upto: Array | int | None = None):
         """Every layer on embedded rows at RoPE positions [B or 1, Q]; (final-norm hidden
         [B, Q, D], or [B, n_out, D] of rows start:+n_out with ``out_rows``; stacked
-        keys/values [n_layers, ...] or None)."""
+        keys/values [n_layers, ...] or None). ``read_upto``: see ``hidden``."""
         rope = rope_tables(positions_bq, self.config.head_dim, self.config.rope_theta)
         if cache is None and not return_kv and not self.is_initializing():
             return self.ln_f(self._straight_line(x_bqd, rope, key_mask_bl, use_lora,
-                                                 deterministic, out_rows)), None
+                                                 deterministic, out_rows, read_upto)), None
         x, kv = self.blocks(x_bqd, rope, key_mask_bl, use_lora, deterministic, cache, window,
                             q_start, idx_bq, return_kv)
         if out_rows is not None:
@@ -182,7 +190,8 @@ class LLaDA(nn.Module):
 
     def _straight_line(self, x_bqd: Array, rope: tuple[Array, Array],
                        key_mask_bl: Array | None, use_lora: bool, deterministic: bool,
-                       out_rows: tuple[Array | int, int] | None) -> Array:
+                       out_rows: tuple[Array | int, int] | None,
+                       read_upto: Array | int | None = None) -> Array:
         """A full forward's layers as plain JAX code on the stacked params. The first and
         last layers are always their own code; the others too when the model is unrolled,
         else one ``lax.scan`` (compile time independent of depth).
@@ -192,15 +201,16 @@ class LLaDA(nn.Module):
         embedding (LoRA), and with ``out_rows`` the last layer runs queries, attention
         output and MLP only for rows start:+n_out [B, n_out, D]: the other rows feed it
         keys and values, but no output reads them (the estimator's head reads the
-        completion, the sampler's the block). LoRA dropout draws layer i's masks from
-        ``fold_in(dropout rng, i)`` on every path."""
+        completion, the sampler's the block). ``read_upto`` narrows those rows further, by
+        a switch over static widths (``read_widths``; under remat, inside the checkpoint). LoRA
+        dropout draws layer i's masks from ``fold_in(dropout rng, i)`` on every path."""
         stacked = self.blocks.variables["params"]
         block = Block(self.config, self.dtype, self.param_dtype, self.lora, parent=None)
         drop = None if deterministic else self.make_rng("dropout")  # LoRA dropout's stream
         n = self.config.n_layers
 
-        def run(i, x, rows=None, in_loop=False):
-            def layer(x, i):
+        def run(i, x, rows=None, in_loop=False, upto=None):
+            def one(x, i, rows):
                 # Layer i's params indexed from the stack (in the loop: a dynamic slice of
                 # the stacked arrays, as nn.scan does, with no copy of the middle layers).
                 p = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False)
@@ -208,10 +218,27 @@ class LLaDA(nn.Module):
                 rngs = {} if drop is None else {"dropout": jax.random.fold_in(drop, i)}
                 return block.apply({"params": p}, x, rope, key_mask_bl, use_lora,
                                    deterministic, out_rows=rows, rngs=rngs)[0]
+
+            def layer(x, i, upto):
+                if upto is None:
+                    return one(x, i, rows)
+                # The narrowest width that covers the rows read; the rows past it are 0.
+                start, n_out = rows
+                widths = read_widths(n_out)
+
+                def narrow(w):
+                    return lambda x: jnp.pad(one(x, i, (start, w)),
+                                             ((0, 0), (0, n_out - w), (0, 0)))
+                pick = jnp.minimum(jnp.searchsorted(jnp.asarray(widths), upto),
+                                   len(widths) - 1)
+                # Without remat the backward keeps the union of the branches' residuals
+                # (the untaken ones zero-filled): at most 1.75x one layer's; recomputing
+                # the layer instead measured slower on CPU.
+                return jax.lax.switch(pick, [narrow(w) for w in widths], x)
             if self.remat:  # outside a loop XLA could merge the recompute into the forward
                 layer = jax.checkpoint(layer, prevent_cse=not in_loop, static_argnums=(
                     () if in_loop else (1,)), policy=jax.checkpoint_policies.nothing_saveable)
-            return layer(x, i)
+            return layer(x, i, upto)
 
         if self.unrolled() or n <= 2:
             for i in range(n - 1):
@@ -220,14 +247,21 @@ class LLaDA(nn.Module):
             x_bqd = run(0, x_bqd)
             x_bqd, _ = jax.lax.scan(lambda x, i: (run(i, x, in_loop=True), None), x_bqd,
                                     jnp.arange(1, n - 1), unroll=self.layers_per_loop)
-        return run(n - 1, x_bqd, out_rows)
+        return run(n - 1, x_bqd, out_rows, upto=None if out_rows is None else read_upto)
 
     def hidden(self, input_ids: Array, attention_mask: Array | None = None, *,
                positions: Array | None = None, use_lora: bool = True,
-               deterministic: bool = True, keep_last: int | None = None) -> Array:
+               deterministic: bool = True, keep_last: int | None = None,
+               read_upto: Array | int | None = None) -> Array:
         """Final-norm hidden states [B, L, D] (compute dtype), or [B, keep_last, D] of the
         last ``keep_last`` positions (the last layer then runs only those rows' queries and
         MLP: d1's estimator needs just the completion).
+
+        ``read_upto`` (with ``keep_last``; may be traced): only the first ``read_upto`` of
+        the kept rows are read (``logprob.read_upto`` of d1's completion mask). The last
+        layer then runs the narrowest of ``read_widths(keep_last)`` that covers them, and
+        the kept rows past that width are 0. Not on a mesh: XLA's SPMD partitioner gets
+        the switch's gradient wrong on a (2, 2, 2) mesh (``GRPOConfig.narrow_last_layer``).
 
         Args:
           input_ids: [B, L] int token ids.
@@ -242,7 +276,7 @@ class LLaDA(nn.Module):
         positions = _positions(positions, b, l)
         rows = None if keep_last is None else (l - keep_last, keep_last)
         h, _ = self._stack(self.wte(input_ids), positions, attention_mask, use_lora,
-                           deterministic, out_rows=rows)
+                           deterministic, out_rows=rows, read_upto=read_upto)
         return h
 
     def logits(self, hidden_bsd: Array) -> Array:

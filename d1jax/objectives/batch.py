@@ -68,7 +68,8 @@ class GRPOBatch(_Typed):
     prompt_ids [B, P] int32, left-padded; prompt_mask [B, P] (1 = real token);
     completion_ids [B, C] int32; completion_mask [B, C] (1 up to and including the first
     EOS); advantages [B] float32; mask_seeds [mu] int32; old_logps / ref_logps [mu, B, C]
-    from ``rollout_logps`` (old only when mu > 1, ref only when beta != 0); iteration []
+    from ``rollout_logps`` (old only when mu > 1, ref only when beta != 0; old row 0 is
+    neither computed nor read when ``pure_steps.first_old_from_update``); iteration []
     int32: which of the mu seeds an update uses (None: ``state.step % mu``, as d1);
     per_row {name: [B, ...]}: draws and weights an objective makes on the whole batch inside
     the update, before the micro-batch split (``table.Objective.prepare``).

@@ -123,8 +123,12 @@ def model_head(model: MaskPredictor, params: Any) -> tuple[Array, float | None]:
 
 def completion_hidden(model: MaskPredictor, params: Any, ids_bl: Array, attention_mask_bl: Array | None,
                       completion_len: int, *, cfg_scale: float = 0.0, prompt_len: int = 0,
-                      use_lora: bool = True, dropout_rng: Array | None = None) -> Array:
+                      use_lora: bool = True, dropout_rng: Array | None = None,
+                      read_upto: Array | int | None = None) -> Array:
     """Final hidden states [B, C, D] of the last ``completion_len`` positions of ``ids_bl``.
+
+    ``read_upto`` (``read_upto`` of the positions the caller reads; may be traced): the
+    model may leave the positions past it 0 (LLaDA's last layer runs only the rows read).
 
     With ``cfg_scale`` > 0 this is d1's/LLaDA's classifier-free guidance: the same input with
     its first ``prompt_len`` positions masked runs in the same forward pass (batch 2B), and
@@ -141,7 +145,7 @@ def completion_hidden(model: MaskPredictor, params: Any, ids_bl: Array, attentio
     rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
     h = model.apply({"params": params}, ids_bl, attention_mask_bl, method=type(model).hidden,
                     use_lora=use_lora, deterministic=dropout_rng is None, rngs=rngs,
-                    keep_last=completion_len)
+                    keep_last=completion_len, read_upto=read_upto)
     if cfg_scale <= 0:
         return h
     cond, un = h[:b].astype(jnp.float32), h[b:].astype(jnp.float32)
@@ -165,7 +169,7 @@ def per_token_logps(model: MaskPredictor, params: Any, prompt_ids_bp: Array, com
                     attention_mask_bl: Array | None = None, cfg_scale: float = 0.0,
                     use_lora: bool = True, seq_chunk: int | None = None,
                     dropout_rng: Array | None = None,
-                    read_mask_bc: Array | None = None) -> Array:
+                    read_mask_bc: Array | None = None, narrow_last_layer: bool = False) -> Array:
     """d1's one-step per-token log-probs of the completion, one row per mask seed.
 
     Args:
@@ -182,6 +186,10 @@ def per_token_logps(model: MaskPredictor, params: Any, prompt_ids_bp: Array, com
       read_mask_bc: [B, C] the positions whose log-probs the caller reads (d1's completion
         mask, which every loss and metric applies): the output head skips the chunks past
         the last of them (``head_logps``' ``upto``), whose log-probs are then 0. None: all.
+      narrow_last_layer: with ``read_mask_bc``, the model's last layer also runs only the
+        rows up to that position (``LLaDA.hidden``'s ``read_upto``: a switch over three
+        widths). Not on a mesh: XLA's SPMD partitioner gets that switch's gradient wrong
+        on a (2, 2, 2) mesh.
     Returns:
       [S, B, C] float32 log p(completion token | completion masked, prompt partly masked).
     """
@@ -194,6 +202,7 @@ def per_token_logps(model: MaskPredictor, params: Any, prompt_ids_bp: Array, com
     masked_bc = jnp.full_like(completion_ids_bc, mask_id)
     head, scale = model_head(model, params)
     upto = None if read_mask_bc is None else read_upto(read_mask_bc)
+    narrow = upto if narrow_last_layer else None
 
     def one_seed(seed):
         noisy_bp = mask_prompt(mask_key(seed, mask_rng), prompt_ids_bp, p_mask_prompt, mask_id)
@@ -201,7 +210,7 @@ def per_token_logps(model: MaskPredictor, params: Any, prompt_ids_bp: Array, com
         drop = None if dropout_rng is None else jax.random.fold_in(dropout_rng, seed)
         h_bcd = completion_hidden(model, params, ids_bl, attention_mask_bl, c,
                                   cfg_scale=cfg_scale, prompt_len=p, use_lora=use_lora,
-                                  dropout_rng=drop)
+                                  dropout_rng=drop, read_upto=narrow)
         return head_logps(h_bcd, head, completion_ids_bc, scale=scale, seq_chunk=seq_chunk,
                           upto=upto)
 

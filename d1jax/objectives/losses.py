@@ -24,7 +24,8 @@ def _masked_mean(x_bc: Array, mask_bc: Array, n: Array) -> Array:
 
 def grpo_loss(logps_bc: Array, old_logps_bc: Array | None, ref_logps_bc: Array | None,
               advantages_b: Array, completion_mask_bc: Array, *, epsilon: float, beta: float,
-              max_tokens: int | None = None) -> tuple[Array, dict[str, Array]]:
+              max_tokens: int | None = None, old_is_current: Array | None = None
+              ) -> tuple[Array, dict[str, Array]]:
     """d1's ``DiffuGRPOTrainer.compute_loss`` on per-token log-probs.
 
     per-token loss = -min(ratio A, clip(ratio, 1 - eps, 1 + eps) A) + beta KL, with
@@ -34,6 +35,9 @@ def grpo_loss(logps_bc: Array, old_logps_bc: Array | None, ref_logps_bc: Array |
       logps_bc: [B, C] current policy (differentiable).
       old_logps_bc: [B, C] the policy that generated the rollout, same mask seed; None is d1's
         mu == 1 case (the detached current log-probs: ratio 1, gradient A grad logp).
+      old_is_current: [] bool (may be traced) or None: when true, ``old_logps_bc`` is
+        ignored and the detached current log-probs are the old ones (the first inner
+        iteration, whose old pass the rollout skipped: ``pure_steps.first_old_from_update``).
       ref_logps_bc: [B, C] reference policy; unused (may be None) when beta == 0.
       advantages_b: [B].
       completion_mask_bc: [B, C], 1 up to and including the first EOS.
@@ -52,6 +56,8 @@ def grpo_loss(logps_bc: Array, old_logps_bc: Array | None, ref_logps_bc: Array |
     n_tokens = jnp.maximum(mask.sum(), 1.0)
     if old_logps_bc is None:
         old_logps_bc = jax.lax.stop_gradient(logps_bc)
+    elif old_is_current is not None:
+        old_logps_bc = jnp.where(old_is_current, jax.lax.stop_gradient(logps_bc), old_logps_bc)
     ratio = jnp.exp(logps_bc - old_logps_bc)
     adv_b1 = advantages_b[:, None].astype(jnp.float32)
     loss1 = ratio * adv_b1

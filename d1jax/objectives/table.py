@@ -32,7 +32,8 @@ Params = Any
 class Objective:
     """One policy loss of the GRPO loop and what it needs around it."""
 
-    # (model, cfg, params, rows of one micro-batch, mask seed [1], dropout rng) -> (loss, metrics)
+    # (model, cfg, params, rows of one micro-batch, mask seed [1], dropout rng) -> (loss, metrics);
+    # a ratio objective also takes ``old_is_current`` (``losses.grpo_loss``).
     loss: Callable[..., tuple[Array, dict]]
     # (model, cfg, rows of the whole batch, mask key) -> rows with the update's draws.
     prepare: Callable[[MaskPredictor, Any, GRPOBatch, Array], GRPOBatch]
@@ -61,18 +62,20 @@ def estimate_logps(model: MaskPredictor, cfg: GRPOConfig, params: Params, batch:
         attention_mask_bl=masking.attention_mask(batch.prompt_mask, batch.completion_ids.shape[1],
                                                   cfg.use_attention_mask),
         cfg_scale=cfg.cfg_scale, use_lora=use_lora, seq_chunk=cfg.seq_chunk,
-        dropout_rng=dropout_rng, read_mask_bc=batch.completion_mask)
+        dropout_rng=dropout_rng, read_mask_bc=batch.completion_mask,
+        narrow_last_layer=bool(cfg.narrow_last_layer))
 
 
 def diffu_grpo_loss(model: MaskPredictor, cfg: GRPOConfig, params: Params, rows: GRPOBatch,
-                    seed_1: Array, dropout_rng: Array | None) -> tuple[Array, dict]:
+                    seed_1: Array, dropout_rng: Array | None,
+                    old_is_current: Array | None = None) -> tuple[Array, dict]:
     """d1's ``compute_loss``: clipped ratio to the old policy, k3 KL to the reference,
     token mean (``losses.grpo_loss``), on this iteration's mask seed ``seed_1`` [1]."""
     logps_bc = estimate_logps(model, cfg, params, rows, seed_1, dropout_rng=dropout_rng,
                               p_mask_prompt=0.0)[0]
     return losses.grpo_loss(logps_bc, rows.old_logps, rows.ref_logps, rows.advantages,
                             rows.completion_mask, epsilon=cfg.epsilon, beta=cfg.beta,
-                            max_tokens=cfg.max_tokens)
+                            max_tokens=cfg.max_tokens, old_is_current=old_is_current)
 
 
 def _diffu_grpo_logps(model: MaskPredictor, cfg: GRPOConfig, params: Params, batch: GRPOBatch,
@@ -145,12 +148,13 @@ def _coupled_logps(model: MaskPredictor, cfg, params: Params, batch: GRPOBatch, 
 
 
 def _coupled_loss(model: MaskPredictor, cfg, params: Params, rows: GRPOBatch, seed_1: Array,
-                  dropout_rng: Array | None) -> tuple[Array, dict]:
+                  dropout_rng: Array | None, old_is_current: Array | None = None
+                  ) -> tuple[Array, dict]:
     return coupled_grpo.coupled_grpo_loss(
         model, params, rows.prompt_ids, rows.prompt_mask, rows.completion_ids,
         rows.completion_mask, rows.advantages, rows.per_row["is_mask"], rows.per_row["t"],
         cfg.hparams, old_logps_bc=rows.old_logps, ref_logps_bc=rows.ref_logps,
-        dropout_rng=dropout_rng)
+        dropout_rng=dropout_rng, old_is_current=old_is_current)
 
 
 # Rows of a loss carry old/ref log-probs [B, C] when the config computes them.
@@ -194,6 +198,11 @@ class GRPOConfig:
     lora_dropout: bool = False  # LoRA dropout in the policy pass of the update.
     seq_chunk: int | None = None  # Completion positions per head chunk (None: automatic).
     max_tokens: int | None = None  # None: d1's token mean; int: Dr. GRPO constant normaliser.
+    # LLaDA's last layer runs only the completion rows up to the batch's last completion-mask
+    # position (``logprob.per_token_logps``' ``narrow_last_layer``). None: on where the
+    # jitted steps run on one device. Off on a mesh: XLA's SPMD partitioner mispartitions
+    # its switch under the gradient on a (2, 2, 2) mesh (tests/test_update.py).
+    narrow_last_layer: bool | None = None
     objective: str = "diffu_grpo"  # The policy loss, a key of OBJECTIVES.
     # The objective's own knobs: wd1.WD1Config, spg.SPGConfig or
     # coupled_grpo.CoupledGRPOConfig (its beta and epsilon equal to the fields above); None

@@ -26,6 +26,7 @@ from d1jax.plan import flops as fl
 from d1jax.run import build as setup
 from d1jax.run import spec as spec_lib
 from d1jax.train import jit_steps as steps_lib
+from d1jax.train import pure_steps
 
 
 def spec_of(config) -> spec_lib.RunSpec:
@@ -180,8 +181,9 @@ def _grpo_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[Program]:
     est = functools.partial(fl.estimator, mcfg, rows, prompt, comp,
                             copies=fl.estimator_rows(cfg), peeled=_peeled(model))
     ref_lora = model.lora if run.keep_reference else None  # LoRA without a copy: base is ref
-    logps_flops = mu * ((mu > 1) * est(lora=model.lora).total
-                        + (cfg.beta != 0) * est(lora=ref_lora).total)
+    old_passes = mu - 1 if pure_steps.first_old_from_update(cfg) else mu * (mu > 1)
+    logps_flops = (old_passes * est(lora=model.lora).total
+                   + mu * (cfg.beta != 0) * est(lora=ref_lora).total)
     hp = update_steps.grpo.hparams  # an objective's own head chunk, if it has one
     chunk = getattr(hp, "seq_chunk", None) or update_steps.grpo.seq_chunk
     model_f, hw_f = fl.train_step(est(lora=model.lora), lora=model.lora is not None,

@@ -2,8 +2,9 @@
 
 rollout(): prompts -> G completions each (jitted sampler) -> decoded text -> task rewards
 -> group advantages -> old and reference per-token log-probs for all mu mask seeds (one
-batched estimator call each, before any update, as d1; the reference is the base model with
-adapters off under LoRA, or the kept copy with ``grpo.sync_ref_model``).
+batched estimator call each, before any update, as d1; the first seed's old ones come from
+the first update itself, ``pure_steps.first_old_from_update``; the reference is the base
+model with adapters off under LoRA, or the kept copy with ``grpo.sync_ref_model``).
 update(): one optimizer step on the rollout with the mask seed of inner iteration ``it``.
 """
 

@@ -103,6 +103,9 @@ class JittedSteps:
     _programs: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def __post_init__(self):
+        if self.grpo is not None and self.grpo.narrow_last_layer is None:  # one device: on
+            self.grpo = dataclasses.replace(
+                self.grpo, narrow_last_layer=self.mesh is None or self.mesh.size == 1)
         self.state_shardings = None if self.mesh is None else state_lib.state_shardings(
             self.model, self.mesh, self.optimizer, lora=self.lora,
             keep_reference=self.keep_reference, rules=self.rules)

@@ -2,7 +2,8 @@
 
 A rollout (prompts, G completions each, advantages) is used for mu optimizer steps (d1's
 ``num_iterations``), each with its own mask seed. Per rollout the loop calls
-``rollout_logps`` once (old and reference log-probs for all mu seeds), then
+``rollout_logps`` once (old and reference log-probs for all mu seeds; the first seed's old
+ones come from the first update itself), then
 ``grpo_update_step`` mu times. The reference is d1's under LoRA: the base model with the
 adapters off, no copy; only with ``sync_ref_model`` (off by default) does the state hold a
 reference copy, which the loop mixes toward the policy with ``sync_reference`` every
@@ -39,7 +40,10 @@ def rollout_logps(model: MaskPredictor, cfg: GRPOConfig, state: TrainState, batc
 
     Returns {"old_logps": [mu, B, C]} when mu > 1 (d1 uses the detached current log-probs
     when mu == 1) and {"ref_logps": [mu, B, C]} when beta != 0 (no reference pass at all
-    when beta == 0): the fields to ``batch.replace(**...)``. The reference is
+    when beta == 0): the fields to ``batch.replace(**...)``. Row 0 of the old log-probs is
+    not computed (0) when ``first_old_from_update``: the first update runs on the rollout's
+    policy and reads its own detached log-probs instead, which the skipped pass would have
+    given bit for bit (same params, same mask seed, no dropout). The reference is
     ``state.reference_params()``: under LoRA the base weights with ``use_lora=False``
     (d1), or the kept copy when the run syncs one. No gradient flows. Ratio-free
     objectives (wd1, SPG) get {}: they have neither pass.
@@ -51,7 +55,10 @@ def rollout_logps(model: MaskPredictor, cfg: GRPOConfig, state: TrainState, batc
     out: dict[str, Array] = {}
     if estimator is None:
         return out
-    if cfg.num_iterations > 1:
+    if first_old_from_update(cfg):
+        rest = estimator(model, cfg, state.policy_params(), batch, seeds[1:], True)
+        out["old_logps"] = jnp.concatenate([jnp.zeros_like(rest[:1]), rest])
+    elif cfg.num_iterations > 1:
         out["old_logps"] = estimator(model, cfg, state.policy_params(), batch, seeds, True)
     if cfg.beta != 0.0:
         ref = state.reference_params()
@@ -62,9 +69,19 @@ def rollout_logps(model: MaskPredictor, cfg: GRPOConfig, state: TrainState, batc
     return jax.lax.stop_gradient(out)
 
 
+def first_old_from_update(cfg: GRPOConfig) -> bool:
+    """Whether the first inner iteration's old log-probs are the update's own, detached
+    (the rollout then skips that pass): with mu > 1, a ratio objective and no LoRA dropout
+    (which the old pass does not apply and the update does)."""
+    return (cfg.num_iterations > 1 and OBJECTIVES[cfg.objective].logps is not None
+            and not cfg.lora_dropout)
+
+
 def iteration_rows(cfg: GRPOConfig, state: TrainState, batch: GRPOBatch
-                   ) -> tuple[Array, GRPOBatch]:
-    """(mask seed [1], the rows of this inner iteration: old/ref log-probs [B, C]).
+                   ) -> tuple[Array, GRPOBatch, Array | None]:
+    """(mask seed [1], the rows of this inner iteration: old/ref log-probs [B, C], and
+    whether its old log-probs are the current ones: [] bool when ``first_old_from_update``,
+    true at iteration 0, else None).
 
     The iteration is ``batch.iteration``, or d1's ``step % num_iterations`` when absent.
     """
@@ -80,7 +97,8 @@ def iteration_rows(cfg: GRPOConfig, state: TrainState, batch: GRPOBatch
                                                                    keepdims=False)
     rows = batch.replace(mask_seeds=None, iteration=None, old_logps=pick(batch.old_logps),
                          ref_logps=pick(batch.ref_logps))
-    return jax.lax.dynamic_slice_in_dim(batch.mask_seeds, it, 1), rows
+    current = jnp.asarray(it) == 0 if first_old_from_update(cfg) else None
+    return jax.lax.dynamic_slice_in_dim(batch.mask_seeds, it, 1), rows, current
 
 
 def _finish(optimizer, state: TrainState, loss, grads, metrics):
@@ -104,8 +122,9 @@ def grpo_update_step(model: MaskPredictor, optimizer: optax.GradientTransformati
     own: kl, clip_ratio, ratio_mean/min/max for diffu-GRPO and coupled-GRPO, see
     ``d1jax.objectives`` for wd1 and SPG).
     """
-    seed_1, rows = iteration_rows(cfg, state, batch)
+    seed_1, rows, old_is_current = iteration_rows(cfg, state, batch)
     objective = OBJECTIVES[cfg.objective]
+    kw = {} if old_is_current is None else {"old_is_current": old_is_current}
     # Masks are drawn for the whole batch, as in rollout_logps, so a row's mask does not
     # depend on how the batch is split into micro-batches.
     rows = objective.prepare(model, cfg, rows, logprob.mask_key(seed_1[0]))
@@ -113,7 +132,7 @@ def grpo_update_step(model: MaskPredictor, optimizer: optax.GradientTransformati
     def loss_fn(trainable, mb, i):
         params = lora_lib.join(state.frozen, trainable) if state.lora else trainable
         drop = jax.random.fold_in(rng, i) if cfg.lora_dropout else None
-        return objective.loss(model, cfg, params, mb, seed_1, drop)
+        return objective.loss(model, cfg, params, mb, seed_1, drop, **kw)
 
     loss, grads, metrics = optim.accumulate_gradients(loss_fn, state.params, rows,
                                                       cfg.grad_accum)
