@@ -144,7 +144,21 @@ def test_read_mask_keeps_every_read_log_prob(tiny_model, tiny_params, tiny_confi
     assert int(logprob.read_upto(jnp.zeros((3, 8)))) == 0
 
 
-@pytest.mark.parametrize("upto,width", [(0, 2), (1, 2), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8)])
+@functools.lru_cache(maxsize=None)
+def narrowed(model):
+    """(hidden(keep_last=8, read_upto=u), the estimator's gradient on a read mask with or
+    without the narrowed last layer), jitted once per model: u and the mask are traced."""
+    hid = jax.jit(lambda p, ids, u: model.apply({"params": p}, ids, method=type(model).hidden,
+                                                keep_last=8, read_upto=u))
+
+    def loss(p, prompt, comp, read, narrow):
+        lp = logprob.per_token_logps(model, p, prompt, comp, np.array([3]), p_mask_prompt=0.3,
+                                     seq_chunk=2, read_mask_bc=read, narrow_last_layer=narrow)
+        return jnp.sum(lp * read)
+    return hid, jax.jit(jax.grad(loss), static_argnums=4)
+
+
+@pytest.mark.parametrize("upto,width", [(0, 2), (2, 2), (3, 4), (5, 8)])
 def test_narrow_last_layer_runs_the_covering_width(tiny_model, tiny_params, tiny_config, upto,
                                                    width):
     """``hidden(keep_last=8, read_upto=u)`` under jit (u traced): the last layer runs the
@@ -153,23 +167,17 @@ def test_narrow_last_layer_runs_the_covering_width(tiny_model, tiny_params, tiny
     assert tiny_model.config.n_layers > 1
     prompt, comp = _inputs(tiny_config, lc=8)
     ids = np.concatenate([prompt, np.full_like(comp, tiny_config.mask_token_id)], 1)
-    hid = jax.jit(lambda p, u: tiny_model.apply({"params": p}, ids, method=type(tiny_model).hidden,
-                                                keep_last=8, read_upto=u))
+    hid, grad = narrowed(tiny_model)
     full = np.asarray(tiny_model.apply({"params": tiny_params}, ids,
                                        method=type(tiny_model).hidden, keep_last=8))
-    got = np.asarray(hid(tiny_params, jnp.int32(upto)))
+    got = np.asarray(hid(tiny_params, ids, jnp.int32(upto)))
     np.testing.assert_allclose(got[:, :width], full[:, :width], rtol=1e-6, atol=1e-6)
     assert not got[:, width:].any() and (width == 8 or np.abs(full[:, width:]).min() > 0)
 
     read = (np.arange(8)[None] < np.array([[upto], [max(upto - 1, 0)], [0]])).astype(np.int32)
-
-    def loss(p, narrow):
-        lp = logprob.per_token_logps(tiny_model, p, prompt, comp, np.array([3]),
-                                     p_mask_prompt=0.3, seq_chunk=2, read_mask_bc=read,
-                                     narrow_last_layer=narrow)
-        return jnp.sum(lp * read)
-    want = jax.grad(loss)(tiny_params, False)
-    for a, b in zip(jax.tree.leaves(jax.grad(loss)(tiny_params, True)), jax.tree.leaves(want)):
+    want = grad(tiny_params, prompt, comp, read, False)
+    for a, b in zip(jax.tree.leaves(grad(tiny_params, prompt, comp, read, True)),
+                    jax.tree.leaves(want)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
