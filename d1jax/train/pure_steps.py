@@ -55,11 +55,11 @@ def rollout_logps(model: MaskPredictor, cfg: GRPOConfig, state: TrainState, batc
     out: dict[str, Array] = {}
     if estimator is None:
         return out
-    if first_old_from_update(cfg):
-        rest = estimator(model, cfg, state.policy_params(), batch, seeds[1:], True)
-        out["old_logps"] = jnp.concatenate([jnp.zeros_like(rest[:1]), rest])
-    elif cfg.num_iterations > 1:
-        out["old_logps"] = estimator(model, cfg, state.policy_params(), batch, seeds, True)
+    if cfg.num_iterations > 1:
+        skip = first_old_from_update(cfg)
+        old = estimator(model, cfg, state.policy_params(), batch, seeds[1:] if skip else seeds,
+                        True)
+        out["old_logps"] = jnp.concatenate([jnp.zeros_like(old[:1]), old]) if skip else old
     if cfg.beta != 0.0:
         ref = state.reference_params()
         if ref is None:
