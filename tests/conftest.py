@@ -6,21 +6,29 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import atexit  # noqa: E402
+import contextlib  # noqa: E402
+import fcntl  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-# One persistent compilation cache for the session, in a fresh temporary folder: the many
-# `python -m d1jax.main` subprocesses (test_faults, test_multihost, test_train, ...) and the
-# in-process runs (test_train_objectives' resumes) compile the same tiny programs, and each
-# cold start or new jit compiled them all again (docs/testing.md, "Suite time"). Set before
-# JAX is imported, so this process reads it too; subprocesses inherit the environment.
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    _XLA_CACHE = tempfile.mkdtemp(prefix="d1jax-tests-xla-")
-    atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
-    os.environ.update(JAX_COMPILATION_CACHE_DIR=_XLA_CACHE,
-                      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+# One folder for the session, made by the first process that loads this file (pytest, or
+# pytest-xdist's controller before it starts its workers, which inherit the environment), and
+# removed when that process exits. It holds:
+# - the persistent compilation cache: the many `python -m d1jax.main` subprocesses
+#   (test_faults, test_multihost, test_train, ...), the in-process runs and the xdist workers
+#   compile the same tiny programs, and each cold start or new jit compiled them all again
+#   (docs/testing.md, "Suite time"). Set before JAX is imported, so this process reads it too;
+# - runs made once a session and shared by every worker (``session_shared``).
+if "D1JAX_TEST_SESSION_DIR" not in os.environ:
+    _SESSION = tempfile.mkdtemp(prefix="d1jax-tests-")
+    atexit.register(shutil.rmtree, _SESSION, ignore_errors=True)
+    os.environ["D1JAX_TEST_SESSION_DIR"] = _SESSION
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        os.environ.update(JAX_COMPILATION_CACHE_DIR=os.path.join(_SESSION, "xla-cache"),
+                          JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                          JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+SESSION_DIR = Path(os.environ["D1JAX_TEST_SESSION_DIR"])
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -66,8 +74,25 @@ def shared_d1():
     return SHARED_D1
 
 
+@contextlib.contextmanager
+def session_shared(name: str):
+    """``(folder, done)`` for a run made once a session however many pytest-xdist workers ask
+    for it: the first to enter (under a file lock) finds ``done`` False, makes the run in
+    ``folder`` and returns; the others wait for it and find ``done`` True. A run that fails
+    leaves ``done`` False, so the next one tries again (and fails the same way)."""
+    folder, marker = SESSION_DIR / name, SESSION_DIR / f"{name}.done"
+    with open(SESSION_DIR / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = marker.exists()
+        if not done:
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+        yield folder, done
+        marker.touch()
+
+
 @pytest.fixture(scope="session")
-def learnable_reference(tmp_path_factory):
+def learnable_reference():
     """The uninterrupted GRPO run of tests/learnable.py's task (30 steps, 8 devices) through
     ``python -m d1jax.main``, run once a session: test_faults resumes runs to equal it bit for
     bit and test_multihost finishes a 2-process run to match it. Never changed: a test that
@@ -76,10 +101,11 @@ def learnable_reference(tmp_path_factory):
     import sys
 
     from tests import learnable
-    wd = tmp_path_factory.mktemp("learnable_reference")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("D1JAX_PROCESS")}
-    r = subprocess.run([sys.executable, "-c", learnable.MAIN, *learnable.MAIN_FLAGS,
-                        f"--workdir={wd}"], cwd=Path(__file__).resolve().parents[1],
-                       capture_output=True, text=True, timeout=900, env=env)
-    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-5000:])
+    with session_shared("learnable_reference") as (wd, done):
+        if not done:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("D1JAX_PROCESS")}
+            r = subprocess.run([sys.executable, "-c", learnable.MAIN, *learnable.MAIN_FLAGS,
+                                f"--workdir={wd}"], cwd=Path(__file__).resolve().parents[1],
+                               capture_output=True, text=True, timeout=900, env=env)
+            assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-5000:])
     return wd

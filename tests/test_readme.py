@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 MARKER = "<!-- readme-test -->"
 INSTALL = 'python -m pip install -e ".[test]" -c requirements.txt'
-TESTS = "XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu python -m pytest -q tests"
+TESTS = "XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu python -m pytest -q -n 2 --dist loadfile tests"
 
 
 def marked_snippets(text: str) -> list[str]:

@@ -1,0 +1,95 @@
+"""How many steps each supervised stage needs: its loss at a growing budget, measured.
+
+  python -m examples.demo.plateau --stage=base --budgets=2000,6000 --workdir=runs/plateau
+  python -m examples.demo.plateau --stage=sft --budgets=500,1500,4500 --workdir=runs/plateau \\
+      --base=runs/plateau/base_6000
+
+Each budget is a whole run of the stage (``examples/demo/run.py``'s pretraining or SFT, the
+default demo config's schedule: linear warmup then linear decay to 0 over that budget) in
+``<workdir>/<stage>_<steps>``; finished runs are kept, an interrupted one resumes. Printed as
+JSON per budget: the mean training loss over each fifth of its steps, and its last fifth's
+change from the previous budget's last fifth. A stage is at its plateau where a larger budget
+no longer lowers the final loss by more than the step-to-step noise. docs/demo.md has the
+measured curves and the budgets chosen from them (the ``:seeds`` config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import jax
+from d1jax.train import sft
+from examples.demo import aggregate
+from examples.demo import config as demo_config
+from examples.demo import data as demo_data
+
+
+def run_budget(demo, data: dict, stage: str, steps: int, stage_dir: Path, base: Path | None):
+    """One run of ``stage`` at ``steps`` optimizer steps (kept when its export exists)."""
+    if (stage_dir / "hf" / "d1jax_export.json").exists():
+        return
+    demo = demo.copy_and_resolve_references()
+    if stage == "base":
+        demo.pretrain.steps = steps
+        demo.pretrain.save_every = max(steps // 4, 1)
+        cfg = demo_config.pretrain_config(demo, data)
+        corpus = demo_data.pretraining_corpus(demo, data)
+    else:
+        demo.sft.steps = steps
+        demo.sft.save_every = max(steps // 4, 1)
+        cfg = demo_config.sft_config(demo, data, base)
+        corpus = demo_data.sft_corpus(data)
+    sft.run(cfg, str(stage_dir), data=corpus)
+
+
+def summary(stage_dirs: dict[int, Path]) -> list[dict]:
+    out, prev = [], None
+    for steps, d in sorted(stage_dirs.items()):
+        parts = aggregate.loss_parts(d)
+        if parts is None:
+            continue
+        row = {"steps": steps, "loss_by_fifth": [round(x, 4) for x in parts],
+               "last_fifth": round(parts[-1], 4)}
+        if prev is not None:
+            row["last_fifth_vs_previous_budget"] = f"{100 * (parts[-1] / prev - 1):+.1f}%"
+        out.append(row)
+        prev = parts[-1]
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stage", choices=("base", "sft"), required=True)
+    parser.add_argument("--budgets", required=True, help="comma-separated optimizer steps")
+    parser.add_argument("--workdir", required=True, type=Path)
+    parser.add_argument("--base", type=Path, help="the base run SFT starts from (--stage=sft)")
+    parser.add_argument("--seed", type=int, default=0, help="demo.seed")
+    args = parser.parse_args(argv)
+    try:
+        budgets = sorted({int(x) for x in args.budgets.split(",") if x.strip()})
+    except ValueError:
+        raise SystemExit(f"error: --budgets={args.budgets!r}: comma-separated integers") from None
+    if not budgets or budgets[0] < 5:
+        raise SystemExit(f"error: --budgets={args.budgets!r}: at least one budget of 5+ steps")
+    if args.stage == "sft" and not (args.base and (args.base / "hf").is_dir()):
+        raise SystemExit(f"error: --stage=sft needs --base=<a finished base run>, got {args.base}")
+    demo = demo_config.get_config(None).demo.copy_and_resolve_references()
+    demo.seed = args.seed
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(args.workdir / ".jax_cache"))
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    data = demo_data.prepare_data(demo, args.workdir)
+    dirs = {}
+    for steps in budgets:
+        dirs[steps] = args.workdir / f"{args.stage}_{steps}"
+        run_budget(demo, data, args.stage, steps, dirs[steps], args.base)
+        print(json.dumps(summary(dirs)[-1]), flush=True)
+    print(json.dumps({"stage": args.stage, "seed": args.seed, "budgets": summary(dirs)},
+                     indent=1))
+
+
+if __name__ == "__main__":
+    main()
