@@ -7,8 +7,9 @@
 Each budget is a whole run of the stage (``examples/demo/run.py``'s pretraining or SFT, the
 default demo config's schedule: linear warmup then linear decay to 0 over that budget) in
 ``<workdir>/<stage>_<steps>``; finished runs are kept, an interrupted one resumes. Printed as
-JSON per budget: the mean training loss over each fifth of its steps, and its last fifth's
-change from the previous budget's last fifth. A stage is at its plateau where a larger budget
+JSON per budget: the mean training loss over each fifth of its steps, its last fifth's
+change from the previous budget's last fifth, and the export's greedy cell accuracy (d1's
+protocol) on the demo's held-out puzzles and d1's test set. A stage is at its plateau where a larger budget
 no longer lowers the final loss by more than the step-to-step noise. docs/demo.md has the
 measured curves and the budgets chosen from them (the ``:seeds`` config).
 """
@@ -25,6 +26,7 @@ from d1jax.train import sft
 from examples.demo import aggregate
 from examples.demo import config as demo_config
 from examples.demo import data as demo_data
+from examples.demo import evaluation
 
 
 def run_budget(demo, data: dict, stage: str, steps: int, stage_dir: Path, base: Path | None):
@@ -45,14 +47,27 @@ def run_budget(demo, data: dict, stage: str, steps: int, stage_dir: Path, base: 
     sft.run(cfg, str(stage_dir), data=corpus)
 
 
-def summary(stage_dirs: dict[int, Path]) -> list[dict]:
+def greedy_accuracy(demo, data: dict, stage_dir: Path) -> dict[str, float]:
+    """Cell accuracy % of the run's export, greedy with d1's protocol, on the demo's held-out
+    puzzles and d1's test set (``evaluation.evaluate_model``; kept in the run's folder)."""
+    path = stage_dir / "plateau_eval.json"
+    if not path.exists():
+        demo = demo.copy_and_resolve_references()
+        demo.eval.samples = 0
+        ev = evaluation.evaluate_model(demo, data, stage_dir / "hf",
+                                       evaluation.eval_sets(demo, data))
+        path.write_text(json.dumps({name: r["accuracy"] for name, r in ev.items()}))
+    return json.loads(path.read_text())
+
+
+def summary(stage_dirs: dict[int, Path], accuracy: dict[int, dict]) -> list[dict]:
     out, prev = [], None
     for steps, d in sorted(stage_dirs.items()):
         parts = aggregate.loss_parts(d)
         if parts is None:
             continue
         row = {"steps": steps, "loss_by_fifth": [round(x, 4) for x in parts],
-               "last_fifth": round(parts[-1], 4)}
+               "last_fifth": round(parts[-1], 4), "greedy_accuracy": accuracy.get(steps)}
         if prev is not None:
             row["last_fifth_vs_previous_budget"] = f"{100 * (parts[-1] / prev - 1):+.1f}%"
         out.append(row)
@@ -82,13 +97,14 @@ def main(argv=None) -> None:
     jax.config.update("jax_compilation_cache_dir", str(args.workdir / ".jax_cache"))
     logging.getLogger("absl").setLevel(logging.WARNING)
     data = demo_data.prepare_data(demo, args.workdir)
-    dirs = {}
+    dirs, accuracy = {}, {}
     for steps in budgets:
         dirs[steps] = args.workdir / f"{args.stage}_{steps}"
         run_budget(demo, data, args.stage, steps, dirs[steps], args.base)
-        print(json.dumps(summary(dirs)[-1]), flush=True)
-    print(json.dumps({"stage": args.stage, "seed": args.seed, "budgets": summary(dirs)},
-                     indent=1))
+        accuracy[steps] = greedy_accuracy(demo, data, dirs[steps])
+        print(json.dumps(summary(dirs, accuracy)[-1]), flush=True)
+    print(json.dumps({"stage": args.stage, "seed": args.seed,
+                      "budgets": summary(dirs, accuracy)}, indent=1))
 
 
 if __name__ == "__main__":
