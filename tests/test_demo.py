@@ -526,3 +526,29 @@ def test_seeds_variants_change_only_the_layer_loop(tmp_path):
     assert (long.pretrain.steps, long.sft.steps) == (demo_config.SEEDS_PRETRAIN_STEPS,
                                                      demo_config.SEEDS_SFT_STEPS)
     assert long.grpo.to_dict() == default.grpo.to_dict() and long.seeds == default.seeds
+
+
+def test_plateau_summary_reads_each_budgets_loss_by_fifth_and_refuses_bad_budgets(tmp_path):
+    """examples.demo.plateau: per budget, the loss by fifth of its steps, its last fifth
+    against the previous budget's, and the accuracy of its export."""
+    from examples.demo import plateau
+    dirs = {}
+    for steps, final in ((10, 1.0), (30, 0.9)):
+        dirs[steps] = tmp_path / f"base_{steps}"
+        dirs[steps].mkdir()
+        losses = np.linspace(2.0, final, steps)
+        (dirs[steps] / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": i + 1, "loss": float(x)}) + "\n" for i, x in enumerate(losses)))
+    rows = plateau.summary(dirs, {10: {"heldout": 50.0}})
+    assert [r["steps"] for r in rows] == [10, 30]
+    assert rows[0]["loss_by_fifth"] == pytest.approx(
+        [np.mean(c) for c in np.array_split(np.linspace(2.0, 1.0, 10), 5)], abs=1e-4)
+    last = [np.mean(np.array_split(np.linspace(2.0, f, n), 5)[-1]) for n, f in ((10, 1), (30, .9))]
+    assert rows[1]["last_fifth_vs_previous_budget"] == f"{100 * (last[1] / last[0] - 1):+.1f}%"
+    assert "last_fifth_vs_previous_budget" not in rows[0]
+    assert rows[0]["greedy_accuracy"] == {"heldout": 50.0} and rows[1]["greedy_accuracy"] is None
+    for argv, match in ((["--budgets=2x"], "comma-separated"), (["--budgets=3"], "5\\+ steps"),
+                        (["--stage=sft", "--budgets=10"], "needs --base")):
+        stage = [] if any(a.startswith("--stage") for a in argv) else ["--stage=base"]
+        with pytest.raises(SystemExit, match=match):
+            plateau.main([*stage, *argv, f"--workdir={tmp_path}"])

@@ -6,12 +6,13 @@
 
 Each budget is a whole run of the stage (``examples/demo/run.py``'s pretraining or SFT, the
 default demo config's schedule: linear warmup then linear decay to 0 over that budget) in
-``<workdir>/<stage>_<steps>``; finished runs are kept, an interrupted one resumes. Printed as
-JSON per budget: the mean training loss over each fifth of its steps, its last fifth's
-change from the previous budget's last fifth, and the export's greedy cell accuracy (d1's
-protocol) on the demo's held-out puzzles and d1's test set. A stage is at its plateau where a larger budget
-no longer lowers the final loss by more than the step-to-step noise. docs/demo.md has the
-measured curves and the budgets chosen from them (the ``:seeds`` config).
+``<workdir>/<stage>_<steps>[_lr<rate>]``; finished runs are kept, an interrupted one resumes.
+Printed as JSON per budget: the mean training loss over each fifth of its steps, its last
+fifth's change from the previous budget's last fifth, and the export's greedy cell accuracy
+(d1's protocol) on the demo's held-out puzzles and d1's test set. A stage is at its plateau
+where a larger budget no longer lowers the final loss, nor raises the accuracy, by more than
+the noise between runs. docs/demo.md has the measured curves and the budgets chosen from them
+(the ``:seeds`` config).
 """
 
 from __future__ import annotations
@@ -29,19 +30,21 @@ from examples.demo import data as demo_data
 from examples.demo import evaluation
 
 
-def run_budget(demo, data: dict, stage: str, steps: int, stage_dir: Path, base: Path | None):
+def run_budget(demo, data: dict, stage: str, steps: int, stage_dir: Path, base: Path | None,
+               learning_rate: float | None = None):
     """One run of ``stage`` at ``steps`` optimizer steps (kept when its export exists)."""
     if (stage_dir / "hf" / "d1jax_export.json").exists():
         return
     demo = demo.copy_and_resolve_references()
+    p = demo.pretrain if stage == "base" else demo.sft
+    p.steps = steps
+    p.save_every = max(steps // 4, 1)
+    if learning_rate:
+        p.learning_rate = learning_rate
     if stage == "base":
-        demo.pretrain.steps = steps
-        demo.pretrain.save_every = max(steps // 4, 1)
         cfg = demo_config.pretrain_config(demo, data)
         corpus = demo_data.pretraining_corpus(demo, data)
     else:
-        demo.sft.steps = steps
-        demo.sft.save_every = max(steps // 4, 1)
         cfg = demo_config.sft_config(demo, data, base)
         corpus = demo_data.sft_corpus(data)
     sft.run(cfg, str(stage_dir), data=corpus)
@@ -82,6 +85,8 @@ def main(argv=None) -> None:
     parser.add_argument("--workdir", required=True, type=Path)
     parser.add_argument("--base", type=Path, help="the base run SFT starts from (--stage=sft)")
     parser.add_argument("--seed", type=int, default=0, help="demo.seed")
+    parser.add_argument("--learning_rate", type=float, default=0.0,
+                        help="the stage's peak learning rate (0: the demo config's)")
     args = parser.parse_args(argv)
     try:
         budgets = sorted({int(x) for x in args.budgets.split(",") if x.strip()})
@@ -99,11 +104,13 @@ def main(argv=None) -> None:
     data = demo_data.prepare_data(demo, args.workdir)
     dirs, accuracy = {}, {}
     for steps in budgets:
-        dirs[steps] = args.workdir / f"{args.stage}_{steps}"
-        run_budget(demo, data, args.stage, steps, dirs[steps], args.base)
+        lr = f"_lr{args.learning_rate:g}" if args.learning_rate else ""
+        dirs[steps] = args.workdir / f"{args.stage}_{steps}{lr}"
+        run_budget(demo, data, args.stage, steps, dirs[steps], args.base, args.learning_rate)
         accuracy[steps] = greedy_accuracy(demo, data, dirs[steps])
         print(json.dumps(summary(dirs, accuracy)[-1]), flush=True)
     print(json.dumps({"stage": args.stage, "seed": args.seed,
+                      "learning_rate": args.learning_rate or None,
                       "budgets": summary(dirs, accuracy)}, indent=1))
 
 
