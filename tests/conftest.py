@@ -43,8 +43,8 @@ if SHARED_D1.is_dir():  # loaders read d1's files from here instead of downloadi
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
     """Drops the in-memory compiled programs after each test file (a later file reads them
-    back from the persistent cache): the suite's one process otherwise holds every program
-    of its ~780 tests (a full run once aborted in XLA while writing a cache entry at the
+    back from the persistent cache): a pytest process otherwise holds every program of the
+    files it ran (a full run once aborted in XLA while writing a cache entry at the
     58th percent, which no file alone or subset reproduced)."""
     yield
     jax.clear_caches()
