@@ -4,9 +4,10 @@
       --pretrain_seeds=0,1,2 --variants=unrolled,loop --workdir=runs/demo_seeds --jobs=6 \\
       '--config.demo.seeds=(0,)'
 
-(docs/demo.md's table: that command, one GRPO seed per run, six runs sharing one H200: 690 s
-in two invocations. On 2 CPU cores a run would take about an hour, estimated from the default
-demo's stage times, not measured.)
+(docs/demo.md's table: that command at the earlier budgets of 2,000 pretraining and 1,500 SFT
+steps, one GRPO seed per run, six runs sharing one H200: 690 s in two invocations. On this
+2-core CPU the converged budgets' supervised stages take about 19 minutes a run: 6,000
+pretraining steps at ~5.8 steps/s and 500 SFT steps, measured by examples/demo/plateau.py.)
 
 Each run is ``python -m examples.demo`` in ``<workdir>/p{seed}_{variant}`` with
 ``--config.demo.seed={seed}`` (data order, base init, SFT) and the variant's model switches
