@@ -547,6 +547,10 @@ def test_plateau_summary_reads_each_budgets_loss_by_fifth_and_refuses_bad_budget
     assert rows[1]["last_fifth_vs_previous_budget"] == f"{100 * (last[1] / last[0] - 1):+.1f}%"
     assert "last_fifth_vs_previous_budget" not in rows[0]
     assert rows[0]["greedy_accuracy"] == {"heldout": 50.0} and rows[1]["greedy_accuracy"] is None
+    # Every setting that changes a run names its folder, so no two runs share one.
+    assert plateau.run_name("base", 2000) == "base_2000"
+    assert plateau.run_name("base", 2000, 3e-3, 1) == "base_2000_lr0.003_s1"
+    assert plateau.run_name("sft", 500, base=tmp_path / "base_6000") == "sft_500_from_base_6000"
     for argv, match in ((["--budgets=2x"], "comma-separated"), (["--budgets=3"], "5\\+ steps"),
                         (["--stage=sft", "--budgets=10"], "needs --base")):
         stage = [] if any(a.startswith("--stage") for a in argv) else ["--stage=base"]

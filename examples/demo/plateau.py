@@ -6,7 +6,8 @@
 
 Each budget is a whole run of the stage (``examples/demo/run.py``'s pretraining or SFT, the
 default demo config's schedule: linear warmup then linear decay to 0 over that budget) in
-``<workdir>/<stage>_<steps>[_lr<rate>]``; finished runs are kept, an interrupted one resumes.
+``<workdir>/<stage>_<steps>[_lr<rate>][_s<seed>][_from_<base>]`` (``run_name``); finished
+runs are kept, an interrupted one resumes.
 Printed as JSON per budget: the mean training loss over each fifth of its steps, its last
 fifth's change from the previous budget's last fifth, and the export's greedy cell accuracy
 (d1's protocol) on the demo's held-out puzzles and d1's test set. A stage is at its plateau
@@ -23,11 +24,19 @@ import logging
 from pathlib import Path
 
 import jax
+
 from d1jax.train import sft
 from examples.demo import aggregate
 from examples.demo import config as demo_config
 from examples.demo import data as demo_data
 from examples.demo import evaluation
+
+
+def run_name(stage: str, steps: int, learning_rate: float = 0.0, seed: int = 0,
+             base: Path | None = None) -> str:
+    """The run's folder: every setting that changes the run is in its name."""
+    return (f"{stage}_{steps}" + (f"_lr{learning_rate:g}" if learning_rate else "")
+            + (f"_s{seed}" if seed else "") + (f"_from_{base.name}" if stage == "sft" else ""))
 
 
 def run_budget(demo, data: dict, stage: str, steps: int, stage_dir: Path, base: Path | None,
@@ -104,8 +113,8 @@ def main(argv=None) -> None:
     data = demo_data.prepare_data(demo, args.workdir)
     dirs, accuracy = {}, {}
     for steps in budgets:
-        lr = f"_lr{args.learning_rate:g}" if args.learning_rate else ""
-        dirs[steps] = args.workdir / f"{args.stage}_{steps}{lr}"
+        dirs[steps] = args.workdir / run_name(args.stage, steps, args.learning_rate, args.seed,
+                                              args.base)
         run_budget(demo, data, args.stage, steps, dirs[steps], args.base, args.learning_rate)
         accuracy[steps] = greedy_accuracy(demo, data, dirs[steps])
         print(json.dumps(summary(dirs, accuracy)[-1]), flush=True)
