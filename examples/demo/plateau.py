@@ -30,6 +30,7 @@ from examples.demo import aggregate
 from examples.demo import config as demo_config
 from examples.demo import data as demo_data
 from examples.demo import evaluation
+from examples.demo import run as demo_run
 
 
 def run_name(stage: str, steps: int, learning_rate: float = 0.0, seed: int = 0,
@@ -42,7 +43,7 @@ def run_name(stage: str, steps: int, learning_rate: float = 0.0, seed: int = 0,
 def run_budget(demo, data: dict, stage: str, steps: int, stage_dir: Path, base: Path | None,
                learning_rate: float | None = None):
     """One run of ``stage`` at ``steps`` optimizer steps (kept when its export exists)."""
-    if (stage_dir / "hf" / "d1jax_export.json").exists():
+    if demo_run.finished(stage_dir):
         return
     demo = demo.copy_and_resolve_references()
     p = demo.pretrain if stage == "base" else demo.sft

@@ -44,19 +44,20 @@ from examples.demo import data as demo_data
 from examples.demo import evaluation, report
 
 
-def _finished(stage_dir: Path) -> bool:
+def finished(stage_dir: Path) -> bool:
+    """Whether a stage ran to its last step (its Hugging Face export is written last)."""
     return (stage_dir / "hf" / "d1jax_export.json").exists()
 
 
 def _run_stage(name: str, fn, cfg, stage_dir: Path, log) -> float | None:
     """Runs one stage unless its export exists; returns its wall time, None when skipped."""
-    if _finished(stage_dir):
+    if finished(stage_dir):
         log(f"[demo] {name}: done before, kept ({stage_dir})")
         return None
     t0 = time.perf_counter()
     log(f"[demo] {name} -> {stage_dir}")
     fn(cfg, str(stage_dir))
-    if not _finished(stage_dir):  # stopped early (preempted): leave it resumable
+    if not finished(stage_dir):  # stopped early (preempted): leave it resumable
         raise SystemExit(f"[demo] {name} stopped before its last step; rerun to resume")
     dt = time.perf_counter() - t0
     log(f"[demo] {name}: {dt:.0f} s")
