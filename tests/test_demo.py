@@ -138,7 +138,8 @@ def test_eval_cli_scores_the_exported_d1_model(demo_run, tmp_path):
     ("--config.demo.grpo.starts=('sft', 'rl')", "demo.grpo.starts"),
     ("--config.demo.sampler.kv_cache=dual2", "demo.sampler.kv_cache='dual2'"),
     ("--config.demo.eval.sampled_sets=('heldout', 'test')", "demo.eval.sampled_sets"),
-    ("--config.demo.grpo.objectives=('wd1', 'ppo')", "demo.grpo.objectives")])
+    ("--config.demo.grpo.objectives=('wd1', 'ppo')", "demo.grpo.objectives"),
+    ("--config.demo.pretrain.solved_depth=-1", "demo.pretrain.solved_depth=-1")])
 def test_bad_demo_switches_fail_before_any_stage_runs(tmp_path, flag, field):
     wd = tmp_path / "wd"
     r = run_main("--config=configs/demo_sudoku.py:ci", flag, f"--workdir={wd}")
@@ -166,6 +167,51 @@ def test_pretraining_documents_are_noisy_as_configured():
     # The reward reads the tagged answers and gives the untagged ones nothing.
     rewards = task.total_reward([d["completion"] for _, d in untagged], [ex for ex, _ in untagged])
     assert max(rewards) == 0.0
+
+
+def _left_digits(grid: str, i: int) -> set[str]:
+    """Independent of examples/demo/data.py: the digits no filled peer of cell i holds."""
+    r, c = divmod(i, 4)
+    row = grid[4 * r:4 * r + 4]
+    col = grid[c::4]
+    box = "".join(grid[4 * rr + cc] for rr in (r // 2 * 2, r // 2 * 2 + 1)
+                  for cc in (c // 2 * 2, c // 2 * 2 + 1))
+    return set("1234") - set(row + col + box)
+
+
+def test_solver_depths_are_the_passes_of_naked_singles_and_the_writer_guesses_beyond():
+    rows = sudoku.generate_puzzles(300, seed=6, num_empty=(6, 12))
+    for ex in rows:
+        depth = demo_data.solver_depths(ex["puzzle"])
+        assert set(depth) == {i for i, d in enumerate(ex["puzzle"]) if d == "0"}
+        for k in range(1, max(depth.values()) + 1):  # pass k: cells its predecessors decide
+            grid = "".join(ex["solution"][i] if (ex["puzzle"][i] != "0" or depth[i] < k) else "0"
+                           for i in range(16))
+            assert {i for i in depth if depth[i] >= k and len(_left_digits(grid, i)) == 1} == {
+                i for i in depth if depth[i] == k}
+    # solved_depth=1: cells of the first pass are the solution's but for answer_noise; every
+    # deeper cell is a digit the givens leave it, right about 1 / len(candidates) of the time.
+    import random
+    rng = random.Random(0)
+    right = expected = n = wrong1 = n1 = 0
+    for ex in rows:
+        grid = demo_data.noisy_grid(ex["puzzle"], ex["solution"], 0.2, rng, solved_depth=1)
+        for i, k in demo_data.solver_depths(ex["puzzle"]).items():
+            if k == 1:
+                n1 += 1
+                wrong1 += grid[i] != ex["solution"][i]
+            else:
+                left = _left_digits(ex["puzzle"], i)
+                assert grid[i] in left
+                n += 1
+                right += grid[i] == ex["solution"][i]
+                expected += 1 / len(left)
+        assert all(grid[i] == d for i, d in enumerate(ex["puzzle"]) if d != "0")
+    assert abs(wrong1 / n1 - 0.2) < 0.04 and n > 500
+    assert abs(right - expected) < 3 * np.sqrt(n / 4)
+    # solved_depth=0 leaves every cell to answer_noise alone (the default corpus).
+    same = [demo_data.noisy_grid(ex["puzzle"], ex["solution"], 0.0, rng) for ex in rows]
+    assert same == [ex["solution"] for ex in rows]
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +250,7 @@ def test_sft_corpus_is_clean_and_pretraining_noises_whole_documents(tmp_path, ti
     clean = demo_data.sft_corpus({"train": str(path)})
     assert [ex["completion"] for ex in clean.rows] == [f"<answer>\n{r['solution']}\n</answer>"
                                                        for r in rows]
+    assert demo_data.sft_corpus({"train": str(path)}, num_examples=10).rows == clean.rows[:10]
     assert [ex["prompt"] for ex in clean.rows] == [get_task(demo_task.NAME).build_messages(r)
                                                    for r in rows]
     d = demo_config.get_config("ci").demo
@@ -551,6 +598,8 @@ def test_plateau_summary_reads_each_budgets_loss_by_fifth_and_refuses_bad_budget
     assert plateau.run_name("base", 2000) == "base_2000"
     assert plateau.run_name("base", 2000, 3e-3, 1) == "base_2000_lr0.003_s1"
     assert plateau.run_name("sft", 500, base=tmp_path / "base_6000") == "sft_500_from_base_6000"
+    assert plateau.run_name("base", 2000, solved_depth=1) == "base_2000_d1"
+    assert plateau.run_name("sft", 500, base=tmp_path / "b", num_examples=1000) == "sft_500_n1000_from_b"
     for argv, match in ((["--budgets=2x"], "comma-separated"), (["--budgets=3"], "5\\+ steps"),
                         (["--stage=sft", "--budgets=10"], "needs --base")):
         stage = [] if any(a.startswith("--stage") for a in argv) else ["--stage=base"]

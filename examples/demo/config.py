@@ -102,6 +102,10 @@ def _pretrain(ci: bool) -> mlc.ConfigDict:
     g.learning_rate = 1e-3  # AdamW peak learning rate.
     g.answer_noise = 0.3  # Chance each empty cell of a document's answer is wrong.
     g.format_noise = 0.3  # Chance a document's answer is untagged rows instead of <answer>.
+    # >0: the corpus's writer solves only the cells this many passes of naked singles fill
+    # and guesses the others among the digits the givens leave (examples/demo/data.py);
+    # 0: every cell is the solution's (before answer_noise).
+    g.solved_depth = 0
     g.save_every = 250  # Checkpoint period.
     return g
 
@@ -111,6 +115,7 @@ def _sft() -> mlc.ConfigDict:
     g.steps = 300  # Optimizer steps of masked SFT on clean trajectories.
     g.batch_size = 32  # Trajectories per step.
     g.learning_rate = 1e-3  # AdamW learning rate (constant).
+    g.num_examples = 0  # Clean trajectories: the train pool's first n (0: all; d1's s1K: 1,000).
     g.save_every = 100  # Checkpoint period.
     return g
 
@@ -169,6 +174,9 @@ def check(demo: mlc.ConfigDict) -> None:
                           "a subset of ('heldout', 'd1_test')")
     if demo.pretrain.objective not in ("sft", "pretrain"):
         raise ConfigError(f"demo.pretrain.objective={demo.pretrain.objective!r}: sft or pretrain")
+    if demo.pretrain.solved_depth < 0 or demo.sft.num_examples < 0:
+        raise ConfigError(f"demo.pretrain.solved_depth={demo.pretrain.solved_depth}, demo.sft."
+                          f"num_examples={demo.sft.num_examples}: must be >= 0")
     for name in ("answer_noise", "format_noise"):
         if not 0.0 <= demo.pretrain[name] <= 1.0:
             raise ConfigError(f"demo.pretrain.{name}={demo.pretrain[name]}: must be in [0, 1]")
