@@ -127,13 +127,13 @@ def pretraining_corpus(demo: mlc.ConfigDict, data: dict) -> SFTData:
     return SFTData(docs)
 
 
-def sft_corpus(data: dict, num_examples: int = 0) -> SFTData:
-    """The SFT stage's data (d1's stage 1): the prompt and clean answer
-    (``pretraining_documents`` at zero noise) of the train pool's first ``num_examples``
-    puzzles (0: all of them; d1's s1K is 1,000 traces)."""
+def sft_corpus(demo: mlc.ConfigDict, data: dict) -> SFTData:
+    """The SFT stage's data (d1's stage 1): each train-pool puzzle's prompt and a clean
+    ``<answer>``, its grid the solution's, or with ``demo.sft.solved_depth`` > 0 that of a
+    writer who solves that many passes of naked singles and guesses the rest (``noisy_grid``)."""
     task = get_task(demo_task.NAME)
-    rows = task.load_train(data["train"])
-    return SFTData(pretraining_documents(task, rows[:num_examples or len(rows)], 0.0, 0))
+    return SFTData(pretraining_documents(task, task.load_train(data["train"]), 0.0, 0,
+                                         solved_depth=demo.sft.solved_depth))
 
 
 def prepare_data(demo: mlc.ConfigDict, wd: Path) -> dict:

@@ -34,13 +34,11 @@ from examples.demo import run as demo_run
 
 
 def run_name(stage: str, steps: int, learning_rate: float = 0.0, seed: int = 0,
-             base: Path | None = None, solved_depth: int = 0, num_examples: int = 0) -> str:
-    """The run's folder: every setting that changes the run is in its name."""
+             base: Path | None = None) -> str:
+    """The run's folder: every setting that changes the run is in its name (the demo
+    config's, ``--variant``, names the workdir)."""
     return (f"{stage}_{steps}" + (f"_lr{learning_rate:g}" if learning_rate else "")
-            + (f"_s{seed}" if seed else "")
-            + (f"_d{solved_depth}" if stage == "base" and solved_depth else "")
-            + (f"_n{num_examples}" if stage == "sft" and num_examples else "")
-            + (f"_from_{base.name}" if stage == "sft" else ""))
+            + (f"_s{seed}" if seed else "") + (f"_from_{base.name}" if stage == "sft" else ""))
 
 
 def run_budget(demo, data: dict, stage: str, steps: int, stage_dir: Path, base: Path | None,
@@ -60,7 +58,7 @@ def run_budget(demo, data: dict, stage: str, steps: int, stage_dir: Path, base: 
         corpus = demo_data.pretraining_corpus(demo, data)
     else:
         cfg = demo_config.sft_config(demo, data, base)
-        corpus = demo_data.sft_corpus(data, demo.sft.num_examples)
+        corpus = demo_data.sft_corpus(demo, data)
     sft.run(cfg, str(stage_dir), data=corpus)
 
 
@@ -101,10 +99,9 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="demo.seed")
     parser.add_argument("--learning_rate", type=float, default=0.0,
                         help="the stage's peak learning rate (0: the demo config's)")
-    parser.add_argument("--solved_depth", type=int, default=0,
-                        help="demo.pretrain.solved_depth (--stage=base)")
-    parser.add_argument("--num_examples", type=int, default=0,
-                        help="demo.sft.num_examples (--stage=sft)")
+    parser.add_argument("--variant", default="", choices=("", "seeds"),
+                        help="the demo config's variant (configs/demo_sudoku.py:<variant>): "
+                             "its data and corpora; one workdir per variant")
     args = parser.parse_args(argv)
     try:
         budgets = sorted({int(x) for x in args.budgets.split(",") if x.strip()})
@@ -114,10 +111,8 @@ def main(argv=None) -> None:
         raise SystemExit(f"error: --budgets={args.budgets!r}: at least one budget of 5+ steps")
     if args.stage == "sft" and not (args.base and (args.base / "hf").is_dir()):
         raise SystemExit(f"error: --stage=sft needs --base=<a finished base run>, got {args.base}")
-    demo = demo_config.get_config(None).demo.copy_and_resolve_references()
+    demo = demo_config.get_config(args.variant).demo.copy_and_resolve_references()
     demo.seed = args.seed
-    demo.pretrain.solved_depth, demo.sft.num_examples = args.solved_depth, args.num_examples
-    demo_config.check(demo)
     args.workdir.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(args.workdir / ".jax_cache"))
     logging.getLogger("absl").setLevel(logging.WARNING)
@@ -125,13 +120,13 @@ def main(argv=None) -> None:
     dirs, accuracy = {}, {}
     for steps in budgets:
         dirs[steps] = args.workdir / run_name(args.stage, steps, args.learning_rate, args.seed,
-                                              args.base, args.solved_depth, args.num_examples)
+                                              args.base)
         run_budget(demo, data, args.stage, steps, dirs[steps], args.base, args.learning_rate)
         accuracy[steps] = greedy_accuracy(demo, data, dirs[steps])
         print(json.dumps(summary(dirs, accuracy)[-1]), flush=True)
     print(json.dumps({"stage": args.stage, "seed": args.seed,
                       "learning_rate": args.learning_rate or None,
-                      "solved_depth": args.solved_depth, "num_examples": args.num_examples,
+                      "variant": args.variant or None,
                       "budgets": summary(dirs, accuracy)}, indent=1))
 
 

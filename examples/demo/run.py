@@ -72,7 +72,7 @@ def _train_stages(demo: mlc.ConfigDict, data: dict, wd: Path, log
     times = {"base": _run_stage("pretrain (base model)", pretrain,
                                 demo_config.pretrain_config(demo, data), wd / "base", log)}
     def fine_tune(cfg, stage_wd):
-        return sft.run(cfg, stage_wd, data=demo_data.sft_corpus(data, demo.sft.num_examples))
+        return sft.run(cfg, stage_wd, data=demo_data.sft_corpus(demo, data))
     times["sft"] = _run_stage("SFT", fine_tune, demo_config.sft_config(demo, data, wd / "base"),
                               wd / "sft", log)
     runs: dict[str, list[Path]] = {"base": [wd / "base"], "sft": [wd / "sft"]}
