@@ -563,7 +563,7 @@ def aggregate_caption(res):
 
 def test_seeds_variants_change_only_the_layer_loop(tmp_path):
     """The rounding variants reach every stage's model (training and evaluation) and nothing
-    else; ':seeds' raises only the pretraining and SFT budgets."""
+    else; ':seeds' changes only its toy (puzzles, writers), budgets, GRPO rate and seeds."""
     from d1jax.run import spec as spec_lib
     from examples.demo import seeds
     data = {"prompt_length": 43, "train": "", "tokenizer": ""}
@@ -579,7 +579,17 @@ def test_seeds_variants_change_only_the_layer_loop(tmp_path):
     default, long = demo_config.get_config(None).demo, demo_config.get_config("seeds").demo
     assert (long.pretrain.steps, long.sft.steps) == (demo_config.SEEDS_PRETRAIN_STEPS,
                                                      demo_config.SEEDS_SFT_STEPS)
-    assert long.grpo.to_dict() == default.grpo.to_dict() and long.seeds == default.seeds
+
+    def flat(c, prefix=""):
+        out = {}
+        for k, v in c.items():
+            out.update(flat(v, f"{prefix}{k}.") if hasattr(v, "items") else {prefix + k: v})
+        return out
+    a, b = flat(default), flat(long)
+    assert {k for k in a if a[k] != b[k]} == {
+        "data.num_empty", "pretrain.solved_depth", "sft.solved_depth", "pretrain.steps",
+        "sft.steps", "pretrain.save_every", "sft.save_every", "grpo.learning_rate", "seeds"}
+    assert (b["pretrain.solved_depth"], b["sft.solved_depth"]) == (1, 2)
 
 
 def test_plateau_summary_reads_each_budgets_loss_by_fifth_and_refuses_bad_budgets(tmp_path):
