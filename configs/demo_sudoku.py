@@ -4,8 +4,8 @@
   python -m examples.demo --config=configs/demo_sudoku.py:compare --workdir=runs/demo  # + wd1, SPG, coupled-GRPO: ~1,700 s summed over stages
   python -m examples.demo --config=configs/demo_sudoku.py:ci --workdir=runs/demo_ci    # shortened, for tests
   python -m examples.demo.seeds --config=configs/demo_sudoku.py:seeds --pretrain_seeds=0,1,2 \
-      --variants=unrolled,loop --workdir=runs/demo_seeds --jobs=6 '--config.demo.seeds=(0,)'
-      # the multi-seed table (docs/demo.md): 6 whole demos, each stage converged
+      --variants=unrolled,loop --workdir=runs/demo_seeds --jobs=2
+      # the multi-seed table (docs/demo.md): 6 whole demos of a harder toy, each stage converged
 
 Times: one core of a 2-core x86 VM shared with other jobs (docs/demo.md).
 

@@ -22,10 +22,11 @@ def get_config(arg: str | None) -> mlc.ConfigDict:
 
     ``arg``: None (the README's run, 705 s measured on one shared core), "compare" (the same,
     plus wd1, SPG and coupled-GRPO from the SFT model on diffu-GRPO's budget; it reuses a
-    default run's workdir), "seeds" (the default with the pretraining and SFT budgets at which
-    they converge: the multi-seed table's runs, examples/demo/seeds.py) or "ci" (a shortened
-    run for the test suite: fewer pretraining steps, one 60-step diffu-GRPO run from the SFT
-    model with exact rollouts).
+    default run's workdir), "seeds" (a harder toy whose pretraining and SFT converge below
+    the ceiling, at the budgets where they do: the multi-seed table's runs,
+    examples/demo/seeds.py) or "ci" (a shortened run for the test suite: fewer supervised
+    steps, one 60-step diffu-GRPO run from the SFT model with exact rollouts, 128 puzzles
+    per evaluation set).
     """
     if arg not in (None, "", "ci", "compare", "seeds"):
         raise ConfigError(f"unknown demo variant {arg!r}: use nothing, ':ci', ':compare' or "

@@ -1,13 +1,13 @@
 """The multi-seed table: the whole demo per (pretraining seed, rounding variant), aggregated.
 
   python -m examples.demo.seeds --config=configs/demo_sudoku.py:seeds \\
-      --pretrain_seeds=0,1,2 --variants=unrolled,loop --workdir=runs/demo_seeds --jobs=6 \\
-      '--config.demo.seeds=(0,)'
+      --pretrain_seeds=0,1,2 --variants=unrolled,loop --workdir=runs/demo_seeds --jobs=2
 
-(docs/demo.md's table: that command at the earlier budgets of 2,000 pretraining and 1,500 SFT
-steps, one GRPO seed per run, six runs sharing one H200: 690 s in two invocations. On this
-2-core CPU the converged budgets' supervised stages take about 19 minutes a run: 6,000
-pretraining steps at ~5.8 steps/s and 500 SFT steps, measured by examples/demo/plateau.py.)
+(``:seeds``: the harder toy whose supervised stages converge below the ceiling, at the
+budgets examples/demo/plateau.py measured, 4,000 pretraining and 1,000 SFT steps, and GRPO
+seeds 0 and 1; on this 2-core CPU about 27 minutes a run, alone. docs/demo.md's published
+table is an earlier command, the default config at 2,000 + 1,500 steps with one GRPO seed,
+six runs sharing one H200: 690 s in two invocations.)
 
 Each run is ``python -m examples.demo`` in ``<workdir>/p{seed}_{variant}`` with
 ``--config.demo.seed={seed}`` (data order, base init, SFT) and the variant's model switches
