@@ -124,7 +124,7 @@ def _sft(ci: bool) -> mlc.ConfigDict:
     g = mlc.ConfigDict()
     g.steps = 200 if ci else 300  # Optimizer steps of masked SFT on clean trajectories.
     g.batch_size = 32  # Trajectories per step.
-    g.learning_rate = 1e-3  # AdamW learning rate (constant).
+    g.learning_rate = 1e-3  # AdamW peak learning rate (linear decay to 0, as d1's SFT).
     g.solved_depth = 0  # >0: the trajectories' writer solves this many passes (as pretrain's).
     g.save_every = 100  # Checkpoint period.
     return g
