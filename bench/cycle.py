@@ -177,10 +177,11 @@ def reference_python(ref_dir: str) -> str:
     return python
 
 
-def run_reference(ref_dir: str, cycles: int) -> dict:
+def run_reference(ref_dir: str, cycles: int, device: str = "cpu") -> dict:
     """One ``bench/reference/run.py --sections cycle`` in the reference's venv."""
     cmd = [reference_python(ref_dir), os.path.join(HERE, "reference", "run.py"), "--ref-dir", ref_dir,
-           "--sections", "cycle", "--cycle-runs", str(cycles), "--cycle-mu", str(MU)]
+           "--sections", "cycle", "--cycle-runs", str(cycles), "--cycle-mu", str(MU),
+           "--device", device]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"the reference failed (exit {proc.returncode}): {' '.join(cmd)}\n"
@@ -269,6 +270,8 @@ def main(argv=None) -> dict:
     p.add_argument("--samplers", default=",".join(SAMPLERS), help="exact,fast or one of them")
     p.add_argument("--rounds", type=int, default=3, help="alternating reference/d1jax rounds")
     p.add_argument("--cycles", type=int, default=2, help="timed cycles per side and round")
+    p.add_argument("--reference-device", default="cpu",
+                   help="torch device of the reference: cpu, or cuda beside d1jax on a GPU")
     p.add_argument("--out", help="also write the JSON here")
     a = p.parse_args(argv)
     samplers = [s for s in a.samplers.split(",") if s]
@@ -289,7 +292,7 @@ def main(argv=None) -> dict:
     ref_rounds, our_rounds, loads = [], [], []
     for i in range(a.rounds):
         if not a.reference_json:
-            refs.append(run_reference(a.ref_dir, a.cycles))
+            refs.append(run_reference(a.ref_dir, a.cycles, a.reference_device))
         if i < len(refs):
             ref_rounds.append(refs[i]["cycle"]["cycles"])
         our_rounds.append(ours.round())

@@ -27,6 +27,9 @@ which only logs timings, is the identity) on a stand-in ``self`` holding the att
 they read (d1's defaults: p_mask_prompt 0.15, beta 0.04, epsilon 0.5, cfg_scale 0, fixed
 mask seeds 42). Reward scoring, logging and checkpoints are not timed.
 
+``--device cuda`` runs it all on the GPU (float32, torch's defaults: no TF32 matmuls), each
+timed interval closed by ``torch.cuda.synchronize()``.
+
 Prints one JSON object (also written to OUT_DIR/reference.json). OUT_DIR also gets the
 weights as a Hugging Face checkpoint (``bench_tiny_hf/``) and ``ref_generate.npz`` (the
 prompts and generated ids), so d1jax can run on the same weights and compare tokens.
@@ -161,11 +164,13 @@ def bench_tiny_model(ref_dir: str, out_dir: str):
     return model, ckpt
 
 
-def timed(fn, runs: int) -> list[float]:
+def timed(fn, runs: int, sync=lambda: None) -> list[float]:
     out = []
     for _ in range(runs):
+        sync()
         t0 = time.perf_counter()
         fn()
+        sync()
         out.append(round(time.perf_counter() - t0, 4))
     return out
 
@@ -175,22 +180,28 @@ def completion_mask(completion_ids, eos_id: int):
     import torch
     is_eos = completion_ids == eos_id
     first = torch.where(is_eos.any(1), is_eos.int().argmax(1), is_eos.size(1))
-    return (torch.arange(is_eos.size(1))[None] <= first[:, None]).int()
+    return (torch.arange(is_eos.size(1), device=is_eos.device)[None] <= first[:, None]).int()
 
 
 class Reference:
     """The model, LLaDA's sampler and d1's methods on the fixed bench-tiny inputs."""
 
-    def __init__(self, ref_dir: str, out_dir: str):
+    def __init__(self, ref_dir: str, out_dir: str, device: str = "cpu"):
         import torch
-        self.torch = torch
+        self.torch, self.device = torch, torch.device(device)
         self.generate_fn = load_generate(ref_dir)
         self.ref_dir = ref_dir
         self.model, self.ckpt = bench_tiny_model(ref_dir, out_dir)
+        self.model.to(self.device)
         w = WORKLOAD
         g = torch.Generator().manual_seed(w["seed"])
         self.prompt = torch.randint(0, w["prompt_vocab"], (w["batch"], w["prompt_len"]),
-                                    generator=g)
+                                    generator=g).to(self.device)
+
+    def sync(self):
+        """Waits for the device's queued work (timing on a GPU)."""
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
 
     def generate(self):
         w = WORKLOAD
@@ -210,7 +221,7 @@ class Reference:
         """The dict d1's ``_generate_and_score_completions`` hands to ``compute_loss``."""
         torch, p = self.torch, WORKLOAD["prompt_len"]
         comp = seq[:, p:]
-        adv = torch.randn(seq.size(0), generator=torch.Generator().manual_seed(0))
+        adv = torch.randn(seq.size(0), generator=torch.Generator().manual_seed(0)).to(seq.device)
         return {"prompt_ids": seq[:, :p], "prompt_mask": torch.ones_like(seq[:, :p]),
                 "completion_ids": comp,
                 "completion_mask": completion_mask(comp, BENCH_TINY["eos_token_id"]),
@@ -240,15 +251,15 @@ def generate_once(r: Reference, out_dir: str):
     w = WORKLOAD
     out = r.generate()
     assert not (out == BENCH_TINY["mask_token_id"]).any(), "masks left after generate()"
-    np.savez(os.path.join(out_dir, "ref_generate.npz"), prompt=r.prompt.numpy(),
-             output=out.numpy(), mask_id=BENCH_TINY["mask_token_id"], steps=w["steps"],
+    np.savez(os.path.join(out_dir, "ref_generate.npz"), prompt=r.prompt.cpu().numpy(),
+             output=out.cpu().numpy(), mask_id=BENCH_TINY["mask_token_id"], steps=w["steps"],
              gen_length=w["gen_length"], block_length=w["block_length"])
     return out
 
 
 def measure_sampler(r: Reference, runs: int) -> dict:
     w = WORKLOAD
-    times = timed(r.generate, runs)
+    times = timed(r.generate, runs, r.sync)
     med = statistics.median(times)
     keys = ("batch", "prompt_len", "gen_length", "block_length", "steps", "temperature",
             "remasking")
@@ -261,7 +272,7 @@ def measure_estimator(r: Reference, seq, mus: list[int], runs: int) -> dict:
     for mu in mus:
         trainer = d1_trainer(r.ref_dir, mu)
         r.logps(trainer, r.model, seq, mu)  # warm-up
-        times = timed(lambda: r.logps(trainer, r.model, seq, mu), runs)
+        times = timed(lambda: r.logps(trainer, r.model, seq, mu), runs, r.sync)
         res[f"mu{mu}"] = {"times_s": times, "median_s": round(statistics.median(times), 4)}
     return res
 
@@ -274,7 +285,7 @@ def measure_update(r: Reference, seq, runs: int) -> dict:
     r.model.train()
     opt = r.optimizer()
     r.update(trainer, opt, inputs, 0)  # warm-up (AdamW allocates its moments)
-    times = timed(lambda: r.update(trainer, opt, inputs, 0), runs)
+    times = timed(lambda: r.update(trainer, opt, inputs, 0), runs, r.sync)
     r.model.load_state_dict(state)
     r.model.eval()
     return {"mu": 1, "max_grad_norm": D1["max_grad_norm"], "times_s": times,
@@ -283,22 +294,27 @@ def measure_update(r: Reference, seq, runs: int) -> dict:
 
 def one_cycle(r: Reference, trainer, ref_model, opt, mu: int) -> dict:
     t = {}
-    t0 = time.perf_counter()
+
+    def clock() -> float:
+        r.sync()
+        return time.perf_counter()
+
+    t0 = clock()
     seq = r.generate()
-    t["generate_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    t["generate_s"] = clock() - t0
+    t0 = clock()
     old = r.logps(trainer, r.model, seq, mu)
-    t["old_logps_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    t["old_logps_s"] = clock() - t0
+    t0 = clock()
     ref = r.logps(trainer, ref_model, seq, mu)
-    t["ref_logps_s"] = time.perf_counter() - t0
+    t["ref_logps_s"] = clock() - t0
     inputs = r.rollout_inputs(seq, mu, old, ref)
-    t0 = time.perf_counter()
+    t0 = clock()
     r.model.train()
     for it in range(mu):
         r.update(trainer, opt, inputs, it)
     r.model.eval()
-    t["updates_s"] = time.perf_counter() - t0
+    t["updates_s"] = clock() - t0
     t["total_s"] = sum(t.values())
     return {k: round(v, 4) for k, v in t.items()}
 
@@ -308,7 +324,7 @@ def warmup_ids(r: Reference):
     torch, w = r.torch, WORKLOAD
     g = torch.Generator().manual_seed(1)
     comp = torch.randint(0, w["prompt_vocab"], (w["batch"], w["gen_length"]), generator=g)
-    return torch.cat([r.prompt, comp], 1)
+    return torch.cat([r.prompt, comp.to(r.device)], 1)
 
 
 def measure_cycle(r: Reference, mu: int, runs: int) -> dict:
@@ -332,12 +348,13 @@ def measure_cycle(r: Reference, mu: int, runs: int) -> dict:
                          for k in cycles[0]}}
 
 
-def environment() -> dict:
+def environment(device: str) -> dict:
     import accelerate
     import numpy
     import torch
     import transformers
-    return {"python": platform.python_version(), "torch": torch.__version__,
+    gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") else None
+    return {"device": gpu or "cpu", "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "accelerate": accelerate.__version__,
             "numpy": numpy.__version__, "torch_threads": torch.get_num_threads(),
             "cores": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2)}
@@ -359,6 +376,7 @@ def main(argv=None) -> dict:
     p.add_argument("--cycle-runs", type=int, default=2, help="timed cycles")
     p.add_argument("--cycle-mu", type=int, default=4, help="mu (updates) of a cycle")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
     a = p.parse_args(argv)
     sections = [s for s in a.sections.split(",") if s]
     if set(sections) - set(SECTIONS):
@@ -372,7 +390,7 @@ def main(argv=None) -> dict:
     if a.threads:
         torch.set_num_threads(a.threads)
 
-    r = Reference(a.ref_dir, out_dir)
+    r = Reference(a.ref_dir, out_dir, a.device)
     res = {"config": "bench-tiny", "workload": WORKLOAD, "d1": {**D1, "betas": list(D1["betas"])},
            "checkpoint": {"dir": r.ckpt,
                           "n_params": sum(x.numel() for x in r.model.parameters())}}
@@ -387,7 +405,7 @@ def main(argv=None) -> dict:
         res["grpo_update"] = measure_update(r, seq, a.update_runs)
     if "cycle" in sections:
         res["cycle"] = measure_cycle(r, a.cycle_mu, a.cycle_runs)
-    res.update(env=environment(), sources=sources)
+    res.update(env=environment(a.device), sources=sources)
     text = json.dumps(res, indent=1)
     with open(os.path.join(out_dir, "reference.json"), "w") as f:
         f.write(text + "\n")
