@@ -5,7 +5,7 @@
   python -m examples.demo --config=configs/demo_sudoku.py:ci --workdir=runs/demo_ci    # shortened, for tests
   python -m examples.demo.seeds --config=configs/demo_sudoku.py:seeds --pretrain_seeds=0,1,2 \
       --variants=unrolled,loop --workdir=runs/demo_seeds --jobs=2
-      # the multi-seed table (docs/demo.md): 6 whole demos of a harder toy, budgets measured on seed 0
+      # the multi-seed table (docs/demo.md): 6 whole demos of a harder toy (budgets and times there)
 
 Times: one core of a 2-core x86 VM shared with other jobs (docs/demo.md).
 
