@@ -502,6 +502,9 @@ def test_multi_seed_blocks_are_generated_with_commit_and_device(tmp_path):
     lines = table.splitlines()
     assert lines[1] == aggregate.caption(res) and "commit abc1234" in lines[1]
     assert "3 runs on cpu" in lines[1]
+    # Runs resumed on another machine record only their last one: --devices names them all.
+    mixed = aggregate.caption({**res, "devices": "GPU (base, SFT) and cpu (GRPO)"})
+    assert mixed.endswith("3 runs on GPU (base, SFT) and cpu (GRPO) -->")
     d1 = next(line for line in lines if line.startswith("| d1 (SFT + diffu-GRPO) |"))
     assert "45.6 ± 4.2 (40.8..51.0)" in d1 and "(2 of 3)" in d1
     assert "| -1.3% |" in demo_table.block(res, "demo-seeds-loss")
@@ -552,6 +555,13 @@ def test_seeds_command_aggregates_finished_runs_and_names_the_missing(tmp_path, 
     assert res["loss"]["base"] == pytest.approx([9.5, 7.5, 5.5, 3.5, 1.5])
     assert res["missing"] == ["p1_unrolled", "p1_loop"]
     assert (tmp_path / "results.md").read_text().startswith(aggregate_caption(res))
+    assert "2 runs on cpu, jax" in aggregate_caption(res)
+    with pytest.raises(SystemExit):  # --devices: the caption names where the runs ran
+        seeds.main([f"--workdir={tmp_path}", "--pretrain_seeds=0,1", "--aggregate_only",
+                    "--devices=GPU (base) and cpu (GRPO)"])
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["devices"] == "GPU (base) and cpu (GRPO)"
+    assert "2 runs on GPU (base) and cpu (GRPO) -->" in (tmp_path / "results.md").read_text()
     with pytest.raises(SystemExit, match="variants from"):
         seeds.main([f"--workdir={tmp_path}", "--variants=bf16"])
 

@@ -4,10 +4,10 @@
       --pretrain_seeds=0,1,2 --variants=unrolled,loop --workdir=runs/demo_seeds --jobs=2
 
 (``:seeds``: the harder toy whose supervised stages converge below the ceiling, at the
-budgets examples/demo/plateau.py measured, 4,000 pretraining and 1,000 SFT steps, and GRPO
-seeds 0 and 1; on this 2-core CPU about 27 minutes a run, alone. docs/demo.md's published
-table is an earlier command, the default config at 2,000 + 1,500 steps with one GRPO seed,
-six runs sharing one H200: 690 s in two invocations.)
+budgets examples/demo/plateau.py measured, 8,000 pretraining and 1,000 SFT steps, and GRPO
+seeds 0 and 1; on this 2-core CPU 52-61 minutes a run, two at a time, 38-45 of them
+pretraining. docs/demo.md's table ran the supervised stages on one GPU and the rest on the
+CPU, resuming each run's workdir there; ``--devices`` names both in its caption.)
 
 Each run is ``python -m examples.demo`` in ``<workdir>/p{seed}_{variant}`` with
 ``--config.demo.seed={seed}`` (data order, base init, SFT) and the variant's model switches
@@ -95,6 +95,10 @@ def main(argv=None) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
     parser.add_argument("--aggregate_only", action="store_true",
                         help="aggregate the finished runs, start none")
+    parser.add_argument("--devices", default="",
+                        help="where the runs ran, for the table's caption, when their "
+                             "results.json do not say it all: each records the machine of its "
+                             "last invocation only (a run resumed on another machine)")
     args, extra = parser.parse_known_args(argv)
     if bad := [a for a in extra if not a.startswith("--config.")]:
         raise SystemExit(f"error: unknown arguments {bad}: only --config.x=... pass to the runs")
@@ -110,7 +114,8 @@ def main(argv=None) -> None:
             list(pool.map(lambda sv: _one_run(args.config, *sv, args.workdir /
                                               run_name(*sv), extra, log), todo))
     meta = {"config": args.config, "pretrain_seeds": seeds, "variants": variants,
-            "overrides": extra, "command": "python -m examples.demo.seeds " + " ".join(
+            "overrides": extra, **({"devices": args.devices} if args.devices else {}),
+            "command": "python -m examples.demo.seeds " + " ".join(
                 [f"--config={args.config}", f"--pretrain_seeds={args.pretrain_seeds}",
                  f"--variants={args.variants}", *extra])}
     try:
