@@ -1,6 +1,7 @@
 """`python -m d1jax.main` end to end (subprocess, exactly as a user runs it)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -247,3 +248,40 @@ def test_check_inputs_accepts_hub_ids_urls_and_existing_paths(tmp_path):
         with pytest.raises(ConfigError, match="no such file or directory"):
             check_inputs(c)
     check_inputs(c, data=False)  # d1jax.plan reads no data
+
+
+_STAGE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from d1jax import config as config_lib
+from d1jax.config import cli
+c = config_lib.grpo("sudoku", "tiny")
+c.train.compile_cache = sys.argv[3]
+cli.run_stage(c, sys.argv[2], {"grpo": "fake_stage"})
+"""
+
+
+@pytest.mark.parametrize("setting,env_dir,where", [
+    ("workdir", False, "wd/compile_cache"),  # the default: beside the run's files
+    ("shared", False, "shared"),             # a path: one cache for many runs
+    ("", False, None),                       # off
+    ("workdir", True, "env"),                # JAX_COMPILATION_CACHE_DIR wins
+])
+def test_run_stage_keeps_compiled_programs_where_train_compile_cache_says(
+        tmp_path, setting, env_dir, where):
+    """`python -m d1jax.main`'s shared body (cli.run_stage) points JAX's persistent cache at
+    train.compile_cache before the stage compiles, so a rerun after preemption loads them."""
+    (tmp_path / "fake_stage.py").write_text(
+        "import jax\ndef run(config, workdir):\n    jax.jit(lambda x: x * 2 + 1)(1.0)\n")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env.update(JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PLATFORMS="cpu")
+    if env_dir:
+        env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "env")
+    wd = tmp_path / "wd"
+    arg = str(tmp_path / "shared") if setting == "shared" else setting
+    r = subprocess.run([sys.executable, "-c", _STAGE, str(tmp_path), str(wd), arg], cwd=ROOT,
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = {str(p.parent.relative_to(tmp_path)) for p in tmp_path.rglob("*-cache")}
+    assert found == ({where} if where else set())
+

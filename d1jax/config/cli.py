@@ -215,12 +215,35 @@ def _dotted_keys(config, prefix: str = ""):
             yield from _dotted_keys(value, f"{prefix}{name}.")
 
 
+def compile_cache_dir(config, workdir: str) -> str | None:
+    """Where ``config.train.compile_cache`` puts jax's persistent compilation cache: "workdir"
+    is ``<workdir>/compile_cache``, "" is none, anything else a path of its own."""
+    train = config.get("train")
+    where = train.get("compile_cache", "") if train is not None else ""
+    if not where:
+        return None
+    return os.path.join(str(workdir), "compile_cache") if where == "workdir" else str(where)
+
+
+def use_compile_cache(config, workdir: str) -> str | None:
+    """Points jax's persistent compilation cache at ``compile_cache_dir`` unless one is set
+    already (``JAX_COMPILATION_CACHE_DIR``, or earlier in this process); returns the one in use.
+    The cache is keyed by program, backend and versions, so a run whose programs changed only
+    compiles anew; it sits beside the run files and a moved-aside run leaves it in place."""
+    import jax
+    path = compile_cache_dir(config, workdir)
+    if path and not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", path)
+    return jax.config.jax_compilation_cache_dir
+
+
 def run_stage(config, workdir: str | None, stages: Mapping[str, str],
               before: Callable[[Any], None] | None = None) -> None:
     """The commands' shared body: ``run(config, workdir)`` of the module ``stages`` maps the
     config's ``stage`` to, in ``workdir`` (default ``config.workdir``), after ``before(config)``.
 
-    A mistake in the config or a file ends in one ``error:`` line; a run stopped with a save
+    Compiled programs go to the persistent cache ``train.compile_cache`` names, so a rerun
+    loads them. A mistake in the config or a file ends in one ``error:`` line; a run stopped with a save
     (SIGTERM, ``train.stop_after``) exits with its rerun code; in a multi-process run an error
     from a collective ends in the watchdog's line naming the lost process.
     """
@@ -233,6 +256,7 @@ def run_stage(config, workdir: str | None, stages: Mapping[str, str],
     if not workdir:
         sys.exit("error: no workdir: pass --workdir=DIR or set config.workdir")
     try:
+        use_compile_cache(config, workdir)
         if before is not None:
             before(config)
         importlib.import_module(stages[stage]).run(config, workdir)

@@ -119,6 +119,7 @@ def _train(tiny: bool, steps: int) -> mlc.ConfigDict:
     t.stop_after = 0  # Stop (as if preempted, with a save) after this many steps; 0 off.
     t.if_incompatible = "refuse"  # Workdir checkpoints from another config, or none restores: "refuse" (exit 1, nothing changed) or "move_aside" (old run moved to <workdir>/previous/<time>, start at step 0).
     t.accept_changes = ""  # Comma-separated resume fields whose change is accepted on resume, e.g. "optim.learning_rate" (d1jax.run.resume.RESUME_FIELDS).
+    t.compile_cache = "workdir"  # Persistent XLA compilation cache of `python -m d1jax.main`, so a rerun after preemption loads its programs instead of compiling them: "workdir" (<workdir>/compile_cache), a path (one cache for many runs), or "" (off). JAX_COMPILATION_CACHE_DIR, when set, wins.
     t.stopped_exit_code = 75  # Exit code after a save on SIGTERM or stop_after, so a scheduler reruns the job (75: EX_TEMPFAIL); 0 if it must read as success.
     return t
 
