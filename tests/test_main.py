@@ -285,3 +285,15 @@ def test_run_stage_keeps_compiled_programs_where_train_compile_cache_says(
     found = {str(p.parent.relative_to(tmp_path)) for p in tmp_path.rglob("*-cache")}
     assert found == ({where} if where else set())
 
+
+
+def test_compile_cache_dir_expands_the_home_as_the_workdir_check_does(monkeypatch, tmp_path):
+    from d1jax import config as config_lib
+    from d1jax.config import cli
+    monkeypatch.setenv("HOME", str(tmp_path))
+    c = config_lib.grpo("sudoku", "tiny")
+    assert cli.compile_cache_dir(c, "~/runs/a") == str(tmp_path / "runs/a/compile_cache")
+    assert config_lib.check_workdir("~/runs/a") == tmp_path / "runs/a"
+    c.train.compile_cache = "gs://bucket/xla"
+    assert cli.compile_cache_dir(c, "~/runs/a") == "gs://bucket/xla"
+

@@ -222,7 +222,9 @@ def compile_cache_dir(config, workdir: str) -> str | None:
     where = train.get("compile_cache", "") if train is not None else ""
     if not where:
         return None
-    return os.path.join(str(workdir), "compile_cache") if where == "workdir" else str(where)
+    if where == "workdir":  # as check_workdir reads it: "~" expanded
+        return os.path.join(os.path.expanduser(str(workdir)), "compile_cache")
+    return os.path.expanduser(str(where))
 
 
 def use_compile_cache(config, workdir: str) -> str | None:
