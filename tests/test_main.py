@@ -286,7 +286,6 @@ def test_run_stage_keeps_compiled_programs_where_train_compile_cache_says(
     assert found == ({where} if where else set())
 
 
-
 def test_compile_cache_dir_expands_the_home_as_the_workdir_check_does(monkeypatch, tmp_path):
     from d1jax import config as config_lib
     from d1jax.config import cli
@@ -296,4 +295,3 @@ def test_compile_cache_dir_expands_the_home_as_the_workdir_check_does(monkeypatc
     assert config_lib.check_workdir("~/runs/a") == tmp_path / "runs/a"
     c.train.compile_cache = "gs://bucket/xla"
     assert cli.compile_cache_dir(c, "~/runs/a") == "gs://bucket/xla"
-
