@@ -1,8 +1,34 @@
 """Run configs: the ml_collections defaults that configs/*.py build on, and the checks
 that need no model (``d1jax.run.spec`` translates and validates the rest)."""
 
-from d1jax.config.defaults import (ConfigError, base, check_batch, check_inputs, check_workdir,
-                                   eval_config, grpo, sampler_fields, sft, step_rows)
+from pathlib import Path
+
+from d1jax.config import defaults
+from d1jax.config.defaults import (ConfigError, base, check_batch, check_workdir, eval_config,
+                                   grpo, sampler_fields, sft, step_rows)
 
 __all__ = ["ConfigError", "base", "check_batch", "check_inputs", "check_workdir", "eval_config",
            "grpo", "sampler_fields", "sft", "step_rows"]
+
+
+def check_inputs(config, data: bool = True) -> None:
+    """``defaults.check_inputs`` (paths, data source, task), then the checkpoint at
+    config.model.path against config.model.family and its own tokenizer
+    (``d1jax.model.family.check_checkpoint``): all before anything is written (the
+    commands call it after parsing their flags)."""
+    defaults.check_inputs(config, data)
+    model = config.get("model") or {}
+    path = model.get("path")
+    if not path or not (Path(path).expanduser() / "config.json").is_file():
+        return  # a folder without config.json: the loader says so
+    from d1jax.model import family, weights
+    from d1jax.model.config import UnsupportedConfigError
+    name = model.get("family", "llada")
+    if name not in family.FAMILIES:
+        return  # the spec names the families in one line
+    tokenizer = model.get("tokenizer_path") or None
+    try:
+        family.check_checkpoint(Path(path).expanduser(), name,
+                                tokenizer and Path(tokenizer).expanduser())
+    except (weights.CheckpointError, UnsupportedConfigError) as e:
+        raise ConfigError(f"config.model.path={path!r}: {e}") from None

@@ -48,6 +48,9 @@ class Family:
     # path -> config: a checkpoint's config.json alone (the planner: shapes, no weights)
     read_config: Callable[..., Any] | None = None
     default_preset: str = ""  # the released checkpoints' architecture (llada-8b, dream-7b)
+    embedding: str = ""  # HF name of the input embedding (its rows: the vocabulary)
+    # The published checkpoints of the family (README, docs/models.md).
+    published: tuple[str, ...] = ()
     # The first and last layers run outside the layer loop (LLaDA): the last runs only the
     # rows the output reads, and XLA drops the first's q/k/v input gradient under LoRA.
     peeled_ends: bool = False
@@ -86,12 +89,18 @@ FAMILIES: dict[str, Family] = {
     "llada": Family(
         "llada", "LLaDA", LLaDA, LLaDAConfig, ("llada", "LLaDA"), PRESETS, preset, _LLADA_FIELDS,
         lora_lib.TARGETS, weights.load_hf_checkpoint, weights.save_hf_checkpoint,
-        read_config=weights.read_config, default_preset="llada-8b", peeled_ends=True),
+        read_config=weights.read_config, default_preset="llada-8b", peeled_ends=True,
+        embedding=weights.PREFIX + "wte.weight",
+        published=("GSAI-ML/LLaDA-8B-Instruct", "GSAI-ML/LLaDA-8B-Base")),
     "dream": Family(
         "dream", "Dream", Dream, DreamConfig, ("Dream", "dream"), DREAM_PRESETS, dream_preset,
         _DREAM_FIELDS, lora_lib.DREAM_TARGETS, dream_weights.load_dream_checkpoint,
         dream_weights.save_dream_checkpoint,
-        read_config=dream_weights.read_dream_config, default_preset="dream-7b"),
+        read_config=dream_weights.read_dream_config, default_preset="dream-7b",
+        embedding="model.embed_tokens.weight",
+        published=("Dream-org/Dream-v0-Instruct-7B", "Dream-org/Dream-v0-Base-7B",
+                   "apple/DiffuCoder-7B-Instruct", "apple/DiffuCoder-7B-cpGRPO",
+                   "apple/DiffuCoder-7B-Base")),
 }
 
 
@@ -123,3 +132,61 @@ def detect(path: str | os.PathLike) -> str | None:
         if model_type in fam.model_types:
             return fam.name
     return None
+
+
+def check_checkpoint(path: str | os.PathLike, name: str,
+                     tokenizer_path: str | os.PathLike | None = None) -> dict[str, int | None]:
+    """What a run reads from the Hugging Face checkpoint at ``path``, checked before it writes
+    anything; returns the special ids (``tokenizer.special_ids``). CheckpointError, one line:
+
+    - its config.json names another family than ``name`` (``model_type``);
+    - its tokenizer (at ``tokenizer_path``, else ``path``) has no mask token, names special
+      ids config.json contradicts, or has no chat template (the tasks prompt in chat turns);
+    - its vocabulary (config.json's ``vocab_size``, the embedding's rows) is smaller than the
+      tokenizer;
+    - its generation_config.json names an ``alg`` the sampler lacks.
+    """
+    from d1jax.model.tokenizer import load_tokenizer, special_ids
+    from d1jax.sampling.dream import ALGS
+    path, fam = Path(path), get(name)
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise weights.CheckpointError(f"{cfg_file} is missing: not a Hugging Face checkpoint")
+    try:
+        model_type = json.loads(cfg_file.read_text()).get("model_type")
+    except json.JSONDecodeError as e:
+        raise weights.CheckpointError(f"{cfg_file}: invalid JSON ({e})") from None
+    found = detect(path)
+    if found != name:
+        what = (f"a {get(found).title} checkpoint" if found else
+                f"no {fam.title} checkpoint (config.json model_type={model_type!r})")
+        hint = f"set --config.model.family={found}" if found else (
+            f"d1jax reads {', '.join(f.title for f in FAMILIES.values())} checkpoints")
+        raise weights.CheckpointError(f"it holds {what} but config.model.family={name!r}: "
+                                      f"{hint}")
+    config = fam.read_config(path)
+    tok = load_tokenizer(tokenizer_path or path)
+    ids = special_ids(tok, config)
+    if not tok.chat_template:
+        raise weights.CheckpointError(
+            f"its tokenizer{'' if tokenizer_path is None else ' at ' + str(tokenizer_path)} has no "
+            f"chat template, and d1jax's tasks prompt in chat turns: set "
+            f"config.model.tokenizer_path to the Instruct model's directory")
+    rows = weights._open_checkpoint(path)
+    rows = rows[fam.embedding].shape(fam.embedding)[0] if fam.embedding in rows else None
+    for what, n in (("config.json vocab_size", config.vocab_size), ("embedding rows", rows)):
+        if n is not None and n < len(tok):
+            raise weights.CheckpointError(
+                f"its {what}={n} is smaller than the tokenizer's {len(tok)} tokens "
+                f"(ids {n}..{len(tok) - 1} have no embedding row): not this tokenizer's model")
+    gen_file = path / "generation_config.json"
+    if gen_file.is_file():
+        try:
+            alg = json.loads(gen_file.read_text()).get("alg")
+        except json.JSONDecodeError as e:
+            raise weights.CheckpointError(f"{gen_file}: invalid JSON ({e})") from None
+        if alg is not None and alg not in ALGS:
+            raise weights.CheckpointError(
+                f"{gen_file}: alg={alg!r} is not an algorithm d1jax's sampler runs "
+                f"({', '.join(ALGS)})")
+    return ids

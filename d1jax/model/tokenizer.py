@@ -1,5 +1,17 @@
 """Tokenizers: load a Hugging Face tokenizer directory, or train a tiny one for CPU runs.
 
+Two published layouts load, neither running code from the checkpoint:
+
+- LLaDA-8B-Base/Instruct: ``tokenizer.json`` (``PreTrainedTokenizerFast``). Its config names
+  no mask token; the mask is ``<|mdm_mask|>``, the id config.json's ``mask_token_id`` gives.
+- Dream-v0-Base/Instruct-7B, DiffuCoder-7B-*: ``vocab.json`` + ``merges.txt`` read by the
+  checkpoint's own ``tokenization_dream.DreamTokenizer``, which is Qwen2's byte-level BPE:
+  transformers' Qwen2 tokenizer reads the same files, with the added tokens (``<|mask|>``,
+  DiffuCoder's ``<|dlm_pad|>`` pad) of ``tokenizer_config.json``.
+
+``special_ids`` takes the mask / eos / pad ids from the checkpoint (the tokenizer's tokens,
+checked against config.json), never from a family's constants.
+
 The tiny tokenizer is a byte-level BPE (digits split individually) with LLaDA's special
 tokens and LLaDA-8B-Instruct's chat template, saved in the Hugging Face format so the
 same code path serves LLaDA-8B and the CPU demo.
@@ -7,9 +19,12 @@ same code path serves LLaDA-8B and the CPU demo.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
+
+from d1jax.model.weights import CheckpointError
 
 # LLaDA-8B-Instruct's chat template (Llama-3 style headers, bos on the first message).
 CHAT_TEMPLATE = (
@@ -22,6 +37,14 @@ CHAT_TEMPLATE = (
 )
 BOS, EOS, EOT, MASK = "<|startoftext|>", "<|endoftext|>", "<|eot_id|>", "<|mdm_mask|>"
 SPECIAL_TOKENS = (BOS, EOS, "<|start_header_id|>", "<|end_header_id|>", EOT, MASK)
+# Tokens that close a chat turn: LLaDA's (Llama-3 headers) and Dream's / DiffuCoder's (Qwen's).
+TURN_ENDS = (EOT, "<|im_end|>")
+# tokenizer_config.json classes that are Qwen2's byte-level BPE over vocab.json + merges.txt.
+QWEN2_BPE_CLASSES = ("DreamTokenizer", "Qwen2Tokenizer", "Qwen2TokenizerFast")
+
+
+class TokenizerError(CheckpointError):
+    """A tokenizer that does not fit its checkpoint (special ids, vocabulary)."""
 
 
 def load_tokenizer(path: str | os.PathLike):
@@ -32,12 +55,30 @@ def load_tokenizer(path: str | os.PathLike):
         raise FileNotFoundError(f"tokenizer directory {path} does not exist")
     if (path / "tokenizer.json").exists():  # LLaDA's: no custom code needed (auto_map ignored)
         tok = PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+    elif _tokenizer_class(path) in QWEN2_BPE_CLASSES and (path / "vocab.json").exists():
+        tok = _qwen2_class().from_pretrained(str(path), local_files_only=True)
     else:
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def _tokenizer_class(path: Path) -> str | None:
+    config = path / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    try:
+        return json.loads(config.read_text()).get("tokenizer_class")
+    except json.JSONDecodeError as e:
+        raise TokenizerError(f"{config}: invalid JSON ({e})") from None
+
+
+def _qwen2_class():
+    """transformers' Qwen2 BPE tokenizer: the fast class under 4.x, the one class of 5.x."""
+    import transformers
+    return getattr(transformers, "Qwen2TokenizerFast", None) or transformers.Qwen2Tokenizer
 
 
 def train_tiny_tokenizer(texts: Iterable[str], out_dir: str | os.PathLike, vocab_size: int = 512):
@@ -71,12 +112,57 @@ def train_tiny_tokenizer(texts: Iterable[str], out_dir: str | os.PathLike, vocab
     return load_tokenizer(out_dir)
 
 
-def special_ids(tok) -> dict[str, int]:
-    """mask / eos / eot / pad ids of a LLaDA-style tokenizer."""
-    ids = {"eos": tok.eos_token_id, "pad": tok.pad_token_id}
-    for name, t in (("mask", MASK), ("eot", EOT)):
-        i = tok.convert_tokens_to_ids(t)
-        ids[name] = i if i != tok.unk_token_id else None
-    if ids["mask"] is None:
-        raise ValueError(f"tokenizer has no mask token {MASK!r}; is it a LLaDA tokenizer?")
-    return ids
+def special_ids(tok, config: Any = None) -> dict[str, int | None]:
+    """mask / eos / eot / pad ids of ``tok``, checked against its checkpoint's ``config``
+    (a LLaDAConfig or DreamConfig read from config.json; None for a tokenizer alone).
+
+    - mask: the tokenizer's ``mask_token`` (Dream's ``<|mask|>``); LLaDA's names none, so
+      config.json's ``mask_token_id``, which must be a special token of the tokenizer
+      (``<|mdm_mask|>``). Tokenizer and config naming different ids is a TokenizerError.
+    - eos: the tokenizer's ``eos_token``; config.json's ``eos_token_id`` must agree.
+    - pad: the tokenizer's ``pad_token`` (its eos without one). config.json's may differ:
+      DiffuCoder pads with ``<|dlm_pad|>`` while its config.json says 151643 (``<|endoftext|>``),
+      and its authors pad with the tokenizer's.
+    - eot: the token that closes a chat turn (``<|eot_id|>``, ``<|im_end|>``), if it has one.
+    """
+    n = len(tok)
+    cfg_mask = getattr(config, "mask_token_id", None)
+    if tok.mask_token is not None:
+        mask = tok.mask_token_id
+        if cfg_mask is not None and cfg_mask != mask:
+            raise TokenizerError(
+                f"the tokenizer's mask token {tok.mask_token!r} is id {mask} but config.json has "
+                f"mask_token_id={cfg_mask}: tokenizer and checkpoint do not belong together")
+    elif cfg_mask is not None:
+        token = tok.convert_ids_to_tokens(cfg_mask) if 0 <= cfg_mask < n else None
+        if token is None or token not in tok.all_special_tokens + _added_special(tok):
+            what = (f"beyond its {n} tokens" if token is None
+                    else f"{token!r}, not one of its special tokens")
+            raise TokenizerError(f"the tokenizer has no mask token: it names none, and "
+                                 f"config.json's mask_token_id={cfg_mask} is {what}")
+        mask = cfg_mask
+    else:
+        found = tok.convert_tokens_to_ids(MASK)  # a tokenizer alone: LLaDA's own token name
+        if found is None or found == tok.unk_token_id:
+            raise TokenizerError(f"the tokenizer has no mask token (no mask_token, no {MASK!r})")
+        mask = found
+    eos = tok.eos_token_id
+    cfg_eos = getattr(config, "eos_token_id", None)
+    if eos is None:
+        raise TokenizerError("the tokenizer has no eos token (eos_token is unset)")
+    if cfg_eos is not None and cfg_eos != eos:
+        raise TokenizerError(
+            f"the tokenizer's eos token {tok.eos_token!r} is id {eos} but config.json has "
+            f"eos_token_id={cfg_eos}: tokenizer and checkpoint do not belong together")
+    pad = tok.pad_token_id if tok.pad_token is not None else eos
+    return {"mask": mask, "eos": eos, "pad": pad, "eot": _turn_end(tok)}
+
+
+def _added_special(tok) -> list[str]:
+    """The tokenizer's added tokens marked special (LLaDA's <|mdm_mask|>, reserved tokens)."""
+    return [t.content for t in tok.added_tokens_decoder.values() if t.special]
+
+
+def _turn_end(tok) -> int | None:
+    vocab = tok.get_vocab()
+    return next((vocab[t] for t in TURN_ENDS if t in vocab), None)

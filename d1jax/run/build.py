@@ -86,7 +86,7 @@ def build(spec: RunSpec, workdir: str | Path, mesh: jax.sharding.Mesh,
         if m.lora is not None:
             params = lora_lib.join(params, init_params(model, rng, mesh, rules,
                                                       adapters_only=True))
-    ids = special_ids(tok)
+    ids = special_ids(tok, mcfg)  # the checkpoint's ids, checked against its config.json
     if ids["mask"] != mcfg.mask_token_id:
         raise ValueError(f"tokenizer mask id {ids['mask']} != model mask_token_id "
                          f"{mcfg.mask_token_id}: tokenizer and model do not belong together")
