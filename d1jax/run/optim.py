@@ -88,12 +88,16 @@ def decay_mask(params: Any) -> Any:
 
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
     """Clip by global norm (``max_grad_norm``), then AdamW with the warmup schedule. Both
-    record their hyperparameters in the state (``hyperparams``) for logging."""
-    adamw = optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
+    record their hyperparameters in the state (``hyperparams``) for logging, in float32
+    whatever the params' dtype: optax would infer bfloat16 from bfloat16 params, where
+    b2 = 0.999 rounds to 1 and Adam's second moment and its bias correction are 0 (NaN)."""
+    adamw = optax.inject_hyperparams(optax.adamw, static_args=("mask",),
+                                     hyperparam_dtype=jnp.float32)(
         learning_rate=lr_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
         weight_decay=cfg.weight_decay, mask=decay_mask)
     if cfg.max_grad_norm > 0:
-        clip = optax.inject_hyperparams(optax.clip_by_global_norm)(max_norm=cfg.max_grad_norm)
+        clip = optax.inject_hyperparams(optax.clip_by_global_norm,
+                                        hyperparam_dtype=jnp.float32)(max_norm=cfg.max_grad_norm)
         return optax.chain(clip, adamw)
     return optax.chain(optax.identity(), adamw)
 
@@ -165,16 +169,22 @@ def apply_gradients(optimizer: optax.GradientTransformation, params: Any, opt_st
                     grads: Any) -> tuple[Any, Any, dict]:
     """One optimizer update; a non-finite gradient norm skips it (params and state kept).
 
+    The arithmetic is float32 whatever the storage: params, moments and gradient are read
+    as float32 and the results stored back in their own dtypes (a no-op for float32 master
+    weights; with bfloat16 storage only the stored values round).
+
     Returns (params, opt_state, metrics): grad_norm (before clipping), grad_norm_clipped,
     lr (of this update; of the last applied one when skipped), update_skipped (1.0 if so).
     """
+    grads = _as_f32(grads)
     gnorm = optax.tree.norm(grads)
     finite = jnp.isfinite(gnorm)
 
     def update(operand):
         p, s = operand
-        updates, s = optimizer.update(grads, s, p)
-        return optax.apply_updates(p, updates), s
+        updates, s32 = optimizer.update(grads, _as_f32(s), _as_f32(p))
+        new = optax.apply_updates(_as_f32(p), updates)
+        return _like(new, p), _like(s32, s)
 
     params, opt_state = jax.lax.cond(finite, update, lambda operand: operand,
                                      (params, opt_state))
@@ -183,3 +193,12 @@ def apply_gradients(optimizer: optax.GradientTransformation, params: Any, opt_st
     lr = current_learning_rate(opt_state)
     return params, opt_state, {"grad_norm": gnorm, "grad_norm_clipped": clipped, "lr": lr,
                                "update_skipped": (~finite).astype(jnp.float32)}
+
+
+def _as_f32(tree: Any) -> Any:
+    return jax.tree.map(lambda x: x.astype(jnp.float32)
+                        if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def _like(tree: Any, like: Any) -> Any:
+    return jax.tree.map(lambda x, y: x.astype(y.dtype), tree, like)

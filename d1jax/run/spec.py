@@ -29,6 +29,7 @@ from d1jax.tasks import Task, get_task
 
 STAGES = ("sft", "grpo", "eval")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_MASTER = {"float32": jnp.float32, "none": None}  # optim.master_weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +103,7 @@ class OptimSpec:
     adamw: optim.OptimConfig  # warmup_steps filled in by ``build``
     warmup_ratio: float
     grad_accum: int
+    master_dtype: Any = jnp.float32  # optim.master_weights; None: "none"
 
     def build(self, total_steps: int) -> optim.OptimConfig:
         """HF's warmup: ceil(ratio x total optimizer steps); the schedule's length."""
@@ -267,7 +269,10 @@ def _optim(o) -> OptimSpec:
     adamw = optim.OptimConfig(learning_rate=o.learning_rate, b1=o.b1, b2=o.b2, eps=o.eps,
                               weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm,
                               schedule=schedule, min_lr_rate=o.get("min_lr_rate", 0.0))
-    return OptimSpec(adamw, o.warmup_ratio, o.grad_accum)
+    master = o.get("master_weights", "float32")
+    if master not in _MASTER:
+        raise ConfigError(f"optim.master_weights={master!r}: float32 or none")
+    return OptimSpec(adamw, o.warmup_ratio, o.grad_accum, _MASTER[master])
 
 
 def _hparams(c) -> Any:
@@ -337,6 +342,7 @@ RESUME_FIELDS = (
     "lora.enabled", "lora.rank", "lora.alpha", "lora.targets",
     "optim.learning_rate", "optim.b1", "optim.b2", "optim.eps", "optim.weight_decay",
     "optim.max_grad_norm", "optim.warmup_ratio", "optim.lr_schedule", "optim.min_lr_rate",
+    "optim.master_weights",
     "task.name", "task.source", "task.num_train",
     "grpo.objective", "grpo.num_iterations", "grpo.beta", "grpo.sync_ref_model",
     "grpo.num_generations", "grpo.prompts_per_step",

@@ -100,6 +100,9 @@ class JittedSteps:
     sft: SFTConfig | None = None
     sampler: smp.SamplerConfig | None = None
     rules: tuple = shd.DEFAULT_RULES
+    # Full fine-tuning: the dtype of the trainable params and AdamW moments (float32 master
+    # weights, ``state.init_train_state``); None updates in the model's param_dtype.
+    master_dtype: Any = jnp.float32
     _programs: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -108,7 +111,8 @@ class JittedSteps:
                 self.grpo, narrow_last_layer=self.mesh is None or self.mesh.size == 1)
         self.state_shardings = None if self.mesh is None else state_lib.state_shardings(
             self.model, self.mesh, self.optimizer, lora=self.lora,
-            keep_reference=self.keep_reference, rules=self.rules)
+            keep_reference=self.keep_reference, rules=self.rules,
+            master_dtype=self.master_dtype)
         self.replicated = None if self.mesh is None else shd.replicated(self.mesh)
         # The rollout sampler: its shardings follow its inputs (params by the rules,
         # prompts over the batch axes).
@@ -121,14 +125,16 @@ class JittedSteps:
         with shd.activate(self.mesh, self.rules):
             return state_lib.init_train_state(params, self.optimizer, lora=self.lora,
                                               keep_reference=self.keep_reference,
-                                              shardings=self.state_shardings)
+                                              shardings=self.state_shardings,
+                                              master_dtype=self.master_dtype)
 
     def abstract_state(self) -> TrainState:
         """The state as ShapeDtypeStructs with their shardings (call outside a mesh
         context: the probe of the params' shapes runs unsharded)."""
         return state_lib.abstract_state(self.model, self.optimizer, lora=self.lora,
                                         keep_reference=self.keep_reference,
-                                        shardings=self.state_shardings)
+                                        shardings=self.state_shardings,
+                                        master_dtype=self.master_dtype)
 
     # ------------------------------------------------------------------ programs
     def program(self, name: str, batch) -> Program:
@@ -254,10 +260,11 @@ def make_jitted_steps(model: MaskPredictor, mesh: Mesh | None, optimizer: optax.
                       *, lora: bool, keep_reference: bool = False,
                       grpo: GRPOConfig | None = None, sft: SFTConfig | None = None,
                       sampler: smp.SamplerConfig | None = None,
-                      rules=shd.DEFAULT_RULES) -> JittedSteps:
-    """The jitted steps of one run (see the module doc); ``mesh=None`` runs unsharded."""
+                      rules=shd.DEFAULT_RULES, master_dtype: Any = jnp.float32) -> JittedSteps:
+    """The jitted steps of one run (see the module doc); ``mesh=None`` runs unsharded.
+    ``master_dtype``: full fine-tuning's master weights (None: none)."""
     return JittedSteps(model, optimizer, mesh, lora, keep_reference, grpo, sft, sampler,
-                       tuple(rules))
+                       tuple(rules), master_dtype)
 
 
 def for_run(spec: RunSpec, model: MaskPredictor, mesh: Mesh, ids: dict, total_steps: int
@@ -270,4 +277,4 @@ def for_run(spec: RunSpec, model: MaskPredictor, mesh: Mesh, ids: dict, total_st
     return make_jitted_steps(
         model, mesh, optimizer, lora=spec.model.lora is not None,
         keep_reference=spec.keep_reference, grpo=spec.grpo, sft=spec.sft, sampler=sampler,
-        rules=spec.mesh.rules)
+        rules=spec.mesh.rules, master_dtype=spec.optim.master_dtype)

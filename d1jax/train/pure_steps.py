@@ -24,7 +24,6 @@ import jax.numpy as jnp
 import optax
 
 from d1jax.model.predictor import MaskPredictor
-from d1jax.model import lora as lora_lib
 from d1jax.objectives import logprob, losses
 from d1jax.objectives.batch import GRPOBatch, SFTBatch
 from d1jax.objectives.table import OBJECTIVES, GRPOConfig, SFTConfig
@@ -130,7 +129,7 @@ def grpo_update_step(model: MaskPredictor, optimizer: optax.GradientTransformati
     rows = objective.prepare(model, cfg, rows, logprob.mask_key(seed_1[0]))
 
     def loss_fn(trainable, mb, i):
-        params = lora_lib.join(state.frozen, trainable) if state.lora else trainable
+        params = state.as_policy(trainable)  # a float32 master: cast to the model's dtype
         drop = jax.random.fold_in(rng, i) if cfg.lora_dropout else None
         return objective.loss(model, cfg, params, mb, seed_1, drop, **kw)
 
@@ -146,7 +145,7 @@ def sft_update_step(model: MaskPredictor, optimizer: optax.GradientTransformatio
     rng: the masking noise (and LoRA dropout); fold the step in for a fresh draw per step.
     """
     def loss_fn(trainable, mb, i):
-        params = lora_lib.join(state.frozen, trainable) if state.lora else trainable
+        params = state.as_policy(trainable)  # a float32 master: cast to the model's dtype
         key = jax.random.fold_in(rng, i)
         drop = jax.random.fold_in(key, 1) if cfg.lora_dropout else None
         return losses.sft_loss(model, params, mb.input_ids, mb.prompt_len, key,
@@ -158,7 +157,8 @@ def sft_update_step(model: MaskPredictor, optimizer: optax.GradientTransformatio
 
 
 def mix_reference(params: Params, ref: Params, alpha: Array | float) -> Params:
-    """ref <- alpha * params + (1 - alpha) * ref, leaf by leaf, in float32."""
+    """ref <- alpha * params + (1 - alpha) * ref, leaf by leaf, in float32, stored in
+    the reference's dtype (the model's: a float32 master mixes into a bfloat16 copy)."""
     return jax.tree.map(lambda p, r: (alpha * p.astype(jnp.float32)
                                       + (1.0 - alpha) * r.astype(jnp.float32)).astype(r.dtype),
                         params, ref)
