@@ -1,4 +1,5 @@
-"""diffu-GRPO on countdown with d1's hyperparameters (train.yaml; mu from the task's sbatch).
+"""diffu-GRPO on countdown with d1's hyperparameters (train.yaml; mu from the task's sbatch),
+on d1's three-number Countdown rows; ``:generated`` trains on generated instances instead.
 
   python -m d1jax.main --config=configs/grpo_countdown.py --workdir=runs/grpo_countdown \
       --config.model.path=/path/to/LLaDA-8B-Instruct

@@ -1,4 +1,5 @@
-"""diffu-GRPO on sudoku with d1's hyperparameters (train.yaml; mu from the task's sbatch).
+"""diffu-GRPO on sudoku with d1's hyperparameters (train.yaml; mu from the task's sbatch), on
+d1's training puzzles; ``:generated`` trains on d1jax's generated puzzles instead.
 
   python -m d1jax.main --config=configs/grpo_sudoku.py --workdir=runs/grpo_sudoku \
       --config.model.path=/path/to/LLaDA-8B-Instruct

@@ -194,3 +194,52 @@ def test_tiny_model_overfits_eight_sequences():
     evals = [float(evaluate(state.params, jax.random.key(10_000 + i))) for i in range(8)]
     # Memorised: the masked tokens' mean probability above 0.95 (from ~1/128 at the start).
     assert first > 3.0 and np.mean(evals) < 0.05, (first, evals)
+
+
+def np_d1_device_means(logps, old, ref, adv, mask, eps, beta, rows_per_device):
+    """d1's loss as its GPUs compute it: each device micro-batch of ``rows_per_device``
+    contiguous rows (per_device_train_batch_size 6 = num_generations in d1's train.yaml:37,41,
+    so one prompt's group) takes its own token mean (diffu_grpo_trainer.py:121); Trainer
+    divides by the accumulation steps and DDP averages the devices: the mean of the blocks."""
+    blocks = range(0, logps.shape[0], rows_per_device)
+    return np.mean([np_grpo(*(x[i:i + rows_per_device] for x in (logps, old, ref, adv, mask)),
+                            eps, beta)[0] for i in blocks])
+
+
+def test_group_token_mean_is_d1s_per_device_mean_through_strided_micro_batches():
+    """``GRPOConfig.norm_group``: the loss and its gradient, split into d1jax's strided
+    micro-batches (grad_accum 2), equal d1's mean of per-device token means, while the
+    batch-wide token mean differs (groups of very different completion lengths)."""
+    g, groups, c = 3, 4, 8
+    logps, old, ref, adv, mask = _random(seed=5, b=g * groups, lc=c)
+    mask[:g] = 0
+    mask[:g, :2] = 1  # group 0: short completions; its tokens weigh more per token in d1
+    eps, beta = 0.2, 0.04
+    want = np_d1_device_means(logps, old, ref, adv, mask, eps, beta, g)
+    flat = np_grpo(logps, old, ref, adv, mask, eps, beta)[0]
+    assert abs(want - flat) > 0.05 * abs(want)  # a case where the two normalisations differ
+
+    cfg = table.GRPOConfig(num_iterations=2, beta=beta, epsilon=eps, norm_group=g)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    rows = table.GRPOBatch(
+        prompt_ids=jnp.zeros((g * groups, 1), jnp.int32), prompt_mask=jnp.ones((g * groups, 1)),
+        completion_ids=jnp.zeros((g * groups, c), jnp.int32), completion_mask=f32(mask),
+        advantages=f32(adv), mask_seeds=None, old_logps=f32(old), ref_logps=f32(ref),
+        per_row={"logps": f32(logps)})
+    rows = table.with_group_tokens(cfg, rows)
+
+    def loss_fn(shift, mb, i):  # logps + shift: d loss / d shift sums d loss / d logps
+        return table._ratio_loss(cfg, mb.per_row["logps"] + shift, mb, None)
+
+    loss, grad, _ = optim.accumulate_gradients(loss_fn, jnp.float32(0.0), rows, 2)
+    assert float(loss) == pytest.approx(want, rel=1e-5)
+    h = 1e-5
+    fd = (np_d1_device_means(logps + h, old, ref, adv, mask, eps, beta, g)
+          - np_d1_device_means(logps - h, old, ref, adv, mask, eps, beta, g)) / (2 * h)
+    assert float(grad) == pytest.approx(fd, rel=1e-4)
+    # the switch: one token mean per micro-batch (norm_group None), as before
+    step = table.GRPOConfig(num_iterations=2, beta=beta, epsilon=eps)
+    one = table._ratio_loss(step, f32(logps), rows, None)[0]
+    assert float(one) == pytest.approx(flat, rel=1e-5)
+    with pytest.raises(ValueError, match="groups of 5"):
+        losses.group_token_counts(f32(mask), 5)

@@ -82,7 +82,6 @@ def _optim(tiny: bool) -> mlc.ConfigDict:
     o.lr_schedule = "constant_with_warmup"  # After the warmup: "constant_with_warmup" (d1 GRPO), "linear" decay to 0 at the last step (HF Trainer's default, d1 SFT) or "cosine_with_min_lr" (DiffuCoder's coupled-GRPO).
     o.min_lr_rate = 0.0  # With "cosine_with_min_lr": the final learning rate as a share of the peak (DiffuCoder: 0.1).
     o.grad_accum = 1 if tiny else 2  # Micro-batches accumulated per optimizer step.
-    o.master_weights = "float32"  # Full fine-tuning with a bfloat16 model.param_dtype: "float32" keeps float32 master weights and AdamW moments, cast to bfloat16 for each forward (DeepSpeed, MaxText); "none" stores and updates them in bfloat16, where an update below half a bfloat16 step (lr 1e-6) rounds away. LoRA: no effect (adapters are float32).
     return o
 
 
@@ -104,6 +103,10 @@ def sampler_fields(tiny: bool, rollout: bool = True) -> mlc.ConfigDict:
     s.recompute = "block"  # Dual cache steps recompute the whole block (Fast-dLLM) or only "masked" positions.
     s.cache_refresh = 0  # With kv_cache: refresh it once this many block tokens were decoded (0: at block starts only).
     s.first_position = False  # With parallel_rule "fast_dllm": a block's first step unmasks its first position alone (Fast-dLLM's Dream loop).
+    s.loop = "llada"  # "llada": LLaDA's semi-autoregressive blocks (d1); "dream": Dream's diffusion_generate over the whole completion (DiffuCoder's rollouts; block_length = gen_length).
+    s.alg = "entropy"  # loop "dream": which positions a step decodes (origin, maskgit_plus, topk_margin, entropy).
+    s.top_p = 1.0  # loop "dream": nucleus filter of the token draw (< 1 applies it).
+    s.top_k = 50  # loop "dream": keep the k largest logits (0: none; 50: diffusion_generate's value when the call names none).
     return s
 
 
@@ -138,7 +141,7 @@ def base(stage: str, task: str, tiny: bool, steps: int = 1000,
     c.train = _train(tiny, steps)
     c.task = mlc.ConfigDict()
     c.task.name = task  # gsm8k, math500, sudoku, countdown (or s1k for SFT).
-    c.task.source = ""  # Local data file/dir in the Hugging Face schema; "": the default (public data, or generated puzzles for sudoku/countdown).
+    c.task.source = ""  # "d1": d1's training data (sudoku, countdown); "spg": SPG's Sudoku split with its 3-shot prompt; a local data file/dir in the Hugging Face schema or a Hub id; "": the public data (gsm8k, math500, s1k), generated puzzles (sudoku, countdown).
     c.task.num_train = 256 if tiny else 0  # Use only the first N training examples (0: all).
     c.mesh = mlc.ConfigDict()
     # (data, fsdp, tensor); one -1 takes the remaining devices. 8B: weights sharded over all
@@ -183,6 +186,12 @@ def check_inputs(config, data: bool = True) -> None:
     from d1jax import tasks
     from d1jax.tasks.sources import _FILE_SUFFIXES
     source = task.get("source") or ""
+    named = {"d1": ("sudoku", "countdown"), "spg": ("sudoku",)}  # the loaders' named sources
+    if source in named and task.get("name") not in named[source]:
+        raise ConfigError(f"config.task.source={source!r} names {source}'s training data of "
+                          f"{' and '.join(named[source])}, not of {task.get('name')!r}")
+    if source in named:
+        source = ""
     # The rule of tasks.sources.load_rows: a URL, a local path, or a Hub id "owner/name".
     local = (source.endswith(_FILE_SUFFIXES) or source.startswith((".", "/", "~"))
              or source.count("/") != 1)
@@ -206,6 +215,17 @@ def step_rows(config) -> int:
     if config.stage == "eval":
         return config.eval.batch_size
     return config.grpo.prompts_per_step * config.grpo.num_generations
+
+
+def grpo_num_steps(config, n_examples: int) -> int:
+    """Optimizer steps of a GRPO run config on ``n_examples`` training prompts. With
+    grpo.num_epochs, TRL's count as d1 ran it: its RepeatRandomSampler keeps only whole
+    batches of prompts_per_step prompts and feeds each to mu optimizer steps, so an epoch is
+    (n // prompts_per_step) x mu steps; without, train.num_steps."""
+    g = config.grpo
+    if not g.get("num_epochs"):
+        return config.train.num_steps
+    return g.num_epochs * (n_examples // g.prompts_per_step) * g.num_iterations
 
 
 def check_batch(global_batch: int, group: int, data_parallel: int, what: str,
@@ -244,8 +264,10 @@ def grpo(task: str, arg: str | None, objective: str = "diffu_grpo",
 
     ``arg``: "tiny" shrinks it for CPU; "authors" takes the objective's own authors' recipe
     instead of d1's knobs (``_authors``); "authors,tiny" both."""
-    tiny, authors = _variant(arg, authors_ok=True)
+    tiny, authors, generated = _variant(arg, authors_ok=True)
     c = base("grpo", task, tiny, steps=5000, checkpoint=checkpoint)
+    if task in ("sudoku", "countdown") and not (tiny or generated):
+        c.task.source = "d1"  # d1's training data (diffu-grpo/data_utils.py); ':generated': ours
     if not tiny:
         # Planned for v5p-8 (docs/tpu_plan.md): the 8B update without remat, its 32 layers
         # unrolled, fits a v5p chip (61 GiB of 84) at XLA's estimated 55% MFU, against 44%
@@ -262,6 +284,8 @@ def grpo(task: str, arg: str | None, objective: str = "diffu_grpo",
     g.p_mask_prompt = 0.15  # Probability of masking each prompt token in the log-prob estimator.
     g.random_masking = True  # Fresh random mask seed per inner iteration (False: seed 42 for all, as d1).
     g.advantage = "group_mean"  # group_mean (d1), grpo (std-normalised), dr_grpo or leave_one_out (DiffuCoder's coupled-GRPO).
+    g.token_mean = "group"  # Token mean of the diffu-/coupled-GRPO loss: "group" (d1) within each prompt's G completions, then the mean over groups, as d1's GPU micro-batch holds one group; "step": one token mean over all rows of each micro-batch (d1jax before; docs/objectives.md).
+    g.num_epochs = 0 if tiny else 10  # Passes over the training prompts (d1: num_train_epochs 10); the run's optimizer steps are then epochs x (prompts // prompts_per_step) x mu (TRL's count), printed at the start; 0: train.num_steps.
     g.objective = objective  # Policy loss: diffu_grpo, wd1, spg or coupled_grpo (d1jax.train.pure_steps.OBJECTIVES); knobs of each below.
     g.wd1 = mlc.ConfigDict()  # wd1 (arXiv 2507.08838); its group is G = num_generations.
     g.wd1.negative = True  # Keep the negative-advantage term - sum w- log pi (False: the authors' positive-only variant).
@@ -303,17 +327,34 @@ def _authors(c: mlc.ConfigDict, objective: str, tiny: bool) -> None:
             # Full fine-tuning of 7B with a reference copy fits v5p-8 and v6e-8 only with remat
             # and the layer loop (docs/tpu_plan.md: 320 / 160 GiB a chip without remat).
             c.model.remat, c.model.unroll_layers = True, False
-            g.num_generations = 10  # prompts_per_step stays d1's: the recipe does not say its GPU count
+            g.num_generations = 10
+            # 8 GPUs (run.sh:6 --num_processes 8) x 5 rows (per_device_train_batch_size) x 2
+            # (gradient_accumulation_steps) = 80 rows: 8 prompts of G = 10.
+            g.prompts_per_step = 8
             g.ref_model_sync_steps = 64
             c.optim.learning_rate = 1e-6
             c.optim.lr_schedule = "cosine_with_min_lr"
             c.optim.min_lr_rate = 0.1
             c.sampler.gen_length = 256
             c.sampler.steps = 256  # diffusion_steps: one token per step
+        # Rollouts through Dream's diffusion_generate over the whole completion, as
+        # coupled_grpo.py calls it: alg "entropy", top_p 0.95 (temperature > 0), alg_temp 0.
+        c.sampler.loop = "dream"
+        c.sampler.block_length = c.sampler.gen_length
+        c.sampler.alg = "entropy"
+        c.sampler.top_p = 0.95
         c.sampler.temperature = 1.0  # generation_temperature
         g.p_mask_prompt = 0.0
     elif objective == "spg":
         g.num_iterations = 4  # SPG's run scripts: num_iterations 4
+        if c.task.name == "sudoku":
+            # spg_mix/sudoku_new_base_spg_mix_beta1.0_weight0.5.sbatch: dataset sudoku_new (its
+            # split, 3-shot prompt), eubo_beta 1.0, temperature 0.3, max_prompt_length 1500.
+            g.spg.eubo_beta = 1.0
+            c.sampler.temperature = 0.3
+            if not tiny:
+                c.task.source = "spg"
+                c.max_prompt_length = 1500
     else:
         raise ConfigError(f"no ':authors' variant for objective {objective!r} (coupled_grpo, "
                           f"spg have one; diffu_grpo's authors are d1)")
@@ -322,7 +363,7 @@ def _authors(c: mlc.ConfigDict, objective: str, tiny: bool) -> None:
 def sft(arg: str | None, checkpoint: str = "llada") -> mlc.ConfigDict:
     """Masked SFT on s1K reasoning traces (d1's stage 1) of ``checkpoint``; "tiny" shrinks it
     for CPU."""
-    tiny, _ = _variant(arg)
+    tiny = _variant(arg)[0]
     # The tiny variant trains on generated Sudoku trajectories: s1K needs the Hub.
     c = base("sft", "sudoku" if tiny else "s1k", tiny, steps=0, checkpoint=checkpoint)
     c.lora.alpha = 16.0 if tiny else 256.0  # d1 SFT: lora_alpha 256 (scale 2 at r = 128).
@@ -343,15 +384,18 @@ def sft(arg: str | None, checkpoint: str = "llada") -> mlc.ConfigDict:
     return c
 
 
-def _variant(arg: str | None, authors_ok: bool = False) -> tuple[bool, bool]:
-    """(tiny, authors) of a config argument: "", "tiny", and with ``authors_ok`` "authors"
-    or "authors,tiny"."""
+def _variant(arg: str | None, authors_ok: bool = False) -> tuple[bool, bool, bool]:
+    """(tiny, authors, generated) of a config argument: comma-separated words of "tiny",
+    and with ``authors_ok`` "authors" and "generated" (sudoku, countdown: train on our
+    generated puzzles instead of d1's data)."""
     words = set((arg or "").replace("full", "").split(",")) - {""}
-    allowed = {"tiny", "authors"} if authors_ok else {"tiny"}
+    allowed = {"tiny", "authors", "generated"} if authors_ok else {"tiny"}
     if words - allowed:
-        use = "':tiny', ':authors', ':authors,tiny'" if authors_ok else "':tiny'"
-        raise ConfigError(f"unknown config variant {arg!r}: use {use} or nothing")
-    return "tiny" in words, "authors" in words
+        use = ("':tiny', ':authors', ':authors,tiny' or nothing; ',generated' with any of them "
+               "trains sudoku and countdown on generated puzzles instead of d1's data"
+               if authors_ok else "':tiny' or nothing")
+        raise ConfigError(f"unknown config variant {arg!r}: use {use}")
+    return "tiny" in words, "authors" in words, "generated" in words
 
 
 def eval_config(arg: str | None, checkpoint: str = "llada") -> mlc.ConfigDict:

@@ -97,7 +97,8 @@ def coupled_grpo_loss(model: MaskPredictor, params: Any, prompt_ids_bp: Array, p
                       completion_ids_bc: Array, completion_mask_bc: Array, advantages_b: Array,
                       is_mask_bc: Array, t_b: Array, cfg: CoupledGRPOConfig, *,
                       old_logps_bc: Array | None = None, ref_logps_bc: Array | None = None,
-                      dropout_rng: Array | None = None, old_is_current: Array | None = None
+                      dropout_rng: Array | None = None, old_is_current: Array | None = None,
+                      group_tokens_b: Array | None = None, group_size: int | None = None
                       ) -> tuple[Array, dict[str, Array]]:
     """DiffuCoder's ``compute_loss``: the clipped GRPO loss on coupled log-probs.
 
@@ -113,6 +114,8 @@ def coupled_grpo_loss(model: MaskPredictor, params: Any, prompt_ids_bp: Array, p
       ref_logps_bc: [B, C] reference policy, required when beta != 0.
       dropout_rng: LoRA dropout (None: deterministic).
       old_is_current: ``losses.grpo_loss``'s (the first inner iteration's old pass skipped).
+      group_tokens_b, group_size: ``losses.grpo_loss``'s per-group token mean (None: one
+        token mean over these rows).
     Returns:
       (loss, metrics): ``grpo_loss``'s (kl, clip_ratio, ratio_mean/min/max) and mask_ratio
       (the mean t).
@@ -121,5 +124,6 @@ def coupled_grpo_loss(model: MaskPredictor, params: Any, prompt_ids_bp: Array, p
                              is_mask_bc, t_b, cfg, dropout_rng=dropout_rng)
     loss, metrics = losses.grpo_loss(logps_bc, old_logps_bc, ref_logps_bc, advantages_b,
                                      completion_mask_bc, epsilon=cfg.epsilon, beta=cfg.beta,
-                                     old_is_current=old_is_current)
+                                     old_is_current=old_is_current,
+                                     group_tokens_b=group_tokens_b, group_size=group_size)
     return loss, {**metrics, "mask_ratio": jnp.mean(t_b)}

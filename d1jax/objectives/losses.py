@@ -24,7 +24,8 @@ def _masked_mean(x_bc: Array, mask_bc: Array, n: Array) -> Array:
 
 def grpo_loss(logps_bc: Array, old_logps_bc: Array | None, ref_logps_bc: Array | None,
               advantages_b: Array, completion_mask_bc: Array, *, epsilon: float, beta: float,
-              max_tokens: int | None = None, old_is_current: Array | None = None
+              max_tokens: int | None = None, old_is_current: Array | None = None,
+              group_tokens_b: Array | None = None, group_size: int | None = None
               ) -> tuple[Array, dict[str, Array]]:
     """d1's ``DiffuGRPOTrainer.compute_loss`` on per-token log-probs.
 
@@ -42,8 +43,13 @@ def grpo_loss(logps_bc: Array, old_logps_bc: Array | None, ref_logps_bc: Array |
       advantages_b: [B].
       completion_mask_bc: [B, C], 1 up to and including the first EOS.
       epsilon: ratio clip. beta: KL weight (0: no KL term, no reference needed).
-      max_tokens: None is d1's token mean over the batch (sum / mask.sum()); an int divides
+      max_tokens: None is the token mean over the batch (sum / mask.sum()); an int divides
         by that constant instead (Dr. GRPO: B x max completion length).
+      group_tokens_b: [B] or None: d1's normalisation. Each row's loss is divided by the
+        completion tokens of its whole group of ``group_size`` rows (counted on the full
+        batch, ``group_token_counts``, as a group may span micro-batches), and the sum by the
+        groups in these rows: averaged over micro-batches, this is the mean over groups of
+        each group's token mean, d1's mean over its one-group GPU micro-batches.
     Returns:
       (loss, metrics): kl (only when beta != 0), clip_ratio (d1's ``is_clipped`` as written:
       the share of tokens where ratio A < clip(ratio) A), ratio_mean/min/max, all over the
@@ -71,8 +77,14 @@ def grpo_loss(logps_bc: Array, old_logps_bc: Array | None, ref_logps_bc: Array |
         kl = jnp.exp(diff) - diff - 1.0
         per_token = per_token + beta * kl
         metrics["kl"] = _masked_mean(kl, mask, n_tokens)
-    denom = n_tokens if max_tokens is None else jnp.float32(max_tokens)
-    loss = jnp.sum(per_token * mask) / denom
+    if group_tokens_b is not None:
+        if max_tokens is not None or not group_size:
+            raise ValueError("group_tokens_b needs group_size and excludes max_tokens")
+        row_b = jnp.sum(per_token * mask, axis=1) / jnp.maximum(group_tokens_b, 1.0)
+        loss = jnp.sum(row_b) / (logps_bc.shape[0] / group_size)
+    else:
+        denom = n_tokens if max_tokens is None else jnp.float32(max_tokens)
+        loss = jnp.sum(per_token * mask) / denom
     valid = mask > 0
     any_valid = jnp.any(valid)
     metrics.update(
@@ -81,6 +93,17 @@ def grpo_loss(logps_bc: Array, old_logps_bc: Array | None, ref_logps_bc: Array |
         ratio_min=jnp.where(any_valid, jnp.min(jnp.where(valid, ratio, jnp.inf)), 1.0),
         ratio_max=jnp.where(any_valid, jnp.max(jnp.where(valid, ratio, -jnp.inf)), 1.0))
     return loss, metrics
+
+
+def group_token_counts(completion_mask_bc: Array, group_size: int) -> Array:
+    """[B] completion tokens of each row's group of ``group_size`` contiguous rows (a
+    prompt's G completions are contiguous in a rollout)."""
+    b = completion_mask_bc.shape[0]
+    if b % group_size:
+        raise ValueError(f"{b} rows do not split into groups of {group_size} (grpo.token_mean "
+                         "'group' needs whole groups)")
+    per_group = completion_mask_bc.astype(jnp.float32).sum(1).reshape(-1, group_size).sum(1)
+    return jnp.repeat(per_group, group_size)
 
 
 def sft_noise(key: Array, input_ids_bl: Array, prompt_len_b: Array, mask_id: int,

@@ -49,7 +49,30 @@ def mask_prompt_rows(model: MaskPredictor, cfg, rows: GRPOBatch, key: Array) -> 
         key, rows.prompt_ids, cfg.p_mask_prompt, model.config.mask_token_id))
 
 
+def with_group_tokens(cfg, rows: GRPOBatch) -> GRPOBatch:
+    """With ``cfg.norm_group`` (d1's normalisation): each row's group token count [B] in
+    ``per_row["group_tokens"]``, counted on the whole batch before the micro-batch split."""
+    if cfg.norm_group is None:
+        return rows
+    n_b = losses.group_token_counts(rows.completion_mask, cfg.norm_group)
+    return rows.replace(per_row={**(rows.per_row or {}), "group_tokens": n_b})
+
+
+def _ratio_loss(cfg, logps_bc: Array, rows: GRPOBatch, old_is_current: Array | None
+                ) -> tuple[Array, dict]:
+    """``losses.grpo_loss`` on a micro-batch of prepared rows, normalised as ``cfg`` says."""
+    tokens = None if cfg.norm_group is None else rows.per_row["group_tokens"]
+    return losses.grpo_loss(logps_bc, rows.old_logps, rows.ref_logps, rows.advantages,
+                            rows.completion_mask, epsilon=cfg.epsilon, beta=cfg.beta,
+                            max_tokens=cfg.max_tokens, old_is_current=old_is_current,
+                            group_tokens_b=tokens, group_size=cfg.norm_group)
+
+
 # ---------------------------------------------------------------------------- diffu-GRPO
+def _diffu_prepare(model: MaskPredictor, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
+    return with_group_tokens(cfg, mask_prompt_rows(model, cfg, rows, key))
+
+
 def estimate_logps(model: MaskPredictor, cfg: GRPOConfig, params: Params, batch: GRPOBatch,
                    seeds_s: Array, use_lora: bool = True, dropout_rng: Array | None = None,
                    p_mask_prompt: float | None = None) -> Array:
@@ -70,12 +93,11 @@ def diffu_grpo_loss(model: MaskPredictor, cfg: GRPOConfig, params: Params, rows:
                     seed_1: Array, dropout_rng: Array | None,
                     old_is_current: Array | None = None) -> tuple[Array, dict]:
     """d1's ``compute_loss``: clipped ratio to the old policy, k3 KL to the reference,
-    token mean (``losses.grpo_loss``), on this iteration's mask seed ``seed_1`` [1]."""
+    token mean (``losses.grpo_loss``; per group with ``cfg.norm_group``), on this
+    iteration's mask seed ``seed_1`` [1]."""
     logps_bc = estimate_logps(model, cfg, params, rows, seed_1, dropout_rng=dropout_rng,
                               p_mask_prompt=0.0)[0]
-    return losses.grpo_loss(logps_bc, rows.old_logps, rows.ref_logps, rows.advantages,
-                            rows.completion_mask, epsilon=cfg.epsilon, beta=cfg.beta,
-                            max_tokens=cfg.max_tokens, old_is_current=old_is_current)
+    return _ratio_loss(cfg, logps_bc, rows, old_is_current)
 
 
 def _diffu_grpo_logps(model: MaskPredictor, cfg: GRPOConfig, params: Params, batch: GRPOBatch,
@@ -133,7 +155,7 @@ def _coupled_draw(cfg, key: Array, rows: int, completion_len: int) -> tuple[Arra
 def _coupled_prepare(model: MaskPredictor, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
     """The iteration's complementary masks, the same draw as ``_coupled_logps`` made."""
     is_mask_bc, t_b = _coupled_draw(cfg, key, *rows.completion_ids.shape)
-    return rows.replace(per_row={"is_mask": is_mask_bc, "t": t_b})
+    return with_group_tokens(cfg, rows.replace(per_row={"is_mask": is_mask_bc, "t": t_b}))
 
 
 def _coupled_logps(model: MaskPredictor, cfg, params: Params, batch: GRPOBatch, seeds_s: Array,
@@ -154,12 +176,14 @@ def _coupled_loss(model: MaskPredictor, cfg, params: Params, rows: GRPOBatch, se
         model, params, rows.prompt_ids, rows.prompt_mask, rows.completion_ids,
         rows.completion_mask, rows.advantages, rows.per_row["is_mask"], rows.per_row["t"],
         cfg.hparams, old_logps_bc=rows.old_logps, ref_logps_bc=rows.ref_logps,
-        dropout_rng=dropout_rng, old_is_current=old_is_current)
+        dropout_rng=dropout_rng, old_is_current=old_is_current,
+        group_tokens_b=None if cfg.norm_group is None else rows.per_row["group_tokens"],
+        group_size=cfg.norm_group)
 
 
 # Rows of a loss carry old/ref log-probs [B, C] when the config computes them.
 OBJECTIVES: dict[str, Objective] = {
-    "diffu_grpo": Objective(diffu_grpo_loss, mask_prompt_rows, _diffu_grpo_logps, None),
+    "diffu_grpo": Objective(diffu_grpo_loss, _diffu_prepare, _diffu_grpo_logps, None),
     "wd1": Objective(_wd1_loss, _wd1_prepare, None, wd1.WD1Config),
     "spg": Objective(_spg_loss, _spg_prepare, None, spg.SPGConfig),
     "coupled_grpo": Objective(_coupled_loss, _coupled_prepare, _coupled_logps,
@@ -197,7 +221,12 @@ class GRPOConfig:
     grad_accum: int = 1  # Micro-batches per optimizer step (each its own token mean).
     lora_dropout: bool = False  # LoRA dropout in the policy pass of the update.
     seq_chunk: int | None = None  # Completion positions per head chunk (None: automatic).
-    max_tokens: int | None = None  # None: d1's token mean; int: Dr. GRPO constant normaliser.
+    max_tokens: int | None = None  # None: a token mean; int: Dr. GRPO constant normaliser.
+    # The token mean of diffu-GRPO's and coupled-GRPO's loss. G (d1, config grpo.token_mean
+    # "group"): within each prompt's group of G contiguous rows, then the mean over groups,
+    # as d1's GPU micro-batch (per_device_train_batch_size 6 = num_generations) holds one
+    # group. None ("step"): one token mean over each micro-batch's rows on all devices.
+    norm_group: int | None = None
     # LLaDA's last layer runs only the completion rows up to the batch's last completion-mask
     # position (``logprob.per_token_logps``' ``narrow_last_layer``). None: on where the
     # jitted steps run on one device. Off on a mesh: XLA's SPMD partitioner mispartitions
@@ -217,6 +246,9 @@ class GRPOConfig:
             raise ValueError(f"objective={self.objective!r}: choose one of {sorted(OBJECTIVES)}")
         check_hparams(self.objective, OBJECTIVES[self.objective], self.hparams, self.beta,
                       self.epsilon)
+        if self.norm_group is not None and (self.norm_group < 1 or self.max_tokens is not None):
+            raise ValueError(f"norm_group={self.norm_group} must be >= 1 and excludes "
+                             f"max_tokens={self.max_tokens}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,7 @@ REMASKING = ("low_confidence", "random")
 KV_CACHES = ("none", "prefix", "dual")
 RECOMPUTE = ("block", "masked")
 PARALLEL_RULES = ("budget", "fast_dllm")
+LOOPS = ("llada", "dream")
 FAST_DEFAULTS = dict(kv_cache="dual", threshold=0.99, cache_refresh=8)
 
 
@@ -50,6 +51,14 @@ class SamplerConfig:
     first_position: bool = False  # A block's first step (its full forward) unmasks the
     #                              block's first position alone: Fast-dLLM's Dream loop
     #                              (generation_utils_block); needs parallel_rule="fast_dllm".
+    loop: str = "llada"  # "llada": the block loop above (LLaDA, d1); "dream": Dream's
+    #                     diffusion_generate over the whole completion (DiffuCoder's
+    #                     rollouts; ``d1jax.sampling.dream``), with steps, temperature,
+    #                     mask_id and the three fields below; needs block_length = gen_length.
+    alg: str = "entropy"  # loop="dream": which positions a step decodes (dream.ALGS).
+    top_p: float = 1.0  # loop="dream": nucleus filter of the token draw (< 1 applies it).
+    top_k: int = 50  # loop="dream": keep the k largest logits (0: none); 50 is what
+    #                 diffusion_generate uses when the call names none (``dream`` module).
 
     def __post_init__(self):
         for name in ("gen_length", "block_length", "steps"):
@@ -68,6 +77,30 @@ class SamplerConfig:
             raise ValueError(f"parallel_rule={self.parallel_rule!r}: use 'budget' (at least the "
                              "step's budget) or 'fast_dllm' (at least one token per step)")
         self._check_cache()
+        self._check_loop()
+
+    def _check_loop(self):
+        if self.loop not in LOOPS:
+            raise ValueError(f"loop={self.loop!r}: use 'llada' (LLaDA's blocks) or 'dream' "
+                             "(Dream's diffusion_generate)")
+        if self.loop != "dream":
+            return
+        if self.block_length != self.gen_length:
+            raise ValueError(f"loop='dream' runs no blocks: set block_length={self.gen_length} "
+                             f"(= gen_length), got {self.block_length}")
+        if self.kv_cache != "none" or self.threshold < 1.0 or self.cfg_scale > 0:
+            raise ValueError("loop='dream' is the exact diffusion_generate: kv_cache='none', "
+                             "threshold >= 1 and cfg_scale=0 are required")
+        self.dream_config()  # alg, top_p, top_k checked there
+
+    def dream_config(self):
+        """The ``dream.DreamGenerationConfig`` of ``loop="dream"`` (alg_temp off, eps 1e-3:
+        DiffuCoder's call passes alg_temp=0.0 and no eps)."""
+        from d1jax.sampling.dream import DreamGenerationConfig
+        return DreamGenerationConfig(
+            max_new_tokens=self.gen_length, steps=self.steps, alg=self.alg,
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k or None,
+            mask_token_id=self.mask_id)
 
     def _check_cache(self):
         if self.kv_cache not in KV_CACHES:

@@ -118,6 +118,8 @@ def generate(model_fns: ModelFns | ApplyFn, params: Any, prompt_ids: Array,
     """
     fns = model_fns if isinstance(model_fns, ModelFns) else ModelFns(model_fns)
     _check_call(fns, prompt_ids, prompt_mask, config, max_length)
+    if config.loop == "dream":
+        return _dream(fns, params, prompt_ids, prompt_mask, rng, config)
     b, lp = prompt_ids.shape
     attn = None
     if config.use_attention_mask and prompt_mask is not None:
@@ -130,6 +132,21 @@ def generate(model_fns: ModelFns | ApplyFn, params: Any, prompt_ids: Array,
                       jnp.zeros((config.num_blocks,), jnp.int32))
     seq = _block_loop(seq, fns, ctx, config)
     return GenerateOutput(seq.ids_bl, seq.decoded_at_bg, seq.block_steps_n)
+
+
+def _dream(fns: ModelFns, params: Any, prompt_ids: Array, prompt_mask: Array | None,
+           rng: Array, config: SamplerConfig) -> GenerateOutput:
+    """``loop="dream"``: Dream's ``diffusion_generate`` on the same model functions
+    (``decoded_at`` is not recorded: -1)."""
+    from d1jax.sampling import dream
+
+    def predict(p, ids, mask):
+        return fns.forward(p, ids, mask, 0, ids.shape[1])
+    mask = prompt_mask if config.use_attention_mask else None
+    ids = dream.diffusion_generate(predict, params, prompt_ids, mask, rng, config.dream_config())
+    b = prompt_ids.shape[0]
+    return GenerateOutput(ids, jnp.full((b, config.gen_length), -1, jnp.int32),
+                          jnp.full((1,), config.steps, jnp.int32))
 
 
 def _block_loop(seq: DecodeState, fns: ModelFns, ctx: Context,

@@ -19,8 +19,10 @@ empty cells each; its evaluation uses a seeded 256 of them). Training puzzles co
 from __future__ import annotations
 
 import functools
+import os
 import random
 import re
+from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
@@ -52,6 +54,38 @@ Your step-by-step solving process
 [16-character solution string with no spaces or separators]
 </answer>
 """
+
+# ---------------------------------------------------------------------------- SPG's setup
+# SPG's Sudoku (facebookresearch/SPG a1c7120, dataset "sudoku_new"): its own split of the
+# puzzles (dataset/train_sudoku_split_new.csv, dataset/test_sudoku_split_new.csv) and a few-shot
+# prompt (spg/data_utils.py:125-149 get_sudoku_questions_new, with d1's system prompt); its
+# runs use all three worked examples (spg_mix/sudoku_new_*.sbatch FEW_SHOT=3), given here as
+# in spg/data_utils.py:60-62.
+SPG_RAW_URL = "https://raw.githubusercontent.com/facebookresearch/SPG/main/dataset/"
+SPG_TRAIN_FILE, SPG_TEST_FILE = "train_sudoku_split_new.csv", "test_sudoku_split_new.csv"
+SPG_SHOTS = (
+    'Question:\nSolve the following Sudoku puzzle: 3014002020004130\nAnswer:\n<reasoning>\nInterpret puzzle as 4 rows of 4:\nR1: 3 0 1 4\nR2: 0 0 2 0\nR3: 2 0 0 0\nR4: 4 1 3 0\n\nFill easy singles:\nR1 missing 2 → R1C2=2.\nR4 missing 2 → R4C4=2.\nBox D (R3-4,C3-4) then needs {1,4}; column4 can only accept 1 → R3C4=1, R3C3=4.\nR3 now missing 3 → R3C2=3.\nColumn1 missing 1 → R2C1=1.\nColumn2 missing 4 → R2C2=4.\nLast cell R2C4=3.\n\nFinal grid:\nR1: 3 2 1 4\nR2: 1 4 2 3\nR3: 2 3 4 1\nR4: 4 1 3 2\n</reasoning>\n<answer>\n3214142323414132\n</answer>',
+    'Question:\nSolve the following Sudoku puzzle: 0000100420013142\nAnswer:\n<reasoning>\nInterpret puzzle as 4 rows of 4:\nR1: 0 0 0 0\nR2: 1 0 0 4\nR3: 2 0 0 1\nR4: 3 1 4 2\n\nFill easy singles:\nCol1 missing 4 → R1C1=4.\nCol4 missing 3 → R1C4=3.\nBox A (R1-2,C1-2) missing {2,3} and R1 now needs {1,2} → R1C2=2, R2C2=3.\nR1C3=1.\nR2 now missing 2 → R2C3=2.\nCol2 missing 4 → R3C2=4, then R3C3=3.\n\nFinal grid:\nR1: 4 2 1 3\nR2: 1 3 2 4\nR3: 2 4 3 1\nR4: 3 1 4 2\n</reasoning>\n<answer>\n4213132424313142\n</answer>',
+    "Question:\nSolve the following Sudoku puzzle: 2001403002001420\nAnswer:\n<reasoning>\nInterpret puzzle as 4 rows of 4:\nR1: 2 0 0 1\nR2: 4 0 3 0\nR3: 0 2 0 0\nR4: 1 4 2 0\n\nFill easy singles:\nR1 missing {3,4}; Col2 can't be 1 so R1C2=3 → R1C3=4.\nR4 missing 3 → R4C4=3.\nCol4 missing {2,4}; R2 must take 2 → R2C4=2 → R2C2=1.\nCol1 missing 3 → R3C1=3.\nCol3 missing 1 → R3C3=1 → R3C4=4.\n\nFinal grid:\nR1: 2 3 4 1\nR2: 4 1 3 2\nR3: 3 2 1 4\nR4: 1 4 2 3\n</reasoning>\n<answer>\n2341413232141423\n</answer>",
+)
+
+
+def spg_file(name: str) -> Path:
+    """A data file of SPG's repository: ``$D1JAX_DATA_DIR/NAME`` if there, else the cached
+    download of the public copy."""
+    local = os.environ.get("D1JAX_DATA_DIR")
+    if local and (Path(local) / name).is_file():
+        return Path(local) / name
+    return sources.download(SPG_RAW_URL + name)
+
+
+def spg_messages(example: Example) -> list[dict]:
+    """SPG's prompt: the system prompt, the first ``few_shot`` worked examples, then the
+    puzzle as a "Question: ... Answer:" turn (one user message, as d1)."""
+    shots = "\n\n".join(SPG_SHOTS[:example["few_shot"]])
+    return user_turn(f"{SYSTEM_PROMPT}\n\n{shots}\n\nQuestion: Solve the following Sudoku "
+                     f"puzzle: {example['puzzle']}\nAnswer:\n")
+
 
 # ---------------------------------------------------------------------------- scoring
 
@@ -294,8 +328,12 @@ def _examples(rows: list) -> list[Example]:
 
 def load_test(source=None, subsample: int | None = EVAL_SUBSAMPLE,
               cache_dir: str | None = None) -> list[Example]:
-    """d1's test puzzles (its CSV unless ``source``); ``subsample`` picks d1's seeded
-    evaluation subset (256, in d1's order; None: all 500)."""
+    """d1's test puzzles (its CSV unless ``source``; "spg": SPG's 256 test puzzles, with its
+    3-shot prompt); ``subsample`` picks d1's seeded evaluation subset (256, in d1's order;
+    None: all 500)."""
+    if source == "spg":
+        rows = sources.read_file(spg_file(SPG_TEST_FILE))
+        return [{**ex, "few_shot": len(SPG_SHOTS)} for ex in _examples(rows)]
     src = sources.d1_file(TEST_FILE) if source is None else source
     rows = sources.load_rows(src, split="test", cache_dir=cache_dir)
     return sources.d1_eval_subset(_examples(rows), subsample)
@@ -308,8 +346,10 @@ def load_train(source=None, split: str = "train", n: int = 10_000, seed: int = 0
 
     ``source=None``: ``generate_puzzles(n, seed, num_empty=...)``, none of them in the test
     set (read from ``test_source``, default d1's; ``exclude_test=False`` skips this).
-    ``source="d1"``: d1's own training CSV, minus the 500 rows d1 holds out. Otherwise a
-    file or directory with Puzzle/Solution columns.
+    ``source="d1"``: d1's own training CSV, minus the 500 rows d1 holds out. ``"spg"``:
+    SPG's training split, minus the 500 rows it holds out the same way
+    (spg/diffu_grpo_train.py:69-73), each prompted with SPG's 3 worked examples
+    (``spg_messages``). Otherwise a file or directory with Puzzle/Solution columns.
     """
     if source is None:
         exclude = ([r["puzzle"] for r in load_test(test_source, subsample=None,
@@ -319,6 +359,10 @@ def load_train(source=None, split: str = "train", n: int = 10_000, seed: int = 0
     if source == "d1":
         rows = sources.read_file(sources.d1_file(D1_TRAIN_FILE))
         return sources.d1_train_holdout(_examples(rows))
+    if source == "spg":
+        rows = sources.read_file(spg_file(SPG_TRAIN_FILE))
+        return [{**ex, "few_shot": len(SPG_SHOTS)}
+                for ex in sources.d1_train_holdout(_examples(rows))]
     return _examples(sources.load_rows(source, split=split, cache_dir=cache_dir))
 
 
@@ -327,6 +371,9 @@ def question(example: Example) -> str:
 
 
 def build_messages(example: Example) -> list[dict]:
+    """d1's prompt, or SPG's few-shot one for an example that names ``few_shot``."""
+    if example.get("few_shot"):
+        return spg_messages(example)
     return user_turn(f"{SYSTEM_PROMPT}\n\n{question(example)}")
 
 
