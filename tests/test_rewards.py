@@ -83,6 +83,9 @@ def test_safe_arithmetic_equals_python_arithmetic(expr):
 
 def test_numbers_in_reads_unicode_digits_like_d1():
     assert rewards.numbers_in("3*5+7") == [3, 5, 7]
+    # Every occurrence, in order (Countdown's rule counts them): re.findall(r"\d+", ...).
+    assert rewards.numbers_in("7+7*(3-7)") == [7, 7, 3, 7]
+    assert rewards.numbers_in("10/05+100") == [10, 5, 100]
     assert rewards.numbers_in("\u0663*\u0665") == [3, 5]  # int() accepts them, as in d1
     assert rewards.numbers_in("1.5") == [1, 5]
     assert rewards.numbers_in("9" * 5000) is None        # beyond int()'s digit limit

@@ -49,6 +49,39 @@ def test_reward(text, nums, target, expected):
     assert time.perf_counter() - t0 < 0.1
 
 
+# d1's rule on the numbers (reward_func.py validate_equation, and eval/parse_and_get_acc.py's
+# own copy): sorted(integers written in the answer) == sorted(given numbers), i.e. each given
+# number used exactly as many times as it is given, and no other number. Every answer below
+# reaches its target exactly, so that rule alone decides: 1.0 when it holds, 0.1 when not
+# (written from the rule; d1's compute_score gives the same, run once in a scratch dir).
+# (answer, numbers, target, d1's reward, what the case isolates)
+COUNT_RULE = [
+    ("7+7+3+5", [3, 5, 7], 22, 0.1, "a given number used twice"),
+    ("3*5", [3, 5, 7], 15, 0.1, "a given number left out"),
+    ("3*5+7*1", [3, 5, 7], 22, 0.1, "a number that was not given"),
+    ("4+4+1+0", [4, 4, 1], 9, 0.1, "a zero that was not given"),
+    ("4+1", [4, 4, 1], 5, 0.1, "a number given twice used once"),
+    ("4*4", [4, 4, 1], 16, 0.1, "the once-given number left out"),
+    ("(4+4)*(1+4-4)", [4, 4, 1], 8, 0.1, "a number given twice used three times"),
+    ("4*4*1", [4, 4, 1], 16, 1.0, "a number given twice used twice"),
+    ("1+4*4", [4, 4, 1], 17, 1.0, "any order"),
+    ("5+7+3", [3, 5, 7], 15, 1.0, "each once"),
+]
+
+
+@pytest.mark.parametrize("answer, nums, target, expected, case", COUNT_RULE,
+                         ids=[c[-1] for c in COUNT_RULE])
+def test_each_given_number_is_used_exactly_as_often_as_given(answer, nums, target, expected,
+                                                             case):
+    assert eval(answer) == target  # our own constant, not model text: the value is right
+    example = {"nums": nums, "target": target}
+    assert countdown.countdown_reward_func(f"<answer>\n{answer}\n</answer>", example) == expected
+    # The evaluation parser applies the same rule to the boxed expression.
+    record = {"question": "", "generations": f"\\boxed{{{answer}}}",
+              "ground_truth": [nums, target]}
+    assert countdown.verdict(record).correct == (expected == 1.0)
+
+
 # (generation, extracted, correct) for Numbers [3, 5, 7], Target 22, from d1's
 # eval/parse_and_get_acc.py parse_countdown_answers.
 D1_EVAL = [

@@ -2,6 +2,7 @@
 only when beta != 0 and equal by value to the base model's, mask seeds per inner iteration
 (drawn per iteration, used by value), AdamW against numpy, accumulation."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import jax
@@ -421,13 +422,17 @@ def lora_policy(tiny_config):
     model = d1jax.LLaDA(tiny_config, lora=lora)
     params = d1jax.init_params(model, jax.random.key(0))
     base, adapters = lora_lib.split(params)
+    opt = optim.make_optimizer(optim.OptimConfig(learning_rate=1e-2))
+    return model, d1jax.LLaDA(tiny_config), params, base, _trained(adapters), opt, lora
+
+
+def _trained(adapters):
+    """Adapters as after some training: lora_b random (0 at init), lora_a as initialised."""
     flat = traverse_util.flatten_dict(adapters)
     keys = dict(zip(flat, jax.random.split(jax.random.key(5), len(flat))))
-    trained = traverse_util.unflatten_dict(
+    return traverse_util.unflatten_dict(
         {k: 0.3 * jax.random.normal(keys[k], v.shape) if k[-1] == "lora_b" else v
          for k, v in flat.items()})
-    opt = optim.make_optimizer(optim.OptimConfig(learning_rate=1e-2))
-    return model, d1jax.LLaDA(tiny_config), params, base, trained, opt, lora
 
 
 @pytest.mark.parametrize("sync_ref_model", [False, True], ids=["d1_adapters_off", "synced_copy"])
@@ -560,3 +565,111 @@ def test_first_update_reads_its_own_old_logps_as_the_skipped_pass_would(full_ft,
     for k in ("loss", "grad_norm", "kl", "ratio_min", "ratio_max", "clip_ratio"):
         np.testing.assert_allclose(own[1][k], with_pass[1][k], rtol=1e-5, atol=1e-7, err_msg=k)
     assert float(own[1]["ratio_min"]) == float(own[1]["ratio_max"]) == 1.0
+
+
+# ---------------------------------------------------------------------------- LoRA dropout
+def _np_clipped_loss(logps, old, adv, mask, eps):
+    """d1's compute_loss with beta = 0, by hand in float64: (loss, ratio min and max over
+    the mask, d1's clip share)."""
+    ratio = np.exp(np.asarray(logps, np.float64) - old)
+    a = np.asarray(adv, np.float64)[:, None]
+    l1, l2 = ratio * a, np.clip(ratio, 1 - eps, 1 + eps) * a
+    m = np.asarray(mask, np.float64)
+    loss = (-np.minimum(l1, l2) * m).sum() / m.sum()
+    on = m > 0
+    return loss, ratio[on].min(), ratio[on].max(), ((l1 < l2) * m).sum() / m.sum()
+
+
+def test_with_lora_dropout_the_first_update_is_scored_against_a_dropout_free_old_pass(
+        tiny_config):
+    """LoRA dropout 0.5, mu = 2, p_mask = 0.5, the policy after some training. The shortcut
+    (the first update reading its own log-probs as the skipped old pass) holds only without
+    dropout: with it the update's log-probs are a dropout sample while the old pass is the
+    deterministic network, so the rollout runs the old pass of every seed, row 0 included
+    (equal to the numpy estimator on numpy-merged weights), and the first update's loss,
+    ratios, clip share and gradient norm are d1's formula on the update's dropout
+    log-probs against that row, by hand. With mu = 1 the old log-probs are the update's own,
+    detached (d1's per_token_logps.detach()), so the ratio is exactly 1 even with dropout.
+
+    d1's old pass (diffu_grpo_trainer.py _generate_and_score_completions, under
+    torch.no_grad) runs in train mode, since HF's Trainer.training_step calls model.train()
+    before _prepare_inputs: there PEFT's LoRA dropout is on in that pass too, with a draw of
+    its own. d1jax's old pass is deterministic (docs/testing.md, "Slips an audit found
+    surviving"), so the shortcut would be wrong under either choice."""
+    lora = LoraConfig(rank=4, alpha=8.0, dropout=0.5)
+    model, plain = d1jax.LLaDA(tiny_config, lora=lora), d1jax.LLaDA(tiny_config)
+    params = d1jax.init_params(model, jax.random.key(0))
+    base, adapters = lora_lib.split(params)
+    trained = _trained(adapters)
+    opt = optim.make_optimizer(optim.OptimConfig(learning_rate=1e-2))
+    state = state_lib.init_train_state(params, opt, lora=True).replace(params=trained)
+    cfg = table.GRPOConfig(num_iterations=2, beta=0.0, epsilon=0.2, p_mask_prompt=0.5,
+                           lora_dropout=True)
+    batch = rollout_batch(mu=2, p=12).replace(mask_seeds=np.array([1, 2], np.int32))
+    merged = _merged(base, trained, lora)
+    want_old = np.stack([_np_one_step_logps(plain, merged, batch, s, 0.5) for s in (1, 2)])
+    old = np.asarray(jax.device_get(pure_steps.rollout_logps(model, cfg, state, batch))[
+        "old_logps"])
+    np.testing.assert_allclose(old, want_old, atol=2e-5)  # row 0 too: its pass was run
+
+    # The update's own log-probs: the policy with dropout (its key for micro-batch 0 is
+    # fold_in(rng, 0)) on the prompt masked with seed 1, p = 0.5, as the numpy estimator masks.
+    rng, seed = jax.random.key(7), np.array([1], np.int32)
+    u = np.asarray(jax.random.uniform(logprob.mask_key(1), batch.prompt_ids.shape))
+    prompt = np.where(u < 0.5, tiny_config.mask_token_id, batch.prompt_ids).astype(np.int32)
+    attn = np.concatenate([batch.prompt_mask, np.ones_like(batch.completion_ids)], axis=1)
+
+    def dropout_logps(adapter_params):
+        return logprob.per_token_logps(
+            model, lora_lib.join(base, adapter_params), prompt, batch.completion_ids, seed,
+            p_mask_prompt=0.0, attention_mask_bl=attn, dropout_rng=jax.random.fold_in(rng, 0))[0]
+
+    mask = batch.completion_mask
+    lp = np.asarray(dropout_logps(trained), np.float64)
+    assert np.abs(lp - want_old[0])[mask > 0].max() > 1e-2  # dropout moves the log-probs
+    loss, rmin, rmax, clipped = _np_clipped_loss(lp, want_old[0], batch.advantages, mask, 0.2)
+    assert rmax > 1.2 or rmin < 0.8  # some tokens clipped: the ratio is far from 1
+
+    def jnp_loss(adapter_params):  # the same formula, differentiable, for the gradient
+        ratio = jnp.exp(dropout_logps(adapter_params) - want_old[0])
+        a = batch.advantages[:, None]
+        per = -jnp.minimum(ratio * a, jnp.clip(ratio, 0.8, 1.2) * a)
+        return jnp.sum(per * mask) / mask.sum()
+    grads = jax.grad(jnp_loss)(trained)
+    want_norm = np.sqrt(sum(np.sum(np.asarray(g, np.float64) ** 2)
+                            for g in jax.tree.leaves(grads)))
+
+    _, m = pure_steps.grpo_update_step(model, opt, cfg, state, batch.replace(
+        iteration=np.int32(0), old_logps=old), rng)
+    m = jax.device_get(m)
+    np.testing.assert_allclose(float(m["loss"]), loss, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose([float(m["ratio_min"]), float(m["ratio_max"])], [rmin, rmax],
+                               rtol=1e-5)
+    np.testing.assert_allclose(float(m["clip_ratio"]), clipped, atol=1e-7)
+    np.testing.assert_allclose(float(m["grad_norm"]), want_norm, rtol=1e-4)
+
+    # mu = 1: d1's detached current log-probs, the same dropout sample: ratio 1, loss -mean A.
+    one = dataclasses.replace(cfg, num_iterations=1)
+    single = batch.replace(mask_seeds=seed)
+    assert pure_steps.rollout_logps(model, one, state, single) == {}
+    _, m = pure_steps.grpo_update_step(model, opt, one, state, single, rng)
+    assert float(m["ratio_min"]) == float(m["ratio_max"]) == 1.0
+    a_tokens = (np.asarray(batch.advantages, np.float64)[:, None] * mask).sum() / mask.sum()
+    np.testing.assert_allclose(float(m["loss"]), -a_tokens, rtol=1e-6)
+
+
+@pytest.mark.parametrize("enabled, dropout, on", [(True, 0.05, True), (True, 0.0, False),
+                                                  (False, 0.05, False)])
+def test_the_run_config_turns_lora_dropout_on_in_the_update_and_off_the_shortcut(
+        enabled, dropout, on):
+    """d1's configs (lora_dropout 0.05): the update applies dropout, so the rollout keeps
+    the first old pass; without adapters or with dropout 0 the shortcut holds."""
+    from d1jax import config as config_lib
+    from d1jax.run import spec as spec_lib
+    c = config_lib.grpo("sudoku", "tiny")
+    c.lora.enabled, c.lora.dropout = enabled, dropout
+    if not enabled:
+        c.grpo.beta = 0.0  # full fine-tuning without a reference copy
+    cfg = spec_lib.from_config(c).grpo
+    assert cfg.lora_dropout is on
+    assert pure_steps.first_old_from_update(cfg) is (not on)
