@@ -250,7 +250,7 @@ def test_planner_counts_the_master(master, param_bytes):
     c = config_lib.sft("tiny")
     c.model.dtype = c.model.param_dtype = "bfloat16"
     c.lora.enabled, c.optim.master_weights = False, master
-    spec = plan_programs.PlanSpec.of(plan_programs.spec_of(c))
+    spec = plan_programs.PlanSpec(plan_programs.spec_of(c), d1jax.preset("test-tiny"))
     (program,) = plan_programs.build_programs(spec, spec.run.mesh.build())
     state = program.args[0]
     n = sum(x.size for x in jax.tree.leaves(state.params))
