@@ -1,7 +1,7 @@
 """The fault matrix: a run never loses progress (docs/training.md, "What a run guarantees").
 
-Each scenario is a subprocess run of `configs/grpo_sudoku.py:tiny` on tests/learnable.py's
-task, whose reward a tiny random model raises (30 optimizer steps, mu = 2, checkpoints every 2
+Each scenario is a subprocess run of `configs/grpo_letters.py` (the :tiny GRPO config on the
+``letters`` task, tests/learnable.py), whose reward a tiny random model raises (30 optimizer steps, mu = 2, checkpoints every 2
 steps, the newest 2 kept): a resume that lost the params, the Adam moments, the data order or
 the RNG shows in runs that learn. Where a run resumes, its final train state is compared with
 an uninterrupted run's bit for bit, and its metrics row by row (each step exactly once, in the
@@ -9,15 +9,20 @@ JSONL log and, under TensorBoard's purge rule, in the event files). The 2-proces
 (one process killed) is in tests/test_multihost.py.
 
 Faults are injected at exact points by a harness that patches one function before running
-`d1jax.main` as `python -m` would (with the task registered): SIGTERM to itself during step 1,
-SIGKILL right after the asynchronous save of step 2 started.
+`d1jax.main` as `python -m` would: SIGTERM or SIGINT (Ctrl-C) to itself during given steps,
+SIGKILL right after the asynchronous save of step 2 started. A second writer is a second
+`d1jax.main` on the workdir of a live run.
 """
 
+import json
 import os
 import shutil
+import signal
+import socket
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -39,20 +44,21 @@ import tests.learnable
 from d1jax import checkpoint
 from d1jax.train import engine
 
-mode, at = sys.argv[1], int(sys.argv[2])
+mode, at = sys.argv[1], [int(a) for a in sys.argv[2].split(",")]
 sys.argv = ["d1jax.main"] + sys.argv[3:]
-if mode == "sigterm":  # a preemption notice arriving during optimizer step `at`
+if mode in ("sigterm", "sigint"):  # SIGTERM or Ctrl-C arriving during optimizer steps `at`
     update = engine.GRPOEngine.update
+    signum = signal.SIGTERM if mode == "sigterm" else signal.SIGINT
     def patched(self, batch, it, step):
-        if step + 1 == at:
-            os.kill(os.getpid(), signal.SIGTERM)
+        if step + 1 in at:
+            os.kill(os.getpid(), signum)
         return update(self, batch, it, step)
     engine.GRPOEngine.update = patched
 elif mode == "kill_in_save":  # kill -9 while the asynchronous save of step `at` is in flight
     save = checkpoint.Checkpointer.save
     def patched(self, step, *args, **kwargs):
         started = save(self, step, *args, **kwargs)
-        if started and step == at:
+        if started and step in at:
             os.kill(os.getpid(), signal.SIGKILL)
         return started
     checkpoint.Checkpointer.save = patched
@@ -70,6 +76,17 @@ def run(workdir, *args, fault=None, config=CONFIG):
 def ok(r):
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-5000:])
     return r
+
+
+def no_crash(r) -> None:
+    assert "Traceback" not in r.stderr and "Fatal Python error" not in r.stderr, r.stderr[-3000:]
+
+
+def raw_steps(wd) -> list[int]:
+    """The step of every complete row written to metrics.jsonl, repeats included."""
+    f = wd / "metrics.jsonl"
+    text = f.read_text() if f.exists() else ""
+    return [json.loads(ln)["step"] for ln in text.split("\n")[:-1] if ln.strip()]
 
 
 def error_lines(r) -> list[str]:
@@ -248,3 +265,82 @@ def test_sft_stopped_and_resumed_equals_uninterrupted_bitwise(tmp_path, d1_data)
             for r in read_jsonl(resumed / "metrics.jsonl")]
     assert rows == [{k: v for k, v in r.items() if not any(t in k for t in TIMING)}
                     for r in read_jsonl(full / "metrics.jsonl")]
+
+
+def test_ctrl_c_saves_after_the_step_exits_130_and_resumes_bitwise(reference, tmp_path):
+    # Ctrl-C during step 3: the rollout's updates (steps 3 and 4) finish, step 4 is saved.
+    r = run(tmp_path, "--config.train.num_steps=1000", fault=("sigint", "3"))
+    assert r.returncode == 130, (r.stdout[-2000:], r.stderr[-3000:])
+    no_crash(r)
+    assert "Ctrl-C received: saving a checkpoint after this step and stopping" in r.stderr
+    assert "stopped at step 4 of 1000 (Ctrl-C) with a checkpoint saved" in r.stderr
+    assert steps(tmp_path) == [2, 4] and not (tmp_path / "d1jax.lock").exists()
+
+    # The rerun finds the lock of a process that died (kill -9 leaves it): taken over.
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True).stdout)
+    (tmp_path / "d1jax.lock").write_text(json.dumps(
+        {"host": socket.gethostname(), "pid": dead, "started": "1", "since": 0.0}))
+    r = ok(run(tmp_path))
+    assert f"workdir lock: taking over {tmp_path.resolve()}/d1jax.lock from pid {dead} on " \
+           f"{socket.gethostname()} since " in r.stdout and "which is gone" in r.stdout
+    assert not (tmp_path / "d1jax.lock").exists()
+    assert_same_run(tmp_path, reference)
+
+
+def test_second_ctrl_c_exits_at_once_naming_the_last_checkpoint(tmp_path):
+    # Saves synchronous, so step 2's is committed when the second Ctrl-C comes in step 4.
+    r = run(tmp_path, "--config.train.num_steps=1000", "--config.train.async_checkpoints=False",
+            fault=("sigint", "3,4"))
+    assert r.returncode == 130, (r.stdout[-2000:], r.stderr[-3000:])
+    no_crash(r)
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("Ctrl-C again")]
+    assert line == (f"Ctrl-C again: exiting now; the last checkpoint is step 2 "
+                    f"({tmp_path.resolve()}/checkpoints/2): rerun the same command to "
+                    "resume from it")
+    assert steps(tmp_path) == [2] and "stopped at step" not in r.stderr  # no wait for a save
+    assert not (tmp_path / "d1jax.lock").exists()
+
+
+def test_ctrl_c_while_compiling_exits_at_once_with_one_line(tmp_path):
+    # Step 1's update program compiles after the first rollout: Ctrl-C lands in it.
+    r = run(tmp_path, fault=("sigint", "1"))
+    assert r.returncode == 130, (r.stdout[-2000:], r.stderr[-3000:])
+    no_crash(r)
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("Ctrl-C")]
+    assert lines == [f"Ctrl-C: exiting now; no checkpoint is saved in "
+                     f"{tmp_path.resolve()}/checkpoints"]
+    assert steps(tmp_path) == [] and not (tmp_path / "d1jax.lock").exists()
+
+
+def test_a_second_run_on_a_live_workdir_exits_1_naming_the_holder(tmp_path):
+    cmd = [sys.executable, "-c", learnable.MAIN, *CONFIG, f"--workdir={tmp_path}",
+           "--config.train.num_steps=1000"]
+    first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        lock = tmp_path / "d1jax.lock"
+        deadline = time.time() + 300
+        while not (lock.exists() and lock.read_text()) and first.poll() is None:
+            assert time.time() < deadline, "the first run never took the lock"
+            time.sleep(0.2)
+        holder = json.loads(lock.read_text())
+        assert (holder["host"], holder["pid"]) == (socket.gethostname(), first.pid)
+        second = run(tmp_path, "--config.train.num_steps=1000")
+        while not raw_steps(tmp_path) and first.poll() is None:
+            assert time.time() < deadline, "the first run never logged a step"
+            time.sleep(0.2)  # then SIGTERM finds it in the loop: it saves and exits 75
+        assert second.returncode == 1 and second.stdout == "", second.stderr[-3000:]
+        (line,) = error_lines(second)
+        assert line.startswith(f"error: workdir {tmp_path.resolve()} is in use by pid "
+                               f"{first.pid} on {socket.gethostname()} since ")
+        assert line.endswith("(it holds the lock); nothing was changed: wait for it, stop it, "
+                             "or pass another --workdir")
+        assert second.stderr.strip() == line
+    finally:
+        first.send_signal(signal.SIGTERM)
+        out, err = first.communicate(timeout=600)
+    assert first.returncode == 75, err[-3000:]  # the first run saved and stopped as asked
+    rows = raw_steps(tmp_path)
+    assert rows == list(range(1, len(rows) + 1)) and rows  # each step once: one writer
+    assert not (tmp_path / "d1jax.lock").exists()

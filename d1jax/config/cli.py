@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from absl import flags
@@ -57,9 +58,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from d1jax.model import UnsupportedConfigError
     from d1jax.model.weights import CheckpointError
     from d1jax.plan.compile import DoesNotFit
+    from d1jax.run.lock import WorkdirBusy
     from d1jax.tasks.sources import BadRecordError, DataUnavailableError
     return (ConfigError, CheckpointError, UnsupportedConfigError, DataUnavailableError,
-            DoesNotFit, RestoreError, BadRecordError)
+            DoesNotFit, RestoreError, BadRecordError, WorkdirBusy)
 
 
 def one_line(e: BaseException) -> str:
@@ -82,7 +84,10 @@ def parse_flags(argv: list[str], *, example: str = "configs/grpo_sudoku.py:tiny"
     ``error:`` line: an unknown ``--config.KEY`` (with the closest keys), a value of the wrong
     type (with the type expected), a config file that is missing or raises (an unknown
     ``:variant``), no ``--config`` (``example`` shows one); with ``check_inputs``, also a model
-    or data path that does not exist or an unknown task (``d1jax.config.check_inputs``)."""
+    or data path that does not exist or an unknown task (``d1jax.config.check_inputs``).
+    From here on Ctrl-C stops the command cleanly (``d1jax.run.interrupt``)."""
+    from d1jax.run import interrupt
+    interrupt.install_watcher()
     quiet_defaults()
     try:
         rest = _parse(argv)
@@ -250,6 +255,7 @@ def run_stage(config, workdir: str | None, stages: Mapping[str, str],
     from a collective ends in the watchdog's line naming the lost process.
     """
     from d1jax import distributed
+    from d1jax.run import interrupt
     from d1jax.run.context import RunStopped
     stage = config.get("stage")
     if stage not in stages:
@@ -257,6 +263,8 @@ def run_stage(config, workdir: str | None, stages: Mapping[str, str],
     workdir = workdir or config.get("workdir")
     if not workdir:
         sys.exit("error: no workdir: pass --workdir=DIR or set config.workdir")
+    if stage in ("sft", "grpo"):  # what Ctrl-C's line names before the loop starts
+        interrupt.expect_checkpoints(Path(workdir).expanduser() / "checkpoints")
     try:
         use_compile_cache(config, workdir)
         if before is not None:

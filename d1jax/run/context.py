@@ -16,7 +16,8 @@ from d1jax import config as config_lib
 from d1jax import metrics as metrics_lib
 from d1jax.model import lora as lora_lib
 from d1jax.model import family as family_lib
-from d1jax.run import resume
+from d1jax.run import interrupt, resume
+from d1jax.run import lock as lock_lib
 from d1jax.run import spec as spec_lib
 from d1jax.run.spec import LoopSpec, RunSpec
 
@@ -25,7 +26,7 @@ class RunStopped(Exception):
     """A training run stopped before its last step, after saving: rerun it to resume.
 
     ``d1jax.main`` turns it into one line and ``train.stopped_exit_code`` (75, EX_TEMPFAIL,
-    by default), so a scheduler can tell "rerun me" from "done" (0).
+    by default), so a scheduler can tell "rerun me" from "done" (0); after Ctrl-C, 130.
     """
 
     def __init__(self, step: int, total: int, reason: str, exit_code: int):
@@ -41,17 +42,20 @@ class RunContext:
     workdir: Path
     loop: LoopSpec
     checkpointer: ckpt_lib.Checkpointer
-    preempt: ckpt_lib.PreemptionFlag
+    stop: interrupt.StopRequest  # SIGTERM or Ctrl-C asked the loop to save and stop
     config_json: str  # written beside the run once restore() settled which run this is
     identity: dict  # the config fields that shape the state, saved with every checkpoint
     writer: metrics_lib.MetricWriter | None = None  # opened by restore(), at the resume step
     progress: metrics_lib.Progress | None = None
     stop_reason: str = "train.stop_after"  # why should_stop() said stop
+    lock: lock_lib.WorkdirLock | None = None  # taken by prepare(), released by close()
 
     @classmethod
     def create(cls, spec: RunSpec, workdir: Path) -> "RunContext":
-        return cls(workdir, spec.train, _checkpointer(spec.train, workdir),
-                   ckpt_lib.PreemptionFlag().install(), spec.config_json, dict(spec.identity))
+        checkpointer = _checkpointer(spec.train, workdir)
+        stop = interrupt.StopRequest(checkpointer.directory).install()
+        return cls(workdir, spec.train, checkpointer, stop, spec.config_json,
+                   dict(spec.identity), lock=lock_lib.held(workdir))
 
     def restore(self, state: Any) -> tuple[int, Any, dict]:
         """(step, state, meta) of the newest readable checkpoint, or (0, state, {}) for a
@@ -81,17 +85,18 @@ class RunContext:
                                       force=force)
 
     def should_stop(self, step: int) -> bool:
-        """Preempted on any host, or the config's stop_after reached."""
-        flag = np.array([self.preempt.is_set], np.int32)
+        """SIGTERM or Ctrl-C on any host, or the config's stop_after reached."""
+        code = np.array([interrupt.REASONS.index(self.stop.reason)], np.int32)
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
-            flag = multihost_utils.process_allgather(flag)
-        if flag.any():
-            self.stop_reason = "SIGTERM"
+            code = multihost_utils.process_allgather(code)
+        if code.max() > 0:
+            self.stop_reason = interrupt.REASONS[int(code.max())]
             return True
         return self.loop.stop_after > 0 and step >= self.loop.stop_after
 
     def log(self, step: int, scalars: dict[str, Any], texts: dict[str, str] | None = None):
+        self.stop.progressed = True  # a step finished: Ctrl-C now saves before stopping
         clean = self.writer.write_scalars(step, scalars)
         if texts:
             self.writer.write_texts(step, texts)
@@ -104,14 +109,18 @@ class RunContext:
         self.checkpointer.close()
         if self.writer is not None:
             self.writer.close()
-        self.preempt.uninstall()
+        self.stop.uninstall()
         if self.progress is not None:
             self.progress.close()
+        if self.lock is not None:
+            self.lock.release()
 
     def check_finished(self, step: int, total: int) -> None:
         """Raises RunStopped when the loop ended before ``total`` (SIGTERM or stop_after)."""
         if step < total:
-            raise RunStopped(step, total, self.stop_reason, self.loop.stopped_exit_code)
+            code = (interrupt.CTRL_C_EXIT if self.stop_reason == "Ctrl-C" else
+                    self.loop.stopped_exit_code)
+            raise RunStopped(step, total, self.stop_reason, code)
 
 
 def _checkpointer(t: LoopSpec, workdir: Path) -> ckpt_lib.Checkpointer:
@@ -136,9 +145,16 @@ def export_hf(workdir: Path, setup, state, source_dir: str | None) -> Path:
 
 
 def prepare(config, workdir: str) -> tuple[RunSpec, Path]:
-    """Before any compute: the config translated and validated, then the workdir."""
+    """Before any compute: the config translated and validated, then the workdir, locked for
+    this run (``lock.WorkdirBusy`` if another process writes there; ``RunContext.close``, or
+    the process's exit, releases it)."""
     spec = spec_lib.from_config(config)
     wd = config_lib.check_workdir(workdir)
-    if spec.stage in ("sft", "grpo"):
-        resume.check(spec, wd)
+    lock = lock_lib.acquire(wd)
+    try:
+        if spec.stage in ("sft", "grpo"):
+            resume.check(spec, wd)
+    except BaseException:
+        lock.release()
+        raise
     return spec, wd

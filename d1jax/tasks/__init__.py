@@ -1,4 +1,5 @@
-"""d1's tasks: GSM8K, MATH500, 4x4 Sudoku and Countdown (plus s1K, the SFT data).
+"""d1's tasks: GSM8K, MATH500, 4x4 Sudoku and Countdown (plus s1K, the SFT data, and
+``letters``, a toy a random tiny model learns: the install check's).
 
     task = get_task("gsm8k")
     rows = task.load_train()                                  # dataset rows (dicts)
@@ -18,9 +19,10 @@ from d1jax.tasks.base import EVAL_PREFILL, Task, Verdict, XML_SYSTEM_PROMPT, for
 from d1jax.tasks.sources import BadRecordError, DataUnavailableError
 
 TASK_NAMES = ("gsm8k", "math500", "sudoku", "countdown")
+TOY_TASKS = ("letters",)  # learnable by a random tiny model: the install check's (letters.py)
 _ALIASES = {"math": "math500", "gsm": "gsm8k"}
 
-__all__ = ["EVAL_PREFILL", "TASK_NAMES", "BadRecordError", "DataUnavailableError", "Task",
+__all__ = ["EVAL_PREFILL", "TASK_NAMES", "TOY_TASKS", "BadRecordError", "DataUnavailableError", "Task",
            "Verdict", "XML_SYSTEM_PROMPT", "format_prompt", "get_task", "register_task"]
 
 # Tasks added by a program built on d1jax (name -> make_task), e.g. examples/demo's.
@@ -39,9 +41,9 @@ def get_task(name: str, **options) -> Task:
         return _REGISTERED[key](**options)
     if key == "s1k":
         raise ValueError("s1k is SFT data without rewards: use d1jax.tasks.s1k.load_train")
-    if key not in TASK_NAMES:
+    if key not in TASK_NAMES + TOY_TASKS:
         raise ValueError(f"unknown task {name!r}: choose one of "
-                         f"{', '.join(TASK_NAMES + tuple(_REGISTERED))}")
+                         f"{', '.join(TASK_NAMES + TOY_TASKS + tuple(_REGISTERED))}")
     return importlib.import_module(f"d1jax.tasks.{key}").make_task(**options)
 
 
