@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -214,30 +212,3 @@ def abstract_like(tree: Any) -> Any:
     def one(x):
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
     return jax.tree.map(one, tree)
-
-
-class PreemptionFlag:
-    """Set by SIGTERM (TPU preemption, ``kill``): the loop saves and exits cleanly."""
-
-    def __init__(self):
-        self._event = threading.Event()
-        self._previous = None
-
-    def install(self) -> "PreemptionFlag":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handler)
-        return self
-
-    def _handler(self, signum, frame):
-        del signum, frame
-        print("SIGTERM received: saving a checkpoint and stopping", flush=True)
-        self._event.set()
-
-    def uninstall(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
-
-    @property
-    def is_set(self) -> bool:
-        return self._event.is_set()
