@@ -369,3 +369,30 @@ def test_spg_prompt_is_their_three_shot_format():
     # without few_shot: d1's prompt
     assert sudoku.build_messages({"puzzle": "1234341221434321"})[0]["content"] == (
         sudoku.SYSTEM_PROMPT + "\n\nSolve the following Sudoku puzzle: 1234341221434321\n")
+
+
+def test_spg_source_is_their_split_less_500_with_the_three_shot_prompt(tmp_path, monkeypatch):
+    """source "spg": SPG's train CSV (dataset/train_sudoku_split_new.csv), shuffled with seed
+    42 and cut by its last 500 rows (spg/diffu_grpo_train.py:69-73, numpy's
+    default_rng(42).permutation as datasets' shuffle), every example prompted 3-shot."""
+    import numpy as np
+    from d1jax.tasks import sudoku
+    grids = sudoku.generate_puzzles(520, seed=3)
+    (tmp_path / sudoku.SPG_TRAIN_FILE).write_text(
+        "Puzzle,Solution\n" + "".join(f"{g['puzzle']},{g['solution']}\n" for g in grids))
+    monkeypatch.setenv("D1JAX_DATA_DIR", str(tmp_path))
+    got = sudoku.load_train("spg")
+    keep = np.random.default_rng(42).permutation(520)[:20]
+    assert [g["puzzle"] for g in got] == [grids[i]["puzzle"] for i in keep]
+    assert all(g["few_shot"] == 3 for g in got)
+    assert "Question: Solve the following Sudoku puzzle" in (
+        sudoku.build_messages(got[0])[0]["content"])
+
+
+@pytest.mark.parametrize("task, source", [("gsm8k", "d1"), ("countdown", "spg")])
+def test_named_sources_are_refused_for_other_tasks(task, source):
+    from d1jax.config import ConfigError, check_inputs
+    c = _config("grpo_gsm8k", "tiny")
+    c.task.name, c.task.source = task, source
+    with pytest.raises(ConfigError, match=f"config.task.source='{source}' names"):
+        check_inputs(c)
