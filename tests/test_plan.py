@@ -319,6 +319,35 @@ def test_loop_aware_flops_match_the_analytic_count(sampler_by_fsdp):
     assert 0 < e.seconds and 0 < e.mfu < 1
 
 
+# The tiny eval sampler on v5e:2x2 (4 chips, mesh 4,1,1) with a batch no chip can hold:
+# 2^21 rows, vocab 2^16, blocks of 8. The block's float32 logits alone are
+# 2^21 / 4 x 8 x 2^16 x 4 bytes = 1 TiB a chip, and XLA refuses to compile it: "Ran out of
+# memory on HBM, the total memory required for HLO temporaries (2.00T) exceeds ...".
+_TOO_LARGE = ["--config=configs/eval.py:sudoku-tiny", "--config.eval.batch_size=2097152",
+              "--config.model.vocab_size=65536", "--config.eval.gen_lengths=(16,)",
+              "--config.max_prompt_length=16", "--config.sampler.block_length=8",
+              "--config.model.n_layers=1"]
+_BLOCK_LOGITS_PER_CHIP = 2**21 // 4 * 8 * 2**16 * 4
+
+
+def test_xla_refusals_for_memory_are_read_in_every_unit():
+    """libtpu's two messages for a program over HBM, binary units (its "32.00G" for a
+    program of 32 GiB of arguments); any other message is not a refusal for memory."""
+    from d1jax.plan.compile import oom_bytes
+    msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+           "temporaries ({}) exceeds available HBM (95.74G).")
+    assert oom_bytes(msg.format("8.32T")) == int(8.32 * 2**40)
+    assert oom_bytes(msg.format("32.00G")) == 32 * 2**30
+    assert oom_bytes(msg.format("1.50P")) == int(1.5 * 2**50)
+    assert oom_bytes(msg.format("512B")) == 512
+    assert oom_bytes("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory "
+                     "in memory space hbm. Used 17.25G of 15.75G hbm. Exceeded hbm capacity "
+                     "by 1.50G.") == int(17.25 * 2**30)
+    assert oom_bytes("Ran out of memory in memory space vmem. Used 130.00M of 128.00M vmem.") \
+        is None  # on-chip scratch, not HBM: a compile failure of its own
+    assert oom_bytes("INVALID_ARGUMENT: Custom emitter for foo not found") is None
+
+
 @needs_tpu
 def test_oversized_config_is_refused_with_one_line(tmp_path):
     from d1jax.plan import compile as plan_lib
@@ -331,37 +360,107 @@ def test_oversized_config_is_refused_with_one_line(tmp_path):
 
 
 @needs_tpu
-def test_cli_exits_nonzero_when_a_program_does_not_fit():
-    cmd = [sys.executable, "-m", "d1jax.plan", "--config=configs/eval.py:sudoku-tiny",
-           "--topology=v5e:2x2", "--mesh=4,1,1", "--config.eval.batch_size=32768",
-           "--config.model.vocab_size=65536",
-           "--config.eval.gen_lengths=(16,)", "--config.max_prompt_length=16",
-           "--config.sampler.block_length=8", "--config.model.n_layers=1"]
+def test_cli_reports_a_program_xla_refuses_for_memory(tmp_path):
+    """A program XLA refuses to compile for lack of HBM (terabytes a chip) is a row of the
+    table marked NO (XLA), with XLA's total, and a line with the advice; exit 1, no
+    traceback."""
+    import json
+    cmd = [sys.executable, "-m", "d1jax.plan", *_TOO_LARGE, "--topology=v5e:2x2",
+           "--mesh=4,1,1", f"--json={tmp_path / 'plan.json'}"]
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}  # a user's shell
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 1, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
     *progress, last = out.stderr.strip().splitlines()
-    assert last.startswith("eval_sampler_16 does not fit") and "--mesh=1,4,1" in last
-    assert "| eval_sampler_16 | 4,1,1 |" in out.stdout
+    assert last.startswith("eval_sampler_16 does not fit on v5e:2x2 (v5e): needs ") \
+        and "(XLA's figure: it refused to compile it)" in last and "--mesh=1,4,1" in last, last
+    (row,) = json.loads((tmp_path / "plan.json").read_text())
+    assert row["refused"] and not row["fits"]
+    assert row["total_bytes"] >= _BLOCK_LOGITS_PER_CHIP  # XLA's figure: at least the logits
+    gib = row["total_bytes"] / 2**30
+    assert f"needs {gib:,.1f} GiB per chip" in last
+    cells = next(ln for ln in out.stdout.splitlines() if ln.startswith("| eval_sampler_16 |"))
+    cells = [c.strip() for c in cells.strip("|").split("|")]
+    assert cells[1:3] == ["4,1,1", "off"] and cells[5] == f"{gib:,.2f}" \
+        and cells[7] == "NO (XLA)" and cells[10:12] == ["-", "-"], cells  # no time estimate
     # Nothing but the planner's own lines: libtpu's complaints about the absent TPU are muted.
     assert all(ln.startswith("compiled ") for ln in progress), out.stderr[-2000:]
 
 
 @needs_tpu
+def test_a_refused_program_leaves_the_others_planned(monkeypatch):
+    """XLA's refusal is an estimate like any other: the programs beside it (here a small
+    one added to the run's) are still compiled and returned, in order."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from d1jax.plan import compile as plan_lib
+    from d1jax.plan.programs import Program
+    real = plan_lib.build_programs
+
+    def with_a_small_program(spec, mesh):
+        x = jax.ShapeDtypeStruct((8, 128), jnp.float32, sharding=NamedSharding(mesh, P()))
+        small = Program("small", lambda: jax.jit(lambda a: a * 2).lower(x), (x,), 0.0, 0.0,
+                        loop_bound=1, weight_bytes=0, logits_bytes=0)
+        return real(spec, mesh) + [small]
+    monkeypatch.setattr(plan_lib, "build_programs", with_a_small_program)
+    big = _eval_config(batch=2**21, vocab=2**16)
+    refused, small = plan_lib.plan(big, "v5e:2x2", (4, 1, 1), cache_dir="")
+    assert refused.program == "eval_sampler_16" and refused.refused and not refused.fits
+    assert refused.total_bytes >= _BLOCK_LOGITS_PER_CHIP > refused.capacity_bytes
+    assert small.program == "small" and small.fits and not small.refused
+    assert 8 * 128 * 4 <= small.total_bytes < 2**20
+
+
+@needs_tpu
 def test_main_check_fits_stops_before_the_run(tmp_path):
-    """``d1jax.main --check_fits`` refuses a run whose programs do not fit, with the
-    planner's line, before anything is written to its workdir."""
+    """``d1jax.main --check_fits`` refuses a run whose programs do not fit (here XLA refuses
+    to compile it), with the planner's line, before anything is written to its workdir."""
     workdir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "d1jax.main", "--config=configs/eval.py:sudoku-tiny",
-           f"--workdir={workdir}", "--check_fits=v5e:2x2", "--config.mesh.shape=(4,1,1)",
-           "--config.eval.batch_size=32768", "--config.model.vocab_size=65536",
-           "--config.eval.gen_lengths=(16,)", "--config.max_prompt_length=16",
-           "--config.sampler.block_length=8", "--config.model.n_layers=1"]
+    cmd = [sys.executable, "-m", "d1jax.main", *_TOO_LARGE, f"--workdir={workdir}",
+           "--check_fits=v5e:2x2", "--config.mesh.shape=(4,1,1)"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 1, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: eval_sampler_16 does not fit on v5e:2x2"), last
+    assert last.startswith("error: eval_sampler_16 does not fit on v5e:2x2 (v5e): needs "), last
+    assert "(XLA's figure: it refused to compile it)" in last
     assert not workdir.exists()
+
+
+@needs_tpu
+@pytest.mark.parametrize("topology, mesh, says", [
+    ("v5e:3x3", "(1,4,1)", "error: libtpu does not build TPU topology 'v5e:3x3' "),
+    ("v5e:2x2", "(3,1,1)", "error: mesh.shape=(3, 1, 1): mesh shape (3, 1, 1) needs 3 devices, "
+                           "have 4")])
+def test_main_check_fits_names_a_topology_or_mesh_it_cannot_plan(tmp_path, topology, mesh,
+                                                                 says):
+    cmd = [sys.executable, "-m", "d1jax.main", "--config=configs/eval.py:sudoku-tiny",
+           f"--workdir={tmp_path / 'run'}", f"--check_fits={topology}",
+           f"--config.mesh.shape={mesh}"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1].startswith(says), out.stderr[-2000:]
+
+
+@needs_tpu
+def test_a_program_xla_cannot_compile_is_one_line_naming_it(monkeypatch):
+    """A compile failure other than memory (here libtpu has no emitter for a custom call)
+    ends the plan with one DoesNotFit line naming the program and XLA's reason."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from d1jax.plan import compile as plan_lib
+    from d1jax.plan.programs import Program
+    real = plan_lib.build_programs
+
+    def with_a_custom_call(spec, mesh):
+        x = jax.ShapeDtypeStruct((8, 128), jnp.float32, sharding=NamedSharding(mesh, P()))
+        call = jax.ffi.ffi_call("d1jax_no_such_target", x)
+        bad = Program("custom_call", lambda: jax.jit(call).lower(x), (x,), 0.0, 0.0,
+                      loop_bound=1, weight_bytes=0, logits_bytes=0)
+        return real(spec, mesh) + [bad]
+    monkeypatch.setattr(plan_lib, "build_programs", with_a_custom_call)
+    with pytest.raises(plan_lib.DoesNotFit) as err:
+        plan_lib.plan(_eval_config(), "v5e:2x2", (1, 4, 1), cache_dir="")
+    assert str(err.value) == ("custom_call does not compile for v5e:2x2: INVALID_ARGUMENT: "
+                              "Custom emitter for d1jax_no_such_target not found")
 
 
 @needs_tpu
@@ -430,6 +529,10 @@ def test_advice_names_only_changes_the_batch_checks_accept():
     assert plan_lib.advice(grpo, gsm8k).endswith("--config.optim.grad_accum=4")
     assert plan_lib.advice(dc.replace(grpo, remat=False), gsm8k) == \
         "turn remat on: --config.model.remat=True"
+    # the old/ref log-prob pass sees every row of the step at once: micro-batches do not help
+    assert plan_lib.advice(dc.replace(grpo, program="rollout_logps"), gsm8k) == \
+        "fewer prompts per step (--config.grpo.prompts_per_step), more chips or a chip with " \
+        "more HBM"
 
 
 def test_topology_names():

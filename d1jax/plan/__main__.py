@@ -4,8 +4,10 @@ loop-aware FLOPs, XLA's time estimates and MFU (no TPU, no weights, no data need
   python -m d1jax.plan --config=configs/grpo_gsm8k.py --topology=v5p:2x2x1 --mesh=1,4,1
 
 Exits 1 with one line per program that does not fit (what it needs, what the chip has,
-the change that would make it fit). ``--json=FILE`` also writes the figures as JSON.
-A repeat plan reads what the last one compiled from ``--cache_dir`` (d1jax/plan/cache.py).
+the change that would make it fit), XLA's refusals for lack of HBM included; a program
+that does not compile for another reason ends the plan with one line naming it.
+``--json=FILE`` also writes the figures as JSON. A repeat plan reads what the last one
+compiled from ``--cache_dir`` (d1jax/plan/cache.py).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def _mesh_shape(text: str) -> tuple[int, ...] | None:
 
 def _progress(e) -> None:
     how = " (figures from the plan cache)" if e.cached else ""
+    if e.refused:
+        how += f": XLA refused it, {e.total_bytes / 2**30:,.1f} GiB per chip"
     print(f"compiled {e.program} in {e.compile_s:.0f} s{how}", file=sys.stderr, flush=True)
 
 

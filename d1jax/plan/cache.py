@@ -34,13 +34,15 @@ MEMORY_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_i
 
 @dataclasses.dataclass(frozen=True)
 class Compiled:
-    """What the planner reads of one compiled program; ``vocab_tensor_bytes`` None: XLA
-    refused the program for lack of HBM (``memory`` then holds the temporaries it named)."""
+    """What the planner reads of one compiled program; ``refused``: XLA refused the program
+    for lack of HBM (``memory`` then holds, as temporaries, the total its message named;
+    ``vocab_tensor_bytes`` is None)."""
 
     memory: dict  # MEMORY_FIELDS -> bytes per chip (memory_analysis)
     optimal_seconds: float  # cost_analysis()["optimal_seconds"], loop bodies once
     unpriced_calls: int  # custom calls libtpu's cost model books at -1 s
     vocab_tensor_bytes: int | None
+    refused: bool = False
 
 
 def cache_dir(value: str | None = None) -> Path | None:

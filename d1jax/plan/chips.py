@@ -106,23 +106,33 @@ def _libtpu_init_quiet():
 def topology_devices(name: str) -> tuple[Chip, list]:
     """(chip, compile-only TPU devices, one per chip) of a topology, from libtpu on this host.
 
-    Raises ImportError naming the fix when libtpu is missing.
+    Raises ImportError naming the fix when libtpu is missing, ValueError when libtpu
+    refuses the topology (a grid it does not build, such as v5e:3x3).
     """
     chip, topo, grid = parse_topology(name)
     # Compiling touches no TPU, so several processes may load libtpu at once (by default
     # the first holds a lock file and the others fail).
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    refused = None
     try:
         from jax.experimental import topologies
         # One host holds at most 2x2x1 chips; a smaller slice is one host.
         per_host = tuple(min(g, 2) if i < 2 else 1 for i, g in enumerate(grid))
         per_host = per_host + (1,) * (3 - len(per_host))
         with _libtpu_init_quiet():
-            desc = topologies.get_topology_desc(
-                topology_name=topo, platform="tpu",
-                chip_config_name="megacore" if chip.megacore else "default",
-                chips_per_host_bounds=per_host, num_slices=1, wrap=(False, False, False))
+            try:
+                desc = topologies.get_topology_desc(
+                    topology_name=topo, platform="tpu",
+                    chip_config_name="megacore" if chip.megacore else "default",
+                    chips_per_host_bounds=per_host, num_slices=1, wrap=(False, False, False))
+            except RuntimeError as e:  # libtpu loaded and judged the topology itself
+                if "INVALID_ARGUMENT" not in str(e):
+                    raise
+                refused = (str(e).strip().splitlines() or [""])[0]
     except (ImportError, RuntimeError) as e:
         raise ImportError(f"cannot build TPU topology {topo!r} ({e}); the planner needs libtpu: "
                           "pip install 'jax[tpu]' (or the libtpu version jax pins)") from e
+    if refused is not None:
+        raise ValueError(f"libtpu does not build TPU topology {name!r} ({refused}): use a "
+                         f"grid a slice has, such as one of {sorted(SLICES)}")
     return chip, list(desc.devices)

@@ -6,6 +6,10 @@ estimated seconds, MFU and sampler throughput.
 loads weights (``run``: a ``RunSpec``, or a config translated once): it raises
 ``DoesNotFit`` with one line naming the program, the bytes it needs against the bytes
 available and the change that would make it fit.
+
+A program XLA refuses to compile for lack of HBM is a program that does not fit: its
+estimate carries the total XLA's message names (``Estimate.refused``). Any other compile
+failure is one ``DoesNotFit`` line naming the program and XLA's reason.
 """
 
 from __future__ import annotations
@@ -31,12 +35,27 @@ from d1jax.run import spec as spec_lib
 LOGITS_SHARE = 0.5
 
 
-# XLA refuses to compile a program whose temporaries exceed HBM; it names the amount.
-_OOM = re.compile(r"HLO temporaries \(([0-9.]+)G\)")
+# libtpu's two messages for a program that does not fit in HBM, each naming what the
+# program needs per chip in all (arguments and outputs included) as "15.84G", "8.32T".
+_OOM = (re.compile(r"HLO temporaries \(([0-9.]+)([KMGTPE]?)i?B?\) exceeds available HBM"),
+        re.compile(r"memory space hbm\. Used ([0-9.]+)([KMGTPE]?)i?B? of "))
+_UNITS = "KMGTPE"
 
 
 class DoesNotFit(RuntimeError):
-    """A program needs more HBM per chip than the topology has; the message is one line."""
+    """A run cannot run on the topology: a program needs more HBM per chip than a chip has,
+    or does not compile for it; the message is one line."""
+
+
+def oom_bytes(message: str) -> int | None:
+    """Bytes per chip a program needs, from XLA's message refusing it for lack of HBM
+    (binary units: "8.32T" is 8.32 TiB); None for any other message."""
+    for pattern in _OOM:
+        m = pattern.search(message)
+        if m:
+            unit = m.group(2)
+            return int(float(m.group(1)) * 1024 ** (_UNITS.index(unit) + 1 if unit else 0))
+    return None
 
 
 @dataclasses.dataclass
@@ -68,6 +87,9 @@ class Estimate:
     tokens: int = 0
     sequences: int = 0
     cached: bool = False  # figures read from the plan cache (compile_s: lowering and reading)
+    # XLA refused to compile it for lack of HBM: total_bytes is what its message names (the
+    # arguments by the rules, the rest as temporaries); no time, no vocab figure.
+    refused: bool = False
 
     @property
     def total_bytes(self) -> int:
@@ -76,7 +98,7 @@ class Estimate:
 
     @property
     def fits(self) -> bool:
-        return self.total_bytes <= self.capacity_bytes
+        return not self.refused and self.total_bytes <= self.capacity_bytes
 
     @property
     def chips(self) -> int:
@@ -194,14 +216,22 @@ def estimate(program: Program, spec: PlanSpec, mesh, chip: chips.Chip, topology:
     got = plan_cache.read(cache_root, name) if cache_root else None
     cached = got is not None
     if got is None:
-        got = _compile(lowered, lambda text: _largest_vocab_activation(
-            text, program.args, spec.model_config.output_vocab, mesh.shape.get("tensor", 1),
-            n))
+        try:
+            got = _compile(lowered, lambda text: _largest_vocab_activation(
+                text, program.args, spec.model_config.output_vocab,
+                mesh.shape.get("tensor", 1), n))
+        except jax.errors.JaxRuntimeError as e:  # not for lack of HBM: XLA's first line
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise DoesNotFit(f"{program.name} does not compile for {topology}: {reason}") \
+                from None
         if cache_root:
             plan_cache.write(cache_root, name, got)
     compile_s = time.perf_counter() - t0
     walk = hlo.LoopFlops(lowered.as_text(dialect="hlo"), default_trips=program.loop_bound)
     by_rules, mem = _per_chip_bytes(program.args), got.memory
+    if got.refused:  # XLA's figure is the total: the arguments by the rules, the rest temp
+        mem = dict(mem, argument_size_in_bytes=by_rules,
+                   temp_size_in_bytes=max(mem["temp_size_in_bytes"] - by_rules, 0))
     return Estimate(
         program=program.name, topology=topology, chip=chip.name, mesh=dict(mesh.shape),
         remat=bool(spec.run.model.remat), compile_s=compile_s,
@@ -219,22 +249,23 @@ def estimate(program: Program, spec: PlanSpec, mesh, chip: chips.Chip, topology:
         vocab_tensor_bytes=got.vocab_tensor_bytes,
         tokens=program.tokens,
         sequences=program.sequences,
-        cached=cached)
+        cached=cached, refused=got.refused)
 
 
 def _compile(lowered, vocab_bytes) -> plan_cache.Compiled:
     """The figures of a lowered program compiled: memory and cost analyses, the unpriced
-    custom calls and ``vocab_bytes(compiled HLO text)``; a program too large for HBM gets
-    the temporaries XLA reported, no time and no vocab figure."""
+    custom calls and ``vocab_bytes(compiled HLO text)``; a program too large for HBM is
+    ``refused``, with the total XLA's message names as its temporaries, no time and no
+    vocab figure. Any other compile error is raised."""
     fields = dict.fromkeys(plan_cache.MEMORY_FIELDS, 0)
     try:
         compiled = lowered.compile()
     except jax.errors.JaxRuntimeError as e:
-        m = _OOM.search(str(e))
-        if m is None:
+        needed = oom_bytes(str(e))
+        if needed is None:
             raise
-        fields["temp_size_in_bytes"] = int(float(m.group(1)) * 2**30)
-        return plan_cache.Compiled(fields, math.nan, 0, None)
+        fields["temp_size_in_bytes"] = needed
+        return plan_cache.Compiled(fields, math.nan, 0, None, refused=True)
     mem, text = compiled.memory_analysis(), compiled.as_text()
     fields.update({f: getattr(mem, f) for f in plan_cache.MEMORY_FIELDS})
     return plan_cache.Compiled(
@@ -323,6 +354,9 @@ def advice(e: Estimate, run: spec_lib.RunSpec) -> str:
         if run.stage == "sft":
             return (f"use more chips, a chip with more HBM, or shorter sequences "
                     f"(--config.sft.max_length={run.sft_run.max_length // 2})")
+    if e.program == "rollout_logps":  # the old/ref pass holds every row of the step at once
+        return ("fewer prompts per step (--config.grpo.prompts_per_step), more chips or a "
+                "chip with more HBM")
     if run.sampler is not None and e.program == "rollout":
         return (f"generate a shorter completion (--config.sampler.gen_length="
                 f"{run.sampler.gen_length // 2}) or fewer prompts per step "
@@ -332,8 +366,9 @@ def advice(e: Estimate, run: spec_lib.RunSpec) -> str:
 
 def failure_line(e: Estimate, run: spec_lib.RunSpec) -> str:
     gib = 2**30
+    how = " (XLA's figure: it refused to compile it)" if e.refused else ""
     return (f"{e.program} does not fit on {e.topology} ({e.chip}): needs "
-            f"{e.total_bytes / gib:.1f} GiB per chip, {e.capacity_bytes / gib:.1f} GiB "
+            f"{e.total_bytes / gib:,.1f} GiB per chip{how}, {e.capacity_bytes / gib:.1f} GiB "
             f"usable; {advice(e, run)}")
 
 
@@ -356,12 +391,17 @@ def check_fits(run, topology: str | None = None,
                mesh_shape: tuple[int, ...] | None = None) -> list[Estimate]:
     """Compiles every program of ``run`` (a ``RunSpec`` or a config, translated once) for
     ``topology`` (default: the attached TPU) and raises ``DoesNotFit`` (one line) for the
-    first that needs more HBM than a chip has.
+    first that needs more HBM than a chip has, XLA's refusals included, or when the run
+    cannot be planned there (a topology libtpu does not build, a program that does not
+    trace or compile on the mesh).
 
     Call it before loading weights; it needs libtpu but no TPU. Returns the estimates.
     """
     run = as_spec(run)
-    estimates = plan(run, topology or attached_topology(), mesh_shape)
+    try:
+        estimates = plan(run, topology or attached_topology(), mesh_shape)
+    except (ValueError, ImportError) as e:  # the planner's one-line reasons
+        raise DoesNotFit(" ".join(str(e).split())) from None
     for e in estimates:
         if not e.fits:
             raise DoesNotFit(failure_line(e, run))

@@ -69,7 +69,10 @@ class Program:
 class _TokenizerShape:
     """What ``build.random_model_config`` reads of a tokenizer, for a random model planned
     without training its tokenizer: ``tokenizer_vocab`` tokens, mask, EOS and pad among
-    the last ids, no EoT."""
+    the last ids, no EoT. Like the tiny tokenizer it names no ``mask_token``: the mask is
+    found by LLaDA's token name."""
+
+    mask_token, eos_token, pad_token = None, "<eos>", "<eos>"
 
     def __init__(self, n: int):
         self.n, self.eos_token_id, self.pad_token_id, self.unk_token_id = n, n - 2, n - 2, -1
@@ -79,6 +82,10 @@ class _TokenizerShape:
 
     def convert_tokens_to_ids(self, token: str) -> int:
         return self.n - 1 if token == MASK else self.unk_token_id
+
+    def get_vocab(self) -> dict[str, int]:
+        """Only the tokens a planner's caller looks up by name (no chat-turn end)."""
+        return {MASK: self.n - 1, self.eos_token: self.eos_token_id}
 
 
 def architecture(m: spec_lib.ModelSpec) -> Any:

@@ -18,16 +18,20 @@ COLUMNS = ("program", "mesh d,f,t", "remat", "args GiB (rules)", "temp GiB", "to
 def _cells(e: Estimate) -> list[str]:
     m = e.mesh
     per_chip_s = e.seconds
-    rate = (lambda x: f"{x / e.chips / per_chip_s:,.0f}") if e.tokens else (lambda x: "-")
+    rate = (lambda x: f"{x / e.chips / per_chip_s:,.0f}") if e.tokens and not e.refused \
+        else (lambda x: "-")
     ratio = e.flops_xla / e.flops_hardware if e.flops_hardware else math.nan
+    # XLA refused the program: its total is the one figure XLA gave, no time was estimated
+    fits = "NO (XLA)" if e.refused else "yes" if e.fits else "NO"
     return [
         e.program, f"{m.get('data', 1)},{m.get('fsdp', 1)},{m.get('tensor', 1)}",
         "on" if e.remat else "off",
         f"{e.argument_bytes / GIB:.2f} ({e.argument_bytes_by_rules / GIB:.2f})",
-        f"{e.temp_bytes / GIB:.2f}", f"{e.total_bytes / GIB:.2f}",
-        f"{e.capacity_bytes / GIB:.1f}", "yes" if e.fits else "NO",
-        f"{e.flops_model / 1e12:,.1f}", f"{ratio:.3f}", f"{per_chip_s:.3g}",
-        f"{100 * e.mfu:.1f}%", rate(e.tokens), rate(e.sequences),
+        f"{e.temp_bytes / GIB:,.2f}", f"{e.total_bytes / GIB:,.2f}",
+        f"{e.capacity_bytes / GIB:.1f}", fits,
+        f"{e.flops_model / 1e12:,.1f}", f"{ratio:.3f}",
+        "-" if e.refused else f"{per_chip_s:.3g}",
+        "-" if e.refused else f"{100 * e.mfu:.1f}%", rate(e.tokens), rate(e.sequences),
         "YES" if e.weights_replicated else "no",
         {True: "YES", False: "no", None: "?"}[e.logits_materialised],
     ]
