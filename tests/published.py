@@ -139,8 +139,8 @@ DREAM_CONFIG = {  # config.json of Dream-v0-Instruct-7B; sizes and ids are set p
     "transformers_version": "4.46.2", "use_cache": True, "use_mrope": False,
     "use_sliding_window": False, "vocab_size": None,
 }
-TOKENIZATION_DREAM = '''"""Stands in for Dream's tokenization_dream.py in d1jax's test replicas: DreamTokenizer
-is Qwen2's byte-level BPE over vocab.json and merges.txt, as the authors' is."""
+TOKENIZATION_DREAM = '''"""Stands in for Dream's tokenization_dream.py in d1jax's test replicas:
+DreamTokenizer is Qwen2's byte-level BPE over vocab.json and merges.txt, as the authors' is."""
 from transformers import Qwen2Tokenizer
 
 

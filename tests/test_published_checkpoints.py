@@ -22,6 +22,7 @@ import pytest
 from d1jax import config as config_lib
 from d1jax.config import ConfigError
 from d1jax.eval import evaluate
+from d1jax.metrics import read_jsonl
 from d1jax.model import family as family_lib
 from d1jax.model.tokenizer import TokenizerError, load_tokenizer, special_ids
 from d1jax.model.weights import _open_checkpoint
@@ -30,6 +31,7 @@ from tests.published import BASE_VOCAB, PUBLISHED, REAL_IDS
 
 ROOT = Path(__file__).resolve().parents[1]
 MASK_TOKENS = {"llada": "<|mdm_mask|>", "dream": "<|mask|>"}
+INSTRUCT = {"LLaDA-8B-Base": "LLaDA-8B-Instruct", "Dream-v0-Base-7B": "Dream-v0-Instruct-7B"}
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +84,8 @@ def test_special_ids_are_each_checkpoints_own(replicas, slug):
     base, real = _real(p)
     assert {k: v - BASE_VOCAB for k, v in ids.items()} == {k: v - base for k, v in real.items()}
     assert tok.convert_ids_to_tokens(ids["mask"]) == MASK_TOKENS[p.family]
-    assert family_lib.check_checkpoint(d, p.family) == ids
+    instruct = None if p.chat else replicas[INSTRUCT[slug]]  # Base: no chat template
+    assert family_lib.check_checkpoint(d, p.family, instruct) == ids
     if p.dlm_pad:
         assert tok.convert_ids_to_tokens(ids["pad"]) == "<|dlm_pad|>"
         assert cfg.pad_token_id == ids["eos"] != ids["pad"]
@@ -124,9 +127,6 @@ def _completions(wd: Path) -> list[str]:
 EVAL_MAIN = ("import runpy, sys; import tests.learnable; sys.argv[0] = 'd1jax.eval'; "
              "runpy.run_module('d1jax.eval', run_name='__main__', alter_sys=True)")
 EVAL_FLAGS = (f"--config.task.name={learnable.NAME}", "--config.eval.num_examples=8")
-
-
-INSTRUCT = {"LLaDA-8B-Base": "LLaDA-8B-Instruct", "Dream-v0-Base-7B": "Dream-v0-Instruct-7B"}
 
 
 @pytest.mark.parametrize("slug", [s for s in PUBLISHED if s not in (
@@ -191,11 +191,11 @@ def _weights(d: Path) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("slug", list(CHAINS))
-def test_sft_then_grpo_through_the_commands_then_the_export_samples(replicas, slug, tmp_path):
+def test_sft_then_grpo_through_the_commands(replicas, slug, tmp_path):
     """``python -m d1jax.main`` SFT one step on the replica, exported; GRPO one step loading
-    that export, exported; d1jax's evaluation samples the GRPO export. Each export keeps the
+    that export and sampling its rollouts from it, exported. Each export keeps the
     checkpoint's tokenizer files and generation config byte for byte and its special ids in
-    config.json, and holds weights the step changed."""
+    config.json, loads, and holds weights the step changed."""
     p, src = PUBLISHED[slug], replicas[slug]
     sft_cfg, grpo_cfg = CHAINS[slug]
     sft_wd, grpo_wd = tmp_path / "sft", tmp_path / "grpo"
@@ -205,11 +205,8 @@ def test_sft_then_grpo_through_the_commands_then_the_export_samples(replicas, sl
     r = _cli(f"--config={grpo_cfg}", f"--config.model.path={sft_wd / 'hf'}", *GRPO_FLAGS,
              f"--workdir={grpo_wd}", main=learnable.MAIN)
     assert r.returncode == 0, r.stderr[-3000:]
-    c = _eval_config(p, grpo_wd / "hf")
-    config_lib.check_inputs(c)
-    evaluate.run(c, str(tmp_path / "eval"))
-    texts = _completions(tmp_path / "eval")
-    assert len(texts) == 8 and not any(MASK_TOKENS[p.family] in t for t in texts)
+    (row,) = read_jsonl(grpo_wd / "metrics.jsonl")
+    assert row["step"] == 1 and np.isfinite(row["loss"]) and 0 <= row["reward"] <= 1
 
     want = json.loads((src / "config.json").read_text())
     before = _weights(src)
@@ -221,6 +218,8 @@ def test_sft_then_grpo_through_the_commands_then_the_export_samples(replicas, sl
             assert got[key] == want[key], (hf, key)
         assert family_lib.check_checkpoint(hf, p.family) == family_lib.check_checkpoint(
             src, p.family)
+        cfg, params = family_lib.get(p.family).load(hf)
+        assert cfg.mask_token_id == want["mask_token_id"] and params
         after = _weights(hf)
         assert after.keys() == before.keys()
         assert any(not np.array_equal(after[k], before[k]) for k in before), \
