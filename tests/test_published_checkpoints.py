@@ -170,10 +170,13 @@ def test_dream_v0_instruct_samples_through_the_eval_command(replicas, tmp_path):
 
 # --------------------------------------------------------------------------- the commands
 
-CHAINS = {  # replica: (SFT config, GRPO config)
-    "LLaDA-8B-Instruct": ("configs/sft_s1k.py:tiny", "configs/grpo_sudoku.py:tiny"),
+CHAINS = {  # replica: (SFT config, GRPO config, dtype flags)
+    "LLaDA-8B-Instruct": ("configs/sft_s1k.py:tiny", "configs/grpo_sudoku.py:tiny", ()),
+    # bfloat16 params and compute, as users run the 7B configs
     "DiffuCoder-7B-Instruct": ("configs/dream/sft_s1k.py:tiny",
-                               "configs/diffucoder/coupled_grpo_sudoku.py:tiny"),
+                               "configs/diffucoder/coupled_grpo_sudoku.py:tiny",
+                               ("--config.model.dtype=bfloat16",
+                                "--config.model.param_dtype=bfloat16")),
 }
 # One step, no warmup (HF's warmup gives step 1 a learning rate of 0), on tests/learnable.py's
 # generated task (nothing to download).
@@ -197,13 +200,13 @@ def test_sft_then_grpo_through_the_commands(replicas, slug, tmp_path):
     checkpoint's tokenizer files and generation config byte for byte and its special ids in
     config.json, loads, and holds weights the step changed."""
     p, src = PUBLISHED[slug], replicas[slug]
-    sft_cfg, grpo_cfg = CHAINS[slug]
+    sft_cfg, grpo_cfg, dtypes = CHAINS[slug]
     sft_wd, grpo_wd = tmp_path / "sft", tmp_path / "grpo"
-    r = _cli(f"--config={sft_cfg}", f"--config.model.path={src}", *ONE_STEP,
+    r = _cli(f"--config={sft_cfg}", f"--config.model.path={src}", *ONE_STEP, *dtypes,
              "--config.sft.max_length=96", f"--workdir={sft_wd}", main=learnable.MAIN)
     assert r.returncode == 0, r.stderr[-3000:]
     r = _cli(f"--config={grpo_cfg}", f"--config.model.path={sft_wd / 'hf'}", *GRPO_FLAGS,
-             f"--workdir={grpo_wd}", main=learnable.MAIN)
+             *dtypes, f"--workdir={grpo_wd}", main=learnable.MAIN)
     assert r.returncode == 0, r.stderr[-3000:]
     (row,) = read_jsonl(grpo_wd / "metrics.jsonl")
     assert row["step"] == 1 and np.isfinite(row["loss"]) and 0 <= row["reward"] <= 1
@@ -220,6 +223,9 @@ def test_sft_then_grpo_through_the_commands(replicas, slug, tmp_path):
             src, p.family)
         cfg, params = family_lib.get(p.family).load(hf)
         assert cfg.mask_token_id == want["mask_token_id"] and params
+        if dtypes:  # stored as published
+            where = _open_checkpoint(hf)
+            assert {where[k].header[k]["dtype"] for k in where} == {"BF16"}, hf
         after = _weights(hf)
         assert after.keys() == before.keys()
         assert any(not np.array_equal(after[k], before[k]) for k in before), \
