@@ -275,13 +275,18 @@ CASES = {
                          "its config.json vocab_size=320 is smaller than the tokenizer's 344 "
                          "tokens (ids 320..343 have no embedding row): not this tokenizer's "
                          "model"),
+    "small_embedding": ("configs/dream/sft_s1k.py:tiny", "rows",
+                        "its embedding rows=320 is smaller than the tokenizer's 344 tokens (ids "
+                        "320..343 have no embedding row): not this tokenizer's model"),
 }
 
 
 def _make_bad(replicas, tmp_path, case) -> tuple[str, Path, str]:
     config, change, message = CASES[case]
-    if change == "vocab":
+    if change in ("vocab", "rows"):  # weights of a 320-token vocabulary
         d = published.write("Dream-v0-Instruct-7B", tmp_path / "bad", vocab=320)
+        if change == "rows":  # config.json says the tokenizer's size all the same
+            published.edit_json(d / "config.json", vocab_size=384)
     else:
         d = _bad(replicas, tmp_path)
         if change is not None:
