@@ -265,6 +265,10 @@ CASES = {
                           lambda d: published.edit_json(d / "config.json", mask_token_id=342),
                           "the tokenizer's mask token '<|mask|>' is id 343 but config.json has "
                           "mask_token_id=342: tokenizer and checkpoint do not belong together"),
+    "no_config_mask": ("configs/dream/grpo_sudoku.py:tiny",
+                       lambda d: published.edit_json(d / "config.json", mask_token_id=None),
+                       "its config.json names no mask_token_id (the tokenizer's mask token: "
+                       "'<|mask|>'): add the id the model was trained with"),
     "unknown_alg": ("configs/dream/eval.py:sudoku-tiny",
                     lambda d: published.edit_json(d / "generation_config.json",
                                                   alg="confidence_threshold"),

@@ -139,7 +139,8 @@ def check_checkpoint(path: str | os.PathLike, name: str,
     """What a run reads from the Hugging Face checkpoint at ``path``, checked before it writes
     anything; returns the special ids (``tokenizer.special_ids``). CheckpointError, one line:
 
-    - its config.json names another family than ``name`` (``model_type``);
+    - its config.json names another family than ``name`` (``model_type``), or no
+      ``mask_token_id`` (the config classes would fill in the 7-8B checkpoints' id);
     - its tokenizer (at ``tokenizer_path``, else ``path``) has no mask token, names special
       ids config.json contradicts, or has no chat template (the tasks prompt in chat turns);
     - its vocabulary (config.json's ``vocab_size``, the embedding's rows) is smaller than the
@@ -153,9 +154,10 @@ def check_checkpoint(path: str | os.PathLike, name: str,
     if not cfg_file.is_file():
         raise weights.CheckpointError(f"{cfg_file} is missing: not a Hugging Face checkpoint")
     try:
-        model_type = json.loads(cfg_file.read_text()).get("model_type")
+        raw = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as e:
         raise weights.CheckpointError(f"{cfg_file}: invalid JSON ({e})") from None
+    model_type = raw.get("model_type")
     found = detect(path)
     if found != name:
         what = (f"a {get(found).title} checkpoint" if found else
@@ -166,6 +168,11 @@ def check_checkpoint(path: str | os.PathLike, name: str,
                                       f"{hint}")
     config = fam.read_config(path)
     tok = load_tokenizer(tokenizer_path or path)
+    if raw.get("mask_token_id") is None:  # the config class would fill in the 7-8B id
+        named = (f"the tokenizer's mask token: {tok.mask_token!r}" if tok.mask_token
+                 else "nor does its tokenizer")
+        raise weights.CheckpointError(f"its config.json names no mask_token_id ({named}): "
+                                      f"add the id the model was trained with")
     ids = special_ids(tok, config)
     if not tok.chat_template:
         raise weights.CheckpointError(
