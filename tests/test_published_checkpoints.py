@@ -1,11 +1,13 @@
 """The published checkpoints the configs name, loaded as users download them.
 
 Tiny replicas (tests/published.py) keep each checkpoint's file set, field names, special
-tokens and bfloat16 weights. Every replica loads and samples through d1jax's evaluation;
-one per family goes through the commands as a user runs them: SFT one step -> export ->
-GRPO one step from that export -> export -> ``python -m d1jax.eval`` on it. Special ids
-come from each checkpoint, and a checkpoint that does not fit is one ``error:`` line
-before anything is written.
+tokens and bfloat16 weights. Each replica's special ids are checked against the real ones
+and transformers' own loader, and each one samples: through d1jax's evaluation,
+``python -m d1jax.eval`` (Dream-v0-Instruct-7B, the command issue 41 reports), or the GRPO
+rollouts of the two that go through the commands as a user runs them (LLaDA-8B-Instruct,
+DiffuCoder-7B-Instruct): ``python -m d1jax.main`` SFT one step -> export -> GRPO one step
+from that export -> export -> both exports reloaded. A checkpoint that does not fit is one
+``error:`` line before anything is written.
 """
 
 from __future__ import annotations
