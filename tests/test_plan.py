@@ -373,7 +373,8 @@ def test_cli_reports_a_program_xla_refuses_for_memory(tmp_path):
     assert "Traceback" not in out.stderr, out.stderr[-2000:]
     *progress, last = out.stderr.strip().splitlines()
     assert last.startswith("eval_sampler_16 does not fit on v5e:2x2 (v5e): needs ") \
-        and "(XLA's figure: it refused to compile it)" in last and "--mesh=1,4,1" in last, last
+        and "(XLA's figure: it refused to compile it)" in last \
+        and "--config.mesh.shape='(1,4,1)' (d1jax.plan: --mesh=1,4,1)" in last, last
     (row,) = json.loads((tmp_path / "plan.json").read_text())
     assert row["refused"] and not row["fits"]
     assert row["total_bytes"] >= _BLOCK_LOGITS_PER_CHIP  # XLA's figure: at least the logits

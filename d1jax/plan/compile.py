@@ -347,7 +347,8 @@ def advice(e: Estimate, run: spec_lib.RunSpec) -> str:
     if e.program.endswith("update") and not e.remat:
         return "turn remat on: --config.model.remat=True"
     if e.weights_replicated or (fsdp < n and _batch_accepted(run, n, accum)):
-        return f"shard the weights over a larger fsdp axis: --mesh=1,{n},1"
+        return (f"shard the weights over a larger fsdp axis: --config.mesh.shape='(1,{n},1)' "
+                f"(d1jax.plan: --mesh=1,{n},1)")
     if e.program.endswith("update"):
         if _batch_accepted(run, e.mesh.get("data", 1) * fsdp, 2 * accum):
             return f"split the batch into more micro-batches: --config.optim.grad_accum={2 * accum}"
