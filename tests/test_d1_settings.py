@@ -292,12 +292,6 @@ def test_diffucoder_authors_variant_is_their_recipe(name, tmp_path):
     assert c.grpo.objective == "coupled_grpo" and c.model.family == "dream"
 
 
-# Until d1jax/run/spec.py passes sampler.loop/alg/top_p/top_k and grpo.token_mean on (issue 41
-# items 3-4: a few lines there); strict, so the marker must go when they land.
-_SPEC_WIRING = pytest.mark.xfail(strict=True, reason="run/spec.py wiring of issue 41 items 3-4")
-
-
-@_SPEC_WIRING
 @pytest.mark.parametrize("name", ["diffucoder/coupled_grpo_sudoku",
                                   "diffucoder/coupled_grpo_countdown"])
 def test_diffucoder_authors_rollouts_are_dreams_sampler(name, tmp_path):
@@ -309,7 +303,6 @@ def test_diffucoder_authors_rollouts_are_dreams_sampler(name, tmp_path):
             dream.steps, dream.max_new_tokens) == ("dream", "entropy", None, 1.0, 0.95, 256, 256)
 
 
-@_SPEC_WIRING
 def test_d1s_loss_normalisation_reaches_the_update(tmp_path):
     """grpo.token_mean "group" -> GRPOConfig.norm_group = G (the per-group token mean of
     tests/test_losses.py); "step" -> None, one token mean per micro-batch."""

@@ -196,7 +196,9 @@ def sampler_config(group, prefix: str, gen_length: int, steps: int) -> smp.Sampl
             remasking=group.remasking, use_attention_mask=group.use_attention_mask,
             kv_cache=group.kv_cache, threshold=group.threshold, recompute=group.recompute,
             cache_refresh=group.cache_refresh, parallel_rule=group.parallel_rule,
-            first_position=group.get("first_position", False))
+            first_position=group.get("first_position", False),
+            loop=group.get("loop", "llada"), alg=group.get("alg", "entropy"),
+            top_p=group.get("top_p", 1.0), top_k=group.get("top_k", 50))
     except ValueError as e:
         raise ConfigError(f"{prefix}{e}") from None
 
@@ -300,12 +302,16 @@ def _hparams(c) -> Any:
 
 def _grpo(c, lora: bool) -> tuple[GRPOConfig, GRPORun]:
     g = c.grpo
+    token_mean = g.get("token_mean", "step")
+    if token_mean not in ("group", "step"):
+        raise ConfigError(f"grpo.token_mean={token_mean!r}: group (d1) or step")
     try:
         cfg = GRPOConfig(num_iterations=g.num_iterations, beta=g.beta, epsilon=g.epsilon,
                          p_mask_prompt=g.p_mask_prompt, cfg_scale=c.sampler.cfg_scale,
                          use_attention_mask=c.sampler.use_attention_mask,
                          grad_accum=c.optim.grad_accum, objective=g.objective,
-                         hparams=_hparams(c), lora_dropout=lora and c.lora.dropout > 0)
+                         hparams=_hparams(c), lora_dropout=lora and c.lora.dropout > 0,
+                         norm_group=g.num_generations if token_mean == "group" else None)
     except ValueError as e:
         raise ConfigError(f"grpo: {e}") from None
     if g.advantage not in adv_lib.ESTIMATORS:

@@ -10,7 +10,10 @@ metrics continue exactly (same seed -> same rollouts, same mask seeds).
 
 from __future__ import annotations
 
+import dataclasses
+
 from d1jax import config as config_lib
+from d1jax.config.defaults import grpo_num_steps
 from d1jax.metrics import Progress
 from d1jax.run import context
 from d1jax.run.build import build, data_parallel_size
@@ -30,6 +33,12 @@ def run(config, workdir: str) -> dict:
                            spec.optim.grad_accum)
     task = spec.task.build()
     examples = _train_examples(spec, task)
+    if config.grpo.get("num_epochs"):  # d1's run length: epochs, counted as TRL counts them
+        spec = dataclasses.replace(spec, train=dataclasses.replace(
+            t, num_steps=grpo_num_steps(config, len(examples))))
+        t = spec.train
+        print(f"grpo: num_epochs {config.grpo.num_epochs} of {len(examples)} prompts, "
+              f"{g.prompts_per_step} a step, mu {mu}: {t.num_steps} optimizer steps", flush=True)
     s = build(spec, wd, mesh, texts=lambda: _tokenizer_texts(task, examples))
     eng = engine.GRPOEngine(spec, s)
     ctx = context.RunContext.create(spec, wd)
