@@ -82,6 +82,7 @@ def _optim(tiny: bool) -> mlc.ConfigDict:
     o.lr_schedule = "constant_with_warmup"  # After the warmup: "constant_with_warmup" (d1 GRPO), "linear" decay to 0 at the last step (HF Trainer's default, d1 SFT) or "cosine_with_min_lr" (DiffuCoder's coupled-GRPO).
     o.min_lr_rate = 0.0  # With "cosine_with_min_lr": the final learning rate as a share of the peak (DiffuCoder: 0.1).
     o.grad_accum = 1 if tiny else 2  # Micro-batches accumulated per optimizer step.
+    o.master_weights = "float32"  # Full fine-tuning with a bfloat16 model.param_dtype: "float32" keeps float32 master weights and AdamW moments, cast to bfloat16 for each forward (DeepSpeed, MaxText); "none" stores and updates them in bfloat16, where an update below half a bfloat16 step (lr 1e-6) rounds away. LoRA: no effect (adapters are float32).
     return o
 
 
