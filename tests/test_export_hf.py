@@ -1,9 +1,11 @@
 """Hugging Face exports open out of the box: a run's export (``context.export_hf``) of a random
 model and of a model loaded from an official-style directory, for LLaDA and for Dream, opened by
 transformers 5.x (this environment) and 4.46.3 (a cached venv) with ``trust_remote_code=True``,
-all four in one process per version: their logits against d1jax's forward (Dream's raw,
-unshifted logits, also called as Dream's sampler calls the model), their ``AutoTokenizer``
-against the ``tokenizers`` library."""
+and the export of each published checkpoint's tiny replica (tests/published.py) loaded as a
+run loads it (a Base one with its Instruct's tokenizer), all in one process per version: their
+logits against d1jax's forward (Dream's raw, unshifted logits, also called as Dream's sampler
+calls the model), their ``AutoTokenizer`` against the ``tokenizers`` library (a replica's:
+against the tokenizer d1jax ran with)."""
 
 import hashlib
 import importlib.util
@@ -17,11 +19,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 import jax
+import ml_dtypes
 import numpy as np
 import pytest
 import tokenizers
 
 import d1jax
+from d1jax.model import family as family_lib
 from d1jax.model import hf_files, weights
 from d1jax.model.dream import Dream, dream_positions
 from d1jax.model.dream_config import dream_preset
@@ -29,6 +33,7 @@ from d1jax.model.dream_weights import (dream_param_shapes, load_dream_checkpoint
                                        save_dream_checkpoint)
 from d1jax.model.tokenizer import CHAT_TEMPLATE, load_tokenizer, train_tiny_tokenizer
 from d1jax.run import build, context
+from tests import published
 
 TEXTS = ["The quick brown fox jumps over 12 lazy dogs.", "Sudoku: 1 2 3 4 / 3 4 1 2",
          "<|startoftext|>Solve 7 + 8.<|eot_id|>", "Answer: 15<|mdm_mask|><|endoftext|>"]
@@ -49,6 +54,7 @@ OFFICIAL_EXTRA_FIELDS = {"flash_attention": False, "init_device": "meta", "init_
 DREAM_EXTRA_FIELDS = {"torch_dtype": "bfloat16", "transformers_version": "4.46.2",
                       "auto_map": {"AutoConfig": "configuration_dream.DreamConfig",
                                    "AutoModel": "modeling_dream.DreamModel"}}
+INSTRUCT = {"LLaDA-8B-Base": "LLaDA-8B-Instruct", "Dream-v0-Base-7B": "Dream-v0-Instruct-7B"}
 HF4_REQUIREMENTS = ("torch==2.13.0", "transformers==4.46.3", "tokenizers<0.21", "safetensors",
                     "numpy")
 
@@ -64,10 +70,14 @@ from transformers import AutoTokenizer
 job = json.load(open(sys.argv[1]))
 result, arrays = {"version": transformers.__version__, "exports": []}, {}
 ids, mask = torch.tensor(job["ids"]), torch.tensor(job["mask"])
+# float32 as d1jax's reference computes (5.x would load a bfloat16 checkpoint as bfloat16)
+dtype = {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype":
+         torch.float32}
 for i, path in enumerate(job["exports"]):
     row = {"classes": []}
     for name in job["autos"][i]:
-        model = getattr(transformers, name).from_pretrained(path, trust_remote_code=True).eval()
+        model = getattr(transformers, name).from_pretrained(path, trust_remote_code=True,
+                                                            **dtype).eval()
         with torch.no_grad():
             arrays[f"{i}_{name}"] = model(ids, attention_mask=mask).logits.numpy()
             if job["sampler_call"][i]:
@@ -76,7 +86,7 @@ for i, path in enumerate(job["exports"]):
                 pairs = real[:, None, None, :] & real[:, None, :, None]
                 arrays[f"{i}_sampler"] = model(ids, pairs, tok_idx).logits.numpy()
         row["classes"].append(type(model).__name__)
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=job["trust_tokenizer"][i])
     row.update(tokens=[tok(t)["input_ids"] for t in job["texts"]], mask=tok.mask_token,
                chat_template=tok.chat_template)
     result["exports"].append(row)
@@ -153,17 +163,31 @@ class Export(NamedTuple):
     path: Path  # the export directory
     logits: np.ndarray  # d1jax's forward on IDS, MASK [2, 8, V] (Dream: raw_logits)
     tokenizer_json: Path  # the tokenizer the run used
+    tokens: list[list[int]] | None  # TEXTS as it splits them
     source: Path | None  # the directory the run loaded its model from
     autos: tuple[str, ...]  # the Auto classes that open it
     model_class: str  # the class they give
     sampler_call: bool  # also called as Dream's sampler calls the model
+    mask_token: str = "<|mdm_mask|>"  # the AutoTokenizer's mask_token
+    chat_template: str | None = CHAT_TEMPLATE  # and chat template
+    trust_tokenizer: bool = False  # its tokenizer is remote code (Dream's DreamTokenizer)
+
+
+def reference_tokens(tok) -> list[list[int]] | None:
+    """TEXTS through the ``tokenizers`` library from the run's tokenizer.json (None: it has
+    none, as Dream's vocab.json and merges.txt)."""
+    if not (Path(tok.name_or_path) / "tokenizer.json").is_file():
+        return None
+    reference = tokenizers.Tokenizer.from_file(str(Path(tok.name_or_path) / "tokenizer.json"))
+    return [reference.encode(t).ids for t in TEXTS]
 
 
 def export_and_reference(workdir, tok, config, params, source) -> Export:
     path = export_run(workdir, tok, d1jax.LLaDA(config), config, params,
                       None if source is None else str(source))
     logits = jax.jit(d1jax.LLaDA(config).apply)({"params": params}, np.array(IDS), np.array(MASK))
-    return Export(path, np.asarray(logits), Path(tok.name_or_path) / "tokenizer.json", source,
+    return Export(path, np.asarray(logits), Path(tok.name_or_path) / "tokenizer.json",
+                  reference_tokens(tok), source,
                   ("AutoModel", "AutoModelForCausalLM"), "LLaDAModelLM", False)
 
 
@@ -176,7 +200,8 @@ def dream_export_and_reference(workdir, tok, config, params, source) -> Export:
     raw = jax.jit(lambda p: Dream(config).apply({"params": p}, np.array(IDS), mask,
                                                 positions=dream_positions(mask),
                                                 method=Dream.raw_logits))(params)
-    return Export(path, np.asarray(raw), Path(tok.name_or_path) / "tokenizer.json", source,
+    return Export(path, np.asarray(raw), Path(tok.name_or_path) / "tokenizer.json",
+                  reference_tokens(tok), source,
                   ("AutoModel",), "DreamModel", True)
 
 
@@ -216,6 +241,29 @@ def exports(tmp_path_factory) -> dict[str, Export]:
     out["dream-source"] = dream_export_and_reference(
         root / "dream-run", load_tokenizer(source), config, jax.tree.map(np.asarray, params),
         source)
+    out.update(replica_exports(root / "published"))
+    return out
+
+
+def replica_exports(root: Path) -> dict[str, Export]:
+    """Each published checkpoint's replica loaded and exported as a run does it (a Base one
+    with its Instruct's tokenizer, ``config.model.tokenizer_path``): bfloat16 weights, the
+    source's remote code (Dream's) and tokenizer files (Dream's: a DreamTokenizer module)."""
+    out = {}
+    for i, slug in enumerate(published.PUBLISHED):
+        published.write(slug, root / slug, seed=i)
+    for slug, p in published.PUBLISHED.items():
+        source = root / slug
+        tok = load_tokenizer(source if p.chat else root / INSTRUCT[slug])
+        config, params = family_lib.get(p.family).load(source)
+        # bfloat16, as the 7B configs keep them: the export stores them so
+        params = jax.tree.map(lambda a: np.asarray(a).astype(ml_dtypes.bfloat16), params)
+        run = (export_and_reference if p.family == "llada" else dream_export_and_reference)(
+            root / f"{slug}-run", tok, config, params, source)
+        named = json.loads((Path(tok.name_or_path) / "tokenizer_config.json").read_text())
+        out[slug] = run._replace(  # LLaDA's tokenizer names no mask token
+            tokens=[tok(t)["input_ids"] for t in TEXTS], mask_token=named.get("mask_token"),
+            chat_template=named["chat_template"], trust_tokenizer=p.family == "dream")
     return out
 
 
@@ -264,6 +312,7 @@ def check_opened(python, exports, tmp_path):
     job = {"exports": [str(exports[n].path) for n in names], "ids": IDS, "mask": MASK,
            "autos": [exports[n].autos for n in names],
            "sampler_call": [exports[n].sampler_call for n in names],
+           "trust_tokenizer": [exports[n].trust_tokenizer for n in names],
            "texts": TEXTS, "arrays": str(tmp_path / "logits.npz"),
            "result": str(tmp_path / "result.json")}
     (tmp_path / "job.json").write_text(json.dumps(job))
@@ -288,9 +337,9 @@ def check_opened(python, exports, tmp_path):
             np.testing.assert_allclose(arrays[f"{i}_sampler"][real], export.logits[real],
                                        rtol=1e-5, atol=1e-5,
                                        err_msg=f"{name} sampler call {result['version']}")
-        reference = tokenizers.Tokenizer.from_file(str(exports[name].tokenizer_json))
-        assert row["tokens"] == [reference.encode(t).ids for t in TEXTS], name
-        assert row["mask"] == "<|mdm_mask|>" and row["chat_template"] == CHAT_TEMPLATE, name
+        assert row["tokens"] == export.tokens, name
+        assert row["mask"] == export.mask_token, name
+        assert row["chat_template"] == export.chat_template, name
     return result["version"]
 
 

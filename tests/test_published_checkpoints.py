@@ -2,12 +2,12 @@
 
 Tiny replicas (tests/published.py) keep each checkpoint's file set, field names, special
 tokens and bfloat16 weights. Each replica's special ids are checked against the real ones
-and transformers' own loader, and each one samples: through d1jax's evaluation,
-``python -m d1jax.eval`` (Dream-v0-Instruct-7B, the command issue 41 reports), or the GRPO
-rollouts of the two that go through the commands as a user runs them (LLaDA-8B-Instruct,
-DiffuCoder-7B-Instruct): ``python -m d1jax.main`` SFT one step -> export -> GRPO one step
-from that export -> export -> both exports reloaded. A checkpoint that does not fit is one
-``error:`` line before anything is written.
+and transformers' own loader; each one samples through d1jax's evaluation (in process, or
+``python -m d1jax.eval`` for Dream-v0-Instruct-7B, the command issue 41 reports) and goes
+through the commands as a user runs them: ``python -m d1jax.main`` SFT one step -> export ->
+GRPO one step from that export (its rollouts sample it) -> export -> both exports reloaded.
+tests/test_export_hf.py opens each replica's export in transformers 4.46.3 and 5.x. A
+checkpoint that does not fit is one ``error:`` line before anything is written.
 """
 
 from __future__ import annotations
@@ -172,14 +172,22 @@ def test_dream_v0_instruct_samples_through_the_eval_command(replicas, tmp_path):
 
 # --------------------------------------------------------------------------- the commands
 
+LLADA_CHAIN = ("configs/sft_s1k.py:tiny", "configs/grpo_sudoku.py:tiny", ())
+# bfloat16 params and compute, as users run the 7B configs
+BF16 = ("--config.model.dtype=bfloat16", "--config.model.param_dtype=bfloat16")
+DREAM_CHAIN = ("configs/dream/sft_s1k.py:tiny", "configs/dream/grpo_sudoku.py:tiny", BF16)
+DIFFUCODER_CHAIN = ("configs/dream/sft_s1k.py:tiny",
+                    "configs/diffucoder/coupled_grpo_sudoku.py:tiny", BF16)
 CHAINS = {  # replica: (SFT config, GRPO config, dtype flags)
-    "LLaDA-8B-Instruct": ("configs/sft_s1k.py:tiny", "configs/grpo_sudoku.py:tiny", ()),
-    # bfloat16 params and compute, as users run the 7B configs
-    "DiffuCoder-7B-Instruct": ("configs/dream/sft_s1k.py:tiny",
-                               "configs/diffucoder/coupled_grpo_sudoku.py:tiny",
-                               ("--config.model.dtype=bfloat16",
-                                "--config.model.param_dtype=bfloat16")),
+    "LLaDA-8B-Instruct": LLADA_CHAIN, "LLaDA-8B-Base": LLADA_CHAIN,
+    "Dream-v0-Instruct-7B": DREAM_CHAIN, "Dream-v0-Base-7B": DREAM_CHAIN,
+    "DiffuCoder-7B-Instruct": DIFFUCODER_CHAIN, "DiffuCoder-7B-cpGRPO": DIFFUCODER_CHAIN,
 }
+# The chains of one family run back to back in one test (one xdist worker): their replicas'
+# shapes are the same, so the second one's programs come from the compilation cache.
+FAMILIES = {"llada": ("LLaDA-8B-Instruct", "LLaDA-8B-Base"),
+            "dream": ("Dream-v0-Instruct-7B", "Dream-v0-Base-7B"),
+            "diffucoder": ("DiffuCoder-7B-Instruct", "DiffuCoder-7B-cpGRPO")}
 # One step, no warmup (HF's warmup gives step 1 a learning rate of 0), on tests/learnable.py's
 # generated task (nothing to download).
 ONE_STEP = ("--config.train.num_steps=1", "--config.optim.warmup_ratio=0",
@@ -187,7 +195,7 @@ ONE_STEP = ("--config.train.num_steps=1", "--config.optim.warmup_ratio=0",
 GRPO_FLAGS = (*ONE_STEP, "--config.max_prompt_length=64",
               "--config.grpo.num_iterations=1", "--config.grpo.prompts_per_step=4",
               "--config.grpo.num_generations=2")
-COPIED = ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 
 
 def _weights(d: Path) -> dict[str, np.ndarray]:
@@ -195,34 +203,54 @@ def _weights(d: Path) -> dict[str, np.ndarray]:
     return {k: np.asarray(f.array(k), np.float32) for k, f in where.items()}
 
 
-@pytest.mark.parametrize("slug", list(CHAINS))
-def test_sft_then_grpo_through_the_commands(replicas, slug, tmp_path):
-    """``python -m d1jax.main`` SFT one step on the replica, exported; GRPO one step loading
-    that export and sampling its rollouts from it, exported. Each export keeps the
-    checkpoint's tokenizer files and generation config byte for byte and its special ids in
-    config.json, loads, and holds weights the step changed."""
+def test_every_replica_has_a_chain():
+    assert set(CHAINS) == set(PUBLISHED) == {s for pair in FAMILIES.values() for s in pair}
+    for pair in FAMILIES.values():  # the same shapes, so the same compiled programs
+        a, b = (published.hf_config(PUBLISHED[s]) for s in pair)
+        assert {k: v for k, v in a.items() if k != "_name_or_path"} == {
+            k: v for k, v in b.items() if k != "_name_or_path"}, pair
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_sft_then_grpo_through_the_commands(replicas, family, tmp_path):
+    """For each replica of the family: ``python -m d1jax.main`` SFT one step on it, exported;
+    GRPO one step loading that export and sampling its rollouts from it, exported. A Base
+    replica is trained with its Instruct's tokenizer (``--config.model.tokenizer_path``), as a
+    user must (it has no chat template); its exports ship that tokenizer, so GRPO from the SFT
+    export needs no flag. Each export keeps the checkpoint's generation config and the
+    tokenizer files byte for byte and its special ids in config.json, loads, and holds weights
+    the step changed."""
+    for slug in FAMILIES[family]:
+        _chain(replicas, slug, tmp_path / slug)
+
+
+def _chain(replicas, slug: str, tmp_path: Path) -> None:
     p, src = PUBLISHED[slug], replicas[slug]
+    tok_src = src if p.chat else replicas[INSTRUCT[slug]]
+    tok_flag = () if p.chat else (f"--config.model.tokenizer_path={tok_src}",)
     sft_cfg, grpo_cfg, dtypes = CHAINS[slug]
     sft_wd, grpo_wd = tmp_path / "sft", tmp_path / "grpo"
-    r = _cli(f"--config={sft_cfg}", f"--config.model.path={src}", *ONE_STEP, *dtypes,
+    r = _cli(f"--config={sft_cfg}", f"--config.model.path={src}", *tok_flag, *ONE_STEP, *dtypes,
              "--config.sft.max_length=96", f"--workdir={sft_wd}", main=learnable.MAIN)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, (slug, r.stderr[-3000:])
     r = _cli(f"--config={grpo_cfg}", f"--config.model.path={sft_wd / 'hf'}", *GRPO_FLAGS,
              *dtypes, f"--workdir={grpo_wd}", main=learnable.MAIN)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, (slug, r.stderr[-3000:])
     (row,) = read_jsonl(grpo_wd / "metrics.jsonl")
-    assert row["step"] == 1 and np.isfinite(row["loss"]) and 0 <= row["reward"] <= 1
+    assert row["step"] == 1 and np.isfinite(row["loss"]) and 0 <= row["reward"] <= 1, slug
 
     want = json.loads((src / "config.json").read_text())
+    ids = family_lib.check_checkpoint(src, p.family, None if p.chat else tok_src)
     before = _weights(src)
     for hf in (sft_wd / "hf", grpo_wd / "hf"):
-        for name in COPIED:
-            assert (hf / name).read_bytes() == (src / name).read_bytes(), (hf, name)
+        assert (hf / "generation_config.json").read_bytes() == (
+            src / "generation_config.json").read_bytes(), hf
+        for name in TOKENIZER_FILES:
+            assert (hf / name).read_bytes() == (tok_src / name).read_bytes(), (hf, name)
         got = json.loads((hf / "config.json").read_text())
         for key in ("model_type", "mask_token_id", "eos_token_id", "pad_token_id", "vocab_size"):
             assert got[key] == want[key], (hf, key)
-        assert family_lib.check_checkpoint(hf, p.family) == family_lib.check_checkpoint(
-            src, p.family)
+        assert family_lib.check_checkpoint(hf, p.family) == ids, hf
         cfg, params = family_lib.get(p.family).load(hf)
         assert cfg.mask_token_id == want["mask_token_id"] and params
         if dtypes:  # stored as published
