@@ -54,7 +54,7 @@ from d1jax.model import weights  # noqa: E402
 from d1jax.model.tokenizer import load_tokenizer, special_ids  # noqa: E402
 from d1jax.run.build import Setup  # noqa: E402
 from d1jax.tasks import sudoku  # noqa: E402
-from d1jax.train.rollout import encode_prompts, uniform_prompt_length  # noqa: E402
+from d1jax.model.tokenizer import encode_prompts, uniform_prompt_length  # noqa: E402
 from examples.demo import task as demo_task  # noqa: E402  (the demo's models' prompt)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}

@@ -13,7 +13,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from d1jax import distributed
-from d1jax.config.cli import parse_flags, run_stage, unknown_key_message, user_errors  # noqa: F401
+from d1jax.cli import parse_flags, run_stage, unknown_key_message, user_errors  # noqa: F401
 
 STAGES = {
     "sft": "d1jax.train.sft",

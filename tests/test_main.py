@@ -53,7 +53,7 @@ def test_eval_and_plan_refuse_an_unknown_key_in_one_line(module, config, tmp_pat
 def test_unknown_key_message_walks_the_config_tree():
     import ml_collections
 
-    from d1jax.config.cli import unknown_key_message
+    from d1jax.cli import unknown_key_message
     c = ml_collections.ConfigDict({"optim": {"learning_rate": 1.0, "warmup_ratio": 0.0},
                                    "seed": 0})
     assert unknown_key_message(c, "optim.learning_rate") is None
@@ -163,7 +163,7 @@ def test_commands_print_no_libtpu_or_info_lines_on_a_cpu_host(tmp_path):
                        timeout=300, env=_quiet_env())
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stderr.strip() == "", r.stderr[-2000:]
-    save = ("import sys, jax.numpy as jnp; from d1jax.config.cli import parse_flags; "
+    save = ("import sys, jax.numpy as jnp; from d1jax.cli import parse_flags; "
             "rest = parse_flags(sys.argv); from d1jax.checkpoint import Checkpointer; "
             "c = Checkpointer(rest[1], save_every=1); c.save(1, {'w': jnp.zeros(3)}, {}); "
             "c.close()")
@@ -202,7 +202,7 @@ def test_quiet_defaults_leave_jax_alone_where_an_accelerator_may_be_attached(mon
     D1JAX_PROBE_TPU=1 from the user always wins."""
     import jax
 
-    from d1jax.config import cli
+    from d1jax import cli
     seen = []
     monkeypatch.setattr(jax.config, "update", lambda k, v: seen.append((k, v)))
     import fnmatch
@@ -254,7 +254,7 @@ _STAGE = """
 import sys
 sys.path.insert(0, sys.argv[1])
 from d1jax import config as config_lib
-from d1jax.config import cli
+from d1jax import cli
 c = config_lib.grpo("sudoku", "tiny")
 c.train.compile_cache = sys.argv[3]
 cli.run_stage(c, sys.argv[2], {"grpo": "fake_stage"})
@@ -288,7 +288,7 @@ def test_run_stage_keeps_compiled_programs_where_train_compile_cache_says(
 
 def test_compile_cache_dir_expands_the_home_as_the_workdir_check_does(monkeypatch, tmp_path):
     from d1jax import config as config_lib
-    from d1jax.config import cli
+    from d1jax import cli
     monkeypatch.setenv("HOME", str(tmp_path))
     c = config_lib.grpo("sudoku", "tiny")
     assert cli.compile_cache_dir(c, "~/runs/a") == str(tmp_path / "runs/a/compile_cache")

@@ -54,3 +54,30 @@ def test_unknown_attribute_is_an_attribute_error():
         assert "samplng" in str(e)
     else:
         raise AssertionError("d1jax.samplng should not exist")
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports (at the top or inside a function), resolved to absolute
+    dotted names."""
+    import ast
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+def test_evaluation_and_lower_layers_import_nothing_from_training_or_the_command_line():
+    """Evaluation runs without the training package; only the commands (main, each
+    ``__main__``) import the command-line layer, which sits on top of everything."""
+    package = ROOT / "d1jax"
+    for path in (package / "eval").rglob("*.py"):
+        bad = {m for m in _imports(path) if m == "d1jax.train" or m.startswith("d1jax.train.")}
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+    commands = {package / "main.py", package / "cli.py"} | set(package.rglob("__main__.py"))
+    for path in set(package.rglob("*.py")) - commands:
+        bad = {m for m in _imports(path) if m == "d1jax.cli" or m.startswith("d1jax.cli.")}
+        assert not bad, f"{path.relative_to(ROOT)} imports the command line: {sorted(bad)}"

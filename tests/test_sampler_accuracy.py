@@ -17,7 +17,7 @@ from d1jax import tasks
 from d1jax.model import weights
 from d1jax.tasks import sudoku
 from d1jax.model.tokenizer import special_ids, train_tiny_tokenizer
-from d1jax.train.rollout import encode_prompts
+from d1jax.model.tokenizer import encode_prompts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import sampler_accuracy  # noqa: E402

@@ -10,7 +10,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from d1jax.config.cli import parse_flags, user_errors
+from d1jax.cli import parse_flags, user_errors
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/eval.py:TASK[-tiny].")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory; default config.workdir.")

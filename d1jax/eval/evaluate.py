@@ -22,10 +22,10 @@ import numpy as np
 from d1jax import sampling as smp
 from d1jax import sharding
 from d1jax.eval import score
+from d1jax.model.tokenizer import encode_prompts
 from d1jax.run import context
 from d1jax.run.build import build
 from d1jax.run.spec import RunSpec, with_tokens
-from d1jax.train import rollout
 
 
 def generate_texts(s, task, examples, scfg: smp.SamplerConfig, batch_size: int,
@@ -40,7 +40,7 @@ def generate_texts(s, task, examples, scfg: smp.SamplerConfig, batch_size: int,
         chunk = prompts[i:i + batch_size]
         n = len(chunk)
         chunk = chunk + [chunk[-1]] * (batch_size - n)  # fixed shapes: one compile
-        ids, mask = rollout.encode_prompts(s.tokenizer, chunk, prompt_length)
+        ids, mask = encode_prompts(s.tokenizer, chunk, prompt_length)
         with sharding.activate(s.mesh, s.rules):
             res = gen(s.params, put(ids), put(mask), jax.random.key(seed + i))
         comp = sharding.gather_all(res.ids)[:n, prompt_length:]

@@ -22,7 +22,9 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
+
+import numpy as np
 
 from d1jax.model.weights import CheckpointError
 
@@ -166,3 +168,26 @@ def _added_special(tok) -> list[str]:
 def _turn_end(tok) -> int | None:
     vocab = tok.get_vocab()
     return next((vocab[t] for t in TURN_ENDS if t in vocab), None)
+
+
+def encode_prompts(tokenizer, texts: Sequence[str], length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and attention mask [N, length], left-padded with pad, left-truncated."""
+    pad = tokenizer.pad_token_id
+    ids = np.full((len(texts), length), pad, np.int32)
+    mask = np.zeros((len(texts), length), np.int32)
+    for i, t in enumerate(tokenizer(list(texts), add_special_tokens=False)["input_ids"]):
+        t = t[-length:]
+        if len(t):
+            ids[i, length - len(t):] = t
+            mask[i, length - len(t):] = 1
+    return ids, mask
+
+
+def uniform_prompt_length(tokenizer, texts: Sequence[str]) -> int:
+    """The token length shared by every prompt text; an error if they differ (callers that
+    train and generate without padding, like the CPU demo, rely on it)."""
+    lengths = {len(t) for t in tokenizer(list(texts), add_special_tokens=False)["input_ids"]}
+    if len(lengths) != 1:
+        raise ValueError(f"prompts tokenize to {min(lengths)}..{max(lengths)} tokens: "
+                         "expected a single length")
+    return lengths.pop()

@@ -17,7 +17,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from d1jax.config.cli import parse_flags, user_errors
+from d1jax.cli import parse_flags, user_errors
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config (.py), ':variant' allowed.")
 _TOPOLOGY = flags.DEFINE_string("topology", "v5p:2x2x1",

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from d1jax import sharding
+from d1jax.model.tokenizer import encode_prompts
 from d1jax.objectives import advantages as adv_lib
 from d1jax.objectives.batch import GRPOBatch
 from d1jax.run.spec import RunSpec
@@ -57,7 +58,7 @@ class GRPOEngine:
         s, g = self.s, self.spec.grpo_run
         t0 = time.perf_counter()
         texts = rl.chat_prompts(s.tokenizer, task, examples)
-        ids, mask = rl.encode_prompts(s.tokenizer, texts, self.spec.max_prompt_length)
+        ids, mask = encode_prompts(s.tokenizer, texts, self.spec.max_prompt_length)
         k_gen, k_seed = jax.random.split(jax.random.fold_in(self.key, rollout_idx))
         seqs = self._generate(ids, mask, k_gen)
         t_gen = time.perf_counter() - t0

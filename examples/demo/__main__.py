@@ -12,7 +12,7 @@ or a path ends in one ``error:`` line.
 from absl import app, flags
 from ml_collections import config_flags
 
-from d1jax.config.cli import parse_flags, run_stage
+from d1jax.cli import parse_flags, run_stage
 from examples.demo import task  # noqa: F401  (registers the demo's task for eval configs)
 
 STAGES = {"demo": "examples.demo.run", "forward": "examples.demo.forward",

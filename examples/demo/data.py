@@ -27,7 +27,7 @@ import numpy as np
 
 from d1jax.model.tokenizer import load_tokenizer, train_tiny_tokenizer
 from d1jax.tasks import DataUnavailableError, get_task, sudoku
-from d1jax.train.rollout import uniform_prompt_length
+from d1jax.model.tokenizer import uniform_prompt_length
 from d1jax.train.sft import SFTData
 from d1jax.train.sft_data import encode_sft
 from examples.demo import task as demo_task

@@ -1,4 +1,5 @@
-"""Command-line helpers shared by ``d1jax.main``, ``d1jax.eval``, ``d1jax.plan`` and the demo."""
+"""Command-line helpers shared by ``d1jax.main``, ``d1jax.eval``, ``d1jax.plan`` and the demo:
+the top layer, beside ``main``, so every import from here runs downward."""
 
 from __future__ import annotations
 
