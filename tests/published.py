@@ -62,25 +62,30 @@ LLADA_CHAT_TEMPLATE = (
     "| trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content "
     "%}{% endif %}{{ content }}{% endfor %}{{ '<|start_header_id|>assistant<|end_header_id|>"
     "\n\n' }}")
-LLADA_CONFIG = {  # config.json of LLaDA-8B-Instruct; sizes and ids are set per replica
+# config.json of GSAI-ML/LLaDA-8B-Instruct, every field.
+LLADA_8B_CONFIG = {
     "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0,
     "architectures": ["LLaDAModelLM"], "attention_dropout": 0.0, "attention_layer_norm": False,
     "attention_layer_norm_with_affine": True,
     "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig",
                  "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
                  "AutoModel": "modeling_llada.LLaDAModelLM"},
-    "bias_for_layer_norm": False, "block_group_size": 1, "block_type": "llama",
-    "d_model": 32, "embedding_dropout": 0.0, "embedding_size": None, "eos_token_id": None,
+    "bias_for_layer_norm": False, "block_group_size": 1, "block_type": "llama", "d_model": 4096,
+    "embedding_dropout": 0.0, "embedding_size": 126464, "eos_token_id": 126081,
     "flash_attention": False, "include_bias": False, "include_qkv_bias": False,
     "init_cutoff_factor": None, "init_device": "meta", "init_fn": "mitchell", "init_std": 0.02,
     "input_emb_norm": False, "layer_norm_type": "rms", "layer_norm_with_affine": True,
-    "mask_token_id": None, "max_sequence_length": 4096, "mlp_hidden_size": 96, "mlp_ratio": 4,
-    "model_type": "llada", "multi_query_attention": None, "n_heads": 4, "n_kv_heads": 4,
-    "n_layers": 2, "pad_token_id": None, "precision": "amp_bf16", "residual_dropout": 0.0,
+    "mask_token_id": 126336, "max_sequence_length": 4096, "mlp_hidden_size": 12288, "mlp_ratio": 4,
+    "model_type": "llada", "multi_query_attention": None, "n_heads": 32, "n_kv_heads": 32,
+    "n_layers": 32, "pad_token_id": 126081, "precision": "amp_bf16", "residual_dropout": 0.0,
     "rms_norm_eps": 1e-05, "rope": True, "rope_full_precision": True, "rope_theta": 500000.0,
-    "scale_logits": False, "transformers_version": "4.46.3", "use_cache": False,
-    "vocab_size": None, "weight_tying": False,
+    "scale_logits": False, "torch_dtype": "bfloat16", "transformers_version": "4.46.3",
+    "use_cache": False, "vocab_size": 126464, "weight_tying": False,
 }
+# The replicas' config.json: the same file, sizes shrunk; ids are set per replica.
+LLADA_CONFIG = {**LLADA_8B_CONFIG, "d_model": 32, "embedding_size": None, "eos_token_id": None,
+                "mask_token_id": None, "mlp_hidden_size": 96, "n_heads": 4, "n_kv_heads": 4,
+                "n_layers": 2, "pad_token_id": None, "vocab_size": None}
 
 # --------------------------------------------------------------------------- Dream
 
