@@ -148,6 +148,7 @@ def test_replica_loads_and_samples(replicas, slug, tmp_path):
                                                 str(replicas[INSTRUCT[slug]])})
     config_lib.check_inputs(c)
     evaluate.run(c, str(tmp_path))
+    assert not (tmp_path / "d1jax.lock").exists()  # the run released its workdir
     texts = _completions(tmp_path)
     assert len(texts) == 8 and all(texts)
     assert not any(MASK_TOKENS[p.family] in t for t in texts), texts[:2]

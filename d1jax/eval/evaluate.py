@@ -24,6 +24,7 @@ from d1jax import sharding
 from d1jax.eval import score
 from d1jax.model.tokenizer import encode_prompts
 from d1jax.run import context
+from d1jax.run import lock as lock_lib
 from d1jax.run.build import build
 from d1jax.run.spec import RunSpec, with_tokens
 
@@ -77,6 +78,15 @@ def evaluate(spec: RunSpec, s, task, examples, workdir: Path) -> list[dict]:
 def run(config, workdir: str) -> list[dict]:
     """The evaluation a config describes; writes accuracy.json and the table, accuracy.md."""
     spec, wd = context.prepare(config, workdir)
+    try:
+        return _evaluate_and_write(spec, wd)
+    finally:  # the workdir's lock (context.prepare; process 0's), as a loop's close() does
+        held = lock_lib.held(wd)
+        if held is not None:
+            held.release()
+
+
+def _evaluate_and_write(spec: RunSpec, wd: Path) -> list[dict]:
     task = spec.task.build()
     examples = list(task.load_test(spec.task.source))
     if spec.eval.num_examples:

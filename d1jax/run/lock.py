@@ -77,7 +77,7 @@ def acquire(workdir: str | os.PathLike) -> "WorkdirLock":
     got = bytes(np.asarray(multihost_utils.broadcast_one_to_all(code))).rstrip(b" ").decode()
     if got:
         raise WorkdirBusy(got)
-    return lock if lock is not None else WorkdirLock(path, None, peer=True)
+    return lock if lock is not None else WorkdirLock(path, None)  # a peer holds nothing
 
 
 def held(workdir: str | os.PathLike) -> "WorkdirLock | None":
@@ -125,8 +125,8 @@ def _acquire_here(workdir: Path) -> "WorkdirLock":
 class WorkdirLock:
     """Held from ``acquire`` to ``release`` (idempotent; also run at interpreter exit)."""
 
-    def __init__(self, workdir: Path, fd: int | None, peer: bool = False):
-        self.workdir, self.fd, self.peer = workdir, fd, peer
+    def __init__(self, workdir: Path, fd: int | None):
+        self.workdir, self.fd = workdir, fd
         self.path = workdir / LOCK_NAME
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
