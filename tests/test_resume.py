@@ -41,6 +41,7 @@ SHAPES_STATE = {
     "model.family": "dream", "model.path": "/elsewhere/llada", "model.tokenizer_path": "/tok",
     "model.random_init": "bench-tiny", "model.width": 128, "model.n_layers": 3,
     "model.vocab_size": 2048, "model.tokenizer_vocab": 512, "model.param_dtype": "bfloat16",
+    "model.base_quant": "int8",
     "lora.enabled": False, "lora.rank": 4, "lora.alpha": 32.0, "lora.targets": ("q_proj",),
     # the optimizer state and where its schedule stands
     "optim.learning_rate": 5e-4, "optim.b1": 0.8, "optim.b2": 0.999, "optim.eps": 1e-6,

@@ -46,6 +46,7 @@ def _model(tiny: bool, checkpoint: str = "llada") -> mlc.ConfigDict:
     m.remat = not tiny  # Rematerialise each block in the backward pass.
     m.unroll_layers = mlc.config_dict.placeholder(bool)  # Layers as straight-line code (True) or a compiled loop over the middle ones (False); None: unrolled up to 8 layers.
     m.layers_per_loop = 1  # Middle layers per iteration of that loop (compile time grows with it).
+    m.base_quant = "none"  # Frozen base under LoRA: "none" (param_dtype), "int8" (per-channel absmax) or "nf4" (d1's bitsandbytes 4-bit NormalFloat) storage of the block projections (d1jax.model.quant).
     return m
 
 

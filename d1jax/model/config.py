@@ -167,6 +167,9 @@ class LoraConfig:
     # Storage dtype of lora_a / lora_b, whatever the model's param_dtype: a bfloat16 adapter
     # drops every update smaller than ~1/256 of its magnitude (PEFT keeps adapters float32).
     param_dtype: str = "float32"
+    # Storage of the frozen base's block projections (d1jax.model.quant): "none" (the
+    # model's param_dtype), "int8" or "nf4" (d1's bitsandbytes 4-bit base).
+    base_quant: str = "none"
 
     @property
     def scale(self) -> float:

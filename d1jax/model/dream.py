@@ -88,7 +88,8 @@ class DreamBlock(nn.Module):
         lora = self.lora if (self.lora is not None and name in self.lora.targets) else None
         cls = BiasedProj if bias else Proj
         return cls(features, axes, self.dtype, self.param_dtype,
-                   init_std=self.config.initializer_range, lora=lora, name=name)
+                   init_std=self.config.initializer_range, lora=lora, name=name,
+                   quant=self.lora.base_quant if self.lora is not None else "none")
 
     @nn.compact
     def __call__(self, x_bld: Array, rope: tuple[Array, Array], key_mask_bl: Array | None,

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from d1jax import sharding as shd
+from d1jax.model import quant
 from d1jax.model.config import LoraConfig
 
 Array = jax.Array
@@ -60,6 +61,8 @@ class Proj(nn.Module):
 
     kernel is [in, out] (torch weight transposed). LoRA params ``lora_a`` [in, r] (he-uniform)
     and ``lora_b`` [r, out] (zeros) exist only when ``lora`` targets this projection.
+    ``quant`` ("int8", "nf4"; d1jax.model.quant) stores the frozen kernel quantised instead,
+    as ``quant.LEAVES[quant]``, dequantised to ``dtype`` for the matmul.
     """
 
     features: int
@@ -68,12 +71,33 @@ class Proj(nn.Module):
     param_dtype: DType
     init_std: float = 0.02
     lora: LoraConfig | None = None
+    quant: str = "none"
+
+    def _quantized(self, d_in: int) -> dict[str, Array]:
+        """The kernel's quantised leaves; at init, a kernel drawn as ``kernel`` is, quantised."""
+        axes = quant.leaf_axes(self.quant, self.axes)
+        drawn = None
+        if not self.has_variable("params", next(iter(axes))):  # init (nn.scan hides the flag)
+            w = _normal(self.init_std)(self.make_rng("params"), (d_in, self.features))
+            drawn = quant.quantize(w, self.quant)
+        specs = quant.leaf_specs(self.quant, d_in, self.features)
+
+        def init(name):  # flax also calls it to check an existing leaf's shape
+            s = specs[name]
+            return lambda *_: drawn[name] if drawn is not None else jnp.zeros(s.shape, s.dtype)
+        return {name: self.param(name, nn.with_logical_partitioning(init(name), names))
+                for name, names in axes.items()}
 
     @nn.compact
     def __call__(self, x: Array, use_lora: bool = True, deterministic: bool = True) -> Array:
-        kernel = self.param("kernel", nn.with_logical_partitioning(_normal(self.init_std), self.axes),
-                            (x.shape[-1], self.features), self.param_dtype)
-        y = token_matmul(x.astype(self.dtype), kernel.astype(self.dtype))
+        if self.quant == "none":
+            kernel = self.param("kernel", nn.with_logical_partitioning(
+                _normal(self.init_std), self.axes), (x.shape[-1], self.features), self.param_dtype)
+            y = token_matmul(x.astype(self.dtype), kernel.astype(self.dtype))
+        else:  # dequantised here, inside the caller's program: XLA fuses it into the matmul
+            kernel, scale = quant.matmul_operands(self._quantized(x.shape[-1]), self.dtype)
+            y = token_matmul(x.astype(self.dtype), kernel)
+            y = y if scale is None else y * scale
         if self.lora is None:
             return y
         r, adapter_dtype = self.lora.rank, jnp.dtype(self.lora.param_dtype)

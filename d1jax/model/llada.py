@@ -53,7 +53,8 @@ class Block(nn.Module):
 
     def _proj(self, name: str, features: int, axes: tuple[str, str]) -> Proj:
         lora = self.lora if (self.lora is not None and name in self.lora.targets) else None
-        return Proj(features, axes, self.dtype, self.param_dtype, lora=lora, name=name)
+        return Proj(features, axes, self.dtype, self.param_dtype, lora=lora, name=name,
+                    quant=self.lora.base_quant if self.lora is not None else "none")
 
     @nn.compact
     def __call__(self, x_bqd: Array, rope: tuple[Array, Array], key_mask_bl: Array | None,

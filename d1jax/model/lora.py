@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
+from d1jax.model import quant
 from d1jax.model.config import LoraConfig
 from d1jax.model.llada import ADAPTER_NAMES
 
@@ -90,8 +91,12 @@ def merge(params: Params, lora: LoraConfig | None) -> Params:
     dropped (loadable by ``LLaDA(config)`` without ``lora``).
 
     Works on layer-stacked kernels ([layers, in, out] with A [layers, in, r]) and unstacked
-    ones; the product is taken in float32 and cast to the kernel's dtype.
+    ones; the product is taken in float32 and cast to the kernel's dtype. A quantised base
+    (``LoraConfig.base_quant``) is dequantised first, to the dtype of the base's other
+    float leaves (``quant.dequantize_base``): the export holds ``dequant(W) + (alpha / r) A B``
+    in the model's param_dtype, as PEFT's ``merge_and_unload`` of a 4-bit base gives.
     """
+    params = quant.dequantize_base(params)
     flat = traverse_util.flatten_dict(params)
     if lora is None:
         if any(is_adapter(k) for k in flat):

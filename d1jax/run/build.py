@@ -8,7 +8,9 @@ from typing import Any, Callable
 
 import jax
 
+from d1jax import sharding as shd
 from d1jax.model import init_params
+from d1jax.model import quant
 from d1jax.model import family as family_lib
 from d1jax.model import lora as lora_lib
 from d1jax.model.tokenizer import load_tokenizer, special_ids, train_tiny_tokenizer
@@ -68,7 +70,9 @@ def make_model(m: ModelSpec, mcfg: Any):
 
 def build(spec: RunSpec, workdir: str | Path, mesh: jax.sharding.Mesh,
           texts: Callable[[], list[str]] | None = None) -> Setup:
-    """Tokenizer, model and params (loaded from model.path, or random), placed on ``mesh``.
+    """Tokenizer, model and params (loaded from model.path, or random), placed on ``mesh``;
+    under LoRA with ``base_quant`` the base's block projections are quantised (a random one
+    as it is drawn, a loaded one kernel by kernel as it loads: d1jax.model.quant).
 
     ``texts``: training texts, used only to train the tiny tokenizer of a random model.
     """
@@ -83,7 +87,9 @@ def build(spec: RunSpec, workdir: str | Path, mesh: jax.sharding.Mesh,
         mcfg, params = family_lib.get(m.family).load(m.path, mesh=mesh, dtype=m.param_dtype,
                                                      rules=rules)
         model = make_model(m, mcfg)
-        if m.lora is not None:
+        if m.lora is not None:  # load -> quantise the base (if asked) -> join the adapters
+            target = shd.param_shardings(model, mesh, rules) if mesh is not None else None
+            params = quant.quantize_base(params, m.lora.base_quant, target, donate=True)
             params = lora_lib.join(params, init_params(model, rng, mesh, rules,
                                                       adapters_only=True))
     ids = special_ids(tok, mcfg)  # the checkpoint's ids, checked against its config.json

@@ -21,6 +21,7 @@ from d1jax.config import ConfigError
 from d1jax.model import LoraConfig
 from d1jax.model import family as family_lib
 from d1jax.model import lora as lora_lib
+from d1jax.model import quant
 from d1jax.objectives import advantages as adv_lib
 from d1jax.objectives import coupled_grpo, spg, wd1
 from d1jax.objectives.table import GRPOConfig, SFTConfig
@@ -227,7 +228,8 @@ def _model(c, weights: bool = True) -> ModelSpec:
             or layers_per_loop < 1:
         raise ConfigError(f"model.layers_per_loop={layers_per_loop!r} must be an int >= 1")
     fam = _family(m)
-    lora = _lora(c.lora, fam) if c.lora.enabled else None
+    base_quant = _base_quant(m, c.lora.enabled)
+    lora = _lora(c.lora, fam, base_quant) if c.lora.enabled else None
     return ModelSpec(m.path, m.tokenizer_path, m.random_init, m.width, m.n_layers, m.vocab_size,
                      m.tokenizer_vocab, _DTYPES[m.dtype], _DTYPES[m.param_dtype],
                      bool(m.remat), lora, m.get("unroll_layers"), layers_per_loop, fam.name)
@@ -251,14 +253,27 @@ def _family(m) -> family_lib.Family:
     return fam
 
 
-def _lora(lo, fam: family_lib.Family) -> LoraConfig:
+def _base_quant(m, lora: bool) -> str:
+    """config.model.base_quant, which needs LoRA: a quantised base is never trained."""
+    scheme = m.get("base_quant", "none")
+    if scheme not in quant.SCHEMES:
+        raise ConfigError(f"model.base_quant={scheme!r}: choose one of {', '.join(quant.SCHEMES)}")
+    if scheme != "none" and not lora:
+        raise ConfigError(f"model.base_quant={scheme!r} quantises the frozen base of a LoRA run, "
+                          "but lora.enabled=False (full fine-tuning trains every weight): set "
+                          "--config.lora.enabled=True or --config.model.base_quant=none")
+    return scheme
+
+
+def _lora(lo, fam: family_lib.Family, base_quant: str = "none") -> LoraConfig:
     """The adapters of config.lora, on the family's projections that ``lora.targets`` names."""
     try:
         targets = lora_lib.check_targets(lo.get("targets", fam.lora_targets), fam.lora_targets,
                                          fam.title)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    return LoraConfig(rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout, targets=targets)
+    return LoraConfig(rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout, targets=targets,
+                      base_quant=base_quant)
 
 
 def _optim(o) -> OptimSpec:
@@ -344,7 +359,7 @@ def _eval(c) -> EvalSpec:
 RESUME_FIELDS = (
     "stage", "seed", "max_prompt_length", "model.family",
     "model.path", "model.tokenizer_path", "model.random_init", "model.width", "model.n_layers",
-    "model.vocab_size", "model.tokenizer_vocab", "model.param_dtype",
+    "model.vocab_size", "model.tokenizer_vocab", "model.param_dtype", "model.base_quant",
     "lora.enabled", "lora.rank", "lora.alpha", "lora.targets",
     "optim.learning_rate", "optim.b1", "optim.b2", "optim.eps", "optim.weight_decay",
     "optim.max_grad_norm", "optim.warmup_ratio", "optim.lr_schedule", "optim.min_lr_rate",
