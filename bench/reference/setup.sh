@@ -8,9 +8,13 @@
 #   LLADA_SRC     ML-GSAI/LLaDA            generate.py (the exact sampler), modeling_llada.py
 #   D1_SRC        dllm-reasoning/d1        diffu-grpo/diffu_grpo_trainer.py (estimator, loss)
 #   FASTDLLM_SRC  NVlabs/Fast-dLLM         llada/model/configuration_llada.py (the HF config
-#                                          class: LLaDA's repository ships only the model code)
+#                                          class: LLaDA's repository ships only the model code);
+#                                          llada/generate.py and llada/model/ (its own dual-cache
+#                                          generation and model code, bench/reference/scale.py)
 # Each must contain the commit pinned below; the files are taken from exactly that commit.
 # TORCH_INDEX_URL: an extra pip index for torch (e.g. PyTorch's CPU-only wheels).
+# REF_SYSTEM_SITE=1: the venv sees this Python's packages (reuse an installed torch); the
+#   pinned transformers and the rest are still installed in it and take precedence.
 # Then: REF_DIR/venv/bin/python bench/reference/run.py --ref-dir REF_DIR > ref.json
 set -euo pipefail
 
@@ -66,14 +70,18 @@ FG=$(git_dir "$FASTDLLM_SRC" fastdllm)
   extract "$FG" $FASTDLLM_COMMIT llada/model/configuration_llada.py \
     "$REF/llada_hf/configuration_llada.py"; echo ','
   extract "$DG" $D1_COMMIT diffu-grpo/diffu_grpo_trainer.py \
-    "$REF/d1/diffu-grpo/diffu_grpo_trainer.py"; echo
+    "$REF/d1/diffu-grpo/diffu_grpo_trainer.py"; echo ','
+  for f in generate.py model/__init__.py model/configuration_llada.py model/modeling_llada.py; do
+    extract "$FG" $FASTDLLM_COMMIT "llada/$f" "$REF/fastdllm/llada/$f"
+    [ "$f" = model/modeling_llada.py ] && echo || echo ','
+  done
   echo ']'
 } > "$REF/sources.json"
 say "sources at their pinned commits: $REF/sources.json"
 
 if [ ! -x "$REF/venv/bin/python" ]; then
   say "building the venv (torch CPU, transformers 4.46.3) in $REF/venv"
-  python3 -m venv "$REF/venv"
+  python3 -m venv ${REF_SYSTEM_SITE:+--system-site-packages} "$REF/venv"
 fi
 "$REF/venv/bin/pip" install -q ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
   -r "$HERE/requirements.txt"
