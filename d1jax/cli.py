@@ -60,9 +60,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from d1jax.model.weights import CheckpointError
     from d1jax.plan.compile import DoesNotFit
     from d1jax.run.lock import WorkdirBusy
+    from d1jax.run.oom import OutOfMemory
     from d1jax.tasks.sources import BadRecordError, DataUnavailableError
     return (ConfigError, CheckpointError, UnsupportedConfigError, DataUnavailableError,
-            DoesNotFit, RestoreError, BadRecordError, WorkdirBusy)
+            DoesNotFit, RestoreError, BadRecordError, WorkdirBusy, OutOfMemory)
 
 
 def one_line(e: BaseException) -> str:
@@ -251,13 +252,16 @@ def run_stage(config, workdir: str | None, stages: Mapping[str, str],
     config's ``stage`` to, in ``workdir`` (default ``config.workdir``), after ``before(config)``.
 
     Compiled programs go to the persistent cache ``train.compile_cache`` names, so a rerun
-    loads them. A mistake in the config or a file ends in one ``error:`` line; a run stopped with a save
-    (SIGTERM, ``train.stop_after``) exits with its rerun code; in a multi-process run an error
-    from a collective ends in the watchdog's line naming the lost process.
+    loads them. A mistake in the config or a file, or a program out of device memory
+    (``run.oom``: the program, the bytes, the knob), ends in one ``error:`` line; a run
+    stopped with a save (SIGTERM, ``train.stop_after``) exits with its rerun code; in a
+    multi-process run an error from a collective ends in the watchdog's line naming the lost
+    process.
     """
     from d1jax import distributed
-    from d1jax.run import interrupt
+    from d1jax.run import interrupt, oom
     from d1jax.run.context import RunStopped
+    from d1jax.run.spec import from_config
     stage = config.get("stage")
     if stage not in stages:
         sys.exit(f"error: config.stage={stage!r} is not one of {sorted(stages)}")
@@ -270,7 +274,9 @@ def run_stage(config, workdir: str | None, stages: Mapping[str, str],
         use_compile_cache(config, workdir)
         if before is not None:
             before(config)
-        importlib.import_module(stages[stage]).run(config, workdir)
+        # An OOM outside the named programs: loading the weights, creating or restoring the state.
+        with oom.named("model setup", lambda: oom.hint(from_config(config), "model setup")):
+            importlib.import_module(stages[stage]).run(config, workdir)
     except user_errors() as e:  # a mistake in a config or a file: one clear line
         sys.exit(f"error: {e}")
     except RunStopped as e:  # saved and stopped early: "rerun me", not "done" (docs/training.md)

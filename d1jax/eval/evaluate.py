@@ -25,6 +25,7 @@ from d1jax.eval import score
 from d1jax.model.tokenizer import encode_prompts
 from d1jax.run import context
 from d1jax.run import lock as lock_lib
+from d1jax.run import oom
 from d1jax.run.build import build
 from d1jax.run.spec import RunSpec, with_tokens
 
@@ -60,7 +61,8 @@ def evaluate(spec: RunSpec, s, task, examples, workdir: Path) -> list[dict]:
         scfg = with_tokens(scfg, s.ids)
         gl, steps = scfg.gen_length, scfg.steps
         t0 = time.perf_counter()
-        texts = generate_texts(s, task, examples, scfg, e.batch_size, plen, spec.seed)
+        with oom.named(f"eval sampler (gen_length {gl})", lambda: oom.hint(spec, "eval sampler")):
+            texts = generate_texts(s, task, examples, scfg, e.batch_size, plen, spec.seed)
         wall = time.perf_counter() - t0
         records = [task.record(ex, t) for ex, t in zip(examples, texts)]
         setup = f"{task.name}_{e.model_name}_{gl}_{steps}"
@@ -78,8 +80,9 @@ def evaluate(spec: RunSpec, s, task, examples, workdir: Path) -> list[dict]:
 def run(config, workdir: str) -> list[dict]:
     """The evaluation a config describes; writes accuracy.json and the table, accuracy.md."""
     spec, wd = context.prepare(config, workdir)
-    try:
-        return _evaluate_and_write(spec, wd)
+    try:  # an out-of-memory error ends in one line (an eval sampler's, or the weights')
+        with oom.named("model setup", lambda: oom.hint(spec, "model setup")):
+            return _evaluate_and_write(spec, wd)
     finally:  # the workdir's lock (context.prepare; process 0's), as a loop's close() does
         held = lock_lib.held(wd)
         if held is not None:

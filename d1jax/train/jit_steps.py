@@ -27,6 +27,7 @@ Each program is also reachable for compilation without weights or data::
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -40,7 +41,7 @@ from d1jax import sharding as shd
 from d1jax.model.predictor import MaskPredictor
 from d1jax.objectives.batch import GRPOBatch, SFTBatch
 from d1jax.objectives.table import OBJECTIVES, GRPOConfig, SFTConfig
-from d1jax.run import optim
+from d1jax.run import oom, optim
 from d1jax.run.spec import RunSpec, with_tokens
 from d1jax.train import pure_steps
 from d1jax.train import state as state_lib
@@ -64,9 +65,12 @@ class Program:
     split: Callable[..., tuple]
     join: Callable[[tuple, Any], Any]
     context: Callable[[], Any]
+    name: str = "program"
+    # What shrinks it, for the one line an out-of-memory error becomes (``run.oom``).
+    oom_hint: Callable[[str], str] = lambda name: "use more devices, or smaller batches"
 
     def __call__(self, *args):
-        with self.context():
+        with self.context(), oom.named(self.name, lambda: self.oom_hint(self.name)):
             return self.join(args, self.jitted(*self.split(*args)))
 
     def lower(self, *args):
@@ -103,6 +107,9 @@ class JittedSteps:
     # Full fine-tuning: the dtype of the trainable params and AdamW moments (float32 master
     # weights, ``state.init_train_state``); None updates in the model's param_dtype.
     master_dtype: Any = jnp.float32
+    # program name -> the change that shrinks it, named when it runs out of memory
+    # (``for_run``: ``oom.hint`` of the run's spec).
+    oom_hint: Callable[[str], str] | None = None
     _programs: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -116,8 +123,10 @@ class JittedSteps:
         self.replicated = None if self.mesh is None else shd.replicated(self.mesh)
         # The rollout sampler: its shardings follow its inputs (params by the rules,
         # prompts over the batch axes).
-        self.generate = None if self.sampler is None else smp.make_generate_fn(
-            smp.model_fns(self.model), self.sampler, self.model.config.max_sequence_length)
+        self.generate = None if self.sampler is None else self._named("rollout sampler", Program(
+            smp.make_generate_fn(smp.model_fns(self.model), self.sampler,
+                                 self.model.config.max_sequence_length),
+            lambda *args: args, lambda args, out: out, self._context))
         self._mix = jax.jit(pure_steps.mix_reference, donate_argnums=(1,))
 
     # ------------------------------------------------------------------ state
@@ -144,8 +153,12 @@ class JittedSteps:
             raise ValueError(f"unknown program {name!r}: one of {PROGRAMS}")
         key = (name, jax.tree.structure(batch))
         if key not in self._programs:
-            self._programs[key] = getattr(self, f"_build_{name}")(batch)
+            self._programs[key] = self._named(name, getattr(self, f"_build_{name}")(batch))
         return self._programs[key]
+
+    def _named(self, name: str, program: Program) -> Program:
+        hint = {} if self.oom_hint is None else {"oom_hint": self.oom_hint}
+        return dataclasses.replace(program, name=name, **hint)
 
     def _build_update(self, step_fn, batch) -> Program:
         def inner(moving, fixed, batch, rng):
@@ -260,11 +273,13 @@ def make_jitted_steps(model: MaskPredictor, mesh: Mesh | None, optimizer: optax.
                       *, lora: bool, keep_reference: bool = False,
                       grpo: GRPOConfig | None = None, sft: SFTConfig | None = None,
                       sampler: smp.SamplerConfig | None = None,
-                      rules=shd.DEFAULT_RULES, master_dtype: Any = jnp.float32) -> JittedSteps:
+                      rules=shd.DEFAULT_RULES, master_dtype: Any = jnp.float32,
+                      oom_hint: Callable[[str], str] | None = None) -> JittedSteps:
     """The jitted steps of one run (see the module doc); ``mesh=None`` runs unsharded.
-    ``master_dtype``: full fine-tuning's master weights (None: none)."""
+    ``master_dtype``: full fine-tuning's master weights (None: none). ``oom_hint``: program
+    name -> what to change when it runs out of memory."""
     return JittedSteps(model, optimizer, mesh, lora, keep_reference, grpo, sft, sampler,
-                       tuple(rules), master_dtype)
+                       tuple(rules), master_dtype, oom_hint)
 
 
 def for_run(spec: RunSpec, model: MaskPredictor, mesh: Mesh, ids: dict, total_steps: int
@@ -277,4 +292,5 @@ def for_run(spec: RunSpec, model: MaskPredictor, mesh: Mesh, ids: dict, total_st
     return make_jitted_steps(
         model, mesh, optimizer, lora=spec.model.lora is not None,
         keep_reference=spec.keep_reference, grpo=spec.grpo, sft=spec.sft, sampler=sampler,
-        rules=spec.mesh.rules, master_dtype=spec.optim.master_dtype)
+        rules=spec.mesh.rules, master_dtype=spec.optim.master_dtype,
+        oom_hint=functools.partial(oom.hint, spec))
