@@ -152,20 +152,23 @@ def test_tiny_model_on_a_quantised_base(family, scheme):
     head = "ff_out" if family == "llada" else "lm_head"
     assert "kernel" in qparams[head]  # the output head stays unquantised, as in bitsandbytes
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 100, (2, 16)))
-    logits_q = quant_model.apply({"params": qparams}, ids)
+    run_q, run_f = (jax.jit(lambda p, use_lora, m=m: m.apply({"params": p}, ids, use_lora=use_lora),
+                            static_argnums=1) for m in (quant_model, float_model))
+    logits_q = run_q(qparams, True)
     # Exact: the float model on the numpy reference's dequantised kernels (float32 rounding).
     deq_params, errs = _numpy_dequantized(params, scheme)
-    logits_deq = float_model.apply({"params": deq_params}, ids)
+    logits_deq = run_f(deq_params, True)
     np.testing.assert_allclose(logits_q, logits_deq, atol=2e-5, rtol=1e-5)
-    # Against the float32 base: to first order each projection's relative weight error adds at
-    # most its share to the output's relative error, so the sum over the quantised kernels
-    # (per layer, float64 reference) bounds the logits' relative RMS error.
-    logits_f = float_model.apply({"params": params}, ids)
+    # Against the float32 base: to first order each projection adds at most its relative
+    # weight error (float64 reference, per layer) to the output's, and the rounding errors of
+    # different kernels are independent, so they add in quadrature (the worst case, their
+    # sum, is 12x larger). Measured: int8 0.0068 / 0.0059 (LLaDA / Dream) of 0.023, nf4
+    # 0.086 / 0.098 of 0.34.
+    logits_f = run_f(params, True)
     rel = float(jnp.linalg.norm(logits_q - logits_f) / jnp.linalg.norm(logits_f))
-    assert 0 < rel <= errs.sum(), (rel, errs.sum())
+    assert 0 < rel <= np.sqrt(np.sum(errs ** 2)), (rel, errs)
     # Adapters off (d1's reference policy) runs the same quantised base.
-    base_q = quant_model.apply({"params": qparams}, ids, use_lora=False)
-    base_deq = float_model.apply({"params": deq_params}, ids, use_lora=False)
+    base_q, base_deq = run_q(qparams, False), run_f(deq_params, False)
     np.testing.assert_allclose(base_q, base_deq, atol=2e-5, rtol=1e-5)
 
 
@@ -191,7 +194,7 @@ def test_bytes_and_gradients_reach_only_the_adapters():
     def loss(adapters):
         return jnp.mean(quant_model.apply({"params": lora_lib.join(state.frozen, adapters)},
                                           ids) ** 2)
-    grads = traverse_util.flatten_dict(jax.grad(loss)(state.params))
+    grads = traverse_util.flatten_dict(jax.jit(jax.grad(loss))(state.params))
     assert set(grads) == set(trainable)
     assert all(np.isfinite(g).all() and np.abs(g).max() > 0 for g in grads.values())
 
