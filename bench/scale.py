@@ -162,6 +162,22 @@ def hashed_llada_params(mcfg, params, dtype):
     return out
 
 
+def leafwise_params(model, std: float = 0.02):
+    """Random params of ``model``'s shapes drawn leaf by leaf (normal, ``std``; norms 1)."""
+    shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+    flat, tree = jax.tree_util.tree_flatten_with_path(shapes)
+    out = []
+    for i, (path, leaf) in enumerate(flat):
+        name = jax.tree_util.keystr(path)
+        if "norm" in name and "kernel" not in name:
+            out.append(jnp.ones(leaf.shape, leaf.dtype))
+            continue
+        draw = jax.jit(lambda k, shape=leaf.shape, dtype=leaf.dtype:
+                       (std * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
+        out.append(draw(jax.random.key(i)))
+    return jax.tree_util.tree_unflatten(tree, out)
+
+
 def rollout_batch(out_ids, prompt_len: int, mu: int, eos: int, seed: int = 0) -> GRPOBatch:
     """The old/ref pass's batch from generated ids: d1's completion mask (up to and with the
     first EOS), random advantages, mu mask seeds."""
@@ -253,6 +269,9 @@ def main(argv=None) -> dict:
     p.add_argument("--layers", choices=("config", "loop", "unroll"), default="config",
                    help="the layer loop: the config's (grpo_gsm8k: unrolled), a compiled loop "
                         "over the middle layers, or unrolled")
+    p.add_argument("--init", choices=("model", "leaves"), default="model",
+                   help="random weights from the model's init (d1jax.model.init_params), or "
+                        "drawn leaf by leaf (leafwise_params)")
     p.add_argument("--cache-dir", help="persistent compilation cache (default: a fresh one)")
     p.add_argument("--out", help="JSON written after every program")
     args = p.parse_args(argv)
@@ -280,7 +299,10 @@ def main(argv=None) -> dict:
     if args.numerics:
         return numerics(args, rec, mcfg)
     t0 = time.perf_counter()
-    params = init_params(model, jax.random.key(0), mesh, spec.mesh.rules)
+    if args.init == "model":
+        params = init_params(model, jax.random.key(0), mesh, spec.mesh.rules)
+    else:  # one small jitted draw per leaf (Dream-7B's model init took 173 s on an H100)
+        params = leafwise_params(model)
     if args.hashed_weights:
         params = hashed_llada_params(mcfg, params, spec.model.param_dtype)
     state = steps.init(params)
