@@ -21,7 +21,7 @@ from d1jax.metrics import read_jsonl
 from d1jax.model import LoraConfig, lora as lora_lib, quant, weights
 from d1jax.model.dream import Dream
 from d1jax.model.dream_config import dream_preset
-from d1jax.run import spec as spec_lib
+from d1jax.run import build, spec as spec_lib
 from d1jax.train.state import init_train_state
 from tests import learnable
 
@@ -53,6 +53,12 @@ def nf4_ref(w_io: np.ndarray, block: int = 64):
     codes = np.abs(x[..., None] - BNB_NF4).argmin(axis=-1)
     return codes.reshape(d_in, d_out), absmax, (BNB_NF4[codes] * absmax[:, None, :]).reshape(
         d_in, d_out)
+
+
+def _get(tree, path):
+    for p in path:
+        tree = tree[p]
+    return tree
 
 
 def _weights(seed=0, shape=(256, 96)):
@@ -232,8 +238,8 @@ def test_export_writes_the_dequantised_base_with_adapters_merged(tmp_path):
 
 
 def test_grpo_run_on_an_int8_base(tmp_path):
-    """Two optimizer steps of the install check on an int8 base; it saves, exports, and the
-    export loads as a plain model."""
+    """Two optimizer steps of the install check on an int8 base; it saves, exports, the
+    export loads as a plain model, and loads again onto an nf4 base."""
     flags = [*learnable.MAIN_FLAGS, f"--workdir={tmp_path}", "--config.model.base_quant=int8",
              "--config.train.num_steps=2"]
     r = subprocess.run([sys.executable, "-m", "d1jax.main", *flags], cwd=ROOT,
@@ -243,3 +249,15 @@ def test_grpo_run_on_an_int8_base(tmp_path):
     assert len(rows) == 2 and all(np.isfinite(row["reward"]) for row in rows)
     _, loaded = weights.load_hf_checkpoint(tmp_path / "hf")
     assert "kernel" in loaded["blocks"]["q_proj"] and "lora_a" not in loaded["blocks"]["q_proj"]
+    # Loading it with the knob on quantises as it loads (run.build: load, quantise, join).
+    c = learnable.config(**{"model.path": str(tmp_path / "hf"), "model.random_init": "",
+                            "model.base_quant": "nf4"})
+    spec = spec_lib.from_config(c)
+    setup = build.build(spec, tmp_path / "load", spec.mesh.build())
+    want = quant.quantize_base(loaded, "nf4")
+    for k, v in traverse_util.flatten_dict(setup.params).items():
+        if k[-1] in ("lora_a", "lora_b"):
+            assert k[1] in c.lora.targets
+        else:
+            np.testing.assert_array_equal(np.asarray(v), np.asarray(_get(want, k)))
+    assert "kernel_nf4" in setup.params["blocks"]["ff_out"]  # frozen too, as bitsandbytes'
