@@ -15,7 +15,7 @@ import pytest
 from flax import traverse_util
 
 import d1jax
-from d1jax import config as config_lib
+from d1jax import config as config_lib, sharding
 from d1jax.config import ConfigError
 from d1jax.metrics import read_jsonl
 from d1jax.model import LoraConfig, lora as lora_lib, quant, weights
@@ -87,7 +87,7 @@ def test_nf4_matches_the_float64_bitsandbytes_scheme():
     got = quant.quantize(w, "nf4")
     codes, absmax, deq = nf4_ref(w.astype(np.float64))
     assert got["kernel_nf4"].shape == (128, 96) and got["kernel_nf4"].dtype == jnp.uint8
-    np.testing.assert_allclose(np.asarray(got["kernel_absmax"]), absmax, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(got["kernel_absmax"]), absmax.ravel(), rtol=1e-6)
     mine = np.asarray(quant.nf4_codes(got["kernel_nf4"]))
     assert np.mean(mine != codes) < 1e-3 and np.abs(mine.astype(int) - codes).max() <= 1
     back = np.asarray(quant.dequantize(got)).astype(np.float64)
@@ -104,7 +104,7 @@ def test_nf4_packs_the_even_input_in_the_high_nibble_and_keeps_layer_axes():
     w = np.zeros((2, 64, 3), np.float32)
     w[:, 0], w[:, 1] = 1.0, -1.0  # codes 15 and 0 (absmax 1); the rest 0 -> code 7
     got = quant.quantize(w, "nf4")
-    assert got["kernel_nf4"].shape == (2, 32, 3) and got["kernel_absmax"].shape == (2, 1, 3)
+    assert got["kernel_nf4"].shape == (2, 32, 3) and got["kernel_absmax"].shape == (2, 3)
     assert np.all(np.asarray(got["kernel_nf4"])[:, 0] == 0xF0)
     assert np.all(np.asarray(got["kernel_nf4"])[:, 1] == 0x77)
     np.testing.assert_array_equal(np.asarray(quant.dequantize(got)), w)
@@ -176,6 +176,22 @@ def test_tiny_model_on_a_quantised_base(family, scheme):
     # Adapters off (d1's reference policy) runs the same quantised base.
     base_q, base_deq = run_q(qparams, False), run_f(deq_params, False)
     np.testing.assert_allclose(base_q, base_deq, atol=2e-5, rtol=1e-5)
+
+
+def test_sharded_nf4_base_where_the_blocks_do_not_divide_the_mesh():
+    """ff_out's input (192) is 3 blocks of 64, over a tensor axis of 4: the flattened absmax
+    still divides; the sharded forward equals the unsharded one."""
+    float_model, quant_model = _models("llada", "nf4")
+    mesh = sharding.make_mesh((1, 2, 4))
+    params = d1jax.init_params(float_model, jax.random.key(0), mesh)
+    qparams = quant.quantize_base(params, "nf4", sharding.param_shardings(quant_model, mesh))
+    ids = jnp.arange(64).reshape(4, 16) % 100
+    run = jax.jit(lambda p: quant_model.apply({"params": p}, ids))
+    with sharding.activate(mesh):
+        got = run(qparams)
+    want = run(jax.device_put(qparams, jax.devices()[0]))
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert qparams["blocks"]["ff_out"]["kernel_absmax"].shape == (2, 3 * 64)
 
 
 def test_bytes_and_gradients_reach_only_the_adapters():

@@ -11,7 +11,9 @@ the block projections (every ``kernel`` below the layer stack) can be stored as
   weight's rows, flattened, as bitsandbytes blocks them), each scaled by its absmax and
   rounded to the nearest of the 16 NormalFloat values (``NF4``): ``kernel_nf4``
   [..., in/2, out] uint8, two codes a byte (even input in the high nibble, as bitsandbytes
-  packs), ``kernel_absmax`` [..., in/64, out] float32. No double quantisation: the absmax
+  packs), ``kernel_absmax`` [..., in/64 * out] float32 (the [in/64, out] scales flattened:
+  a mesh axis that divides ``out`` divides it, where in/64 may be odd, e.g. Dream's
+  3584 / 64 = 56 over fsdp 16). No double quantisation: the absmax
   costs 0.5 bit a weight instead of bitsandbytes' 0.127 (about 0.33 GB at 8B).
 
 The output head, embeddings, norms, biases and LoRA adapters stay as they are:
@@ -50,7 +52,7 @@ NF4 = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
 # The leaves that replace ``kernel`` under each scheme, and how their axes follow the
 # kernel's logical axes (in, out): index 0 / 1 of those, in order.
 LEAVES = {"int8": {"kernel_int8": (0, 1), "kernel_scale": (1,)},
-          "nf4": {"kernel_nf4": (0, 1), "kernel_absmax": (0, 1)}}
+          "nf4": {"kernel_nf4": (0, 1), "kernel_absmax": (0,)}}
 _QUANT_NAMES = {n for leaves in LEAVES.values() for n in leaves}
 
 
@@ -73,7 +75,7 @@ def leaf_specs(scheme: str, d_in: int, d_out: int) -> dict[str, jax.ShapeDtypeSt
                 "kernel_scale": sds((d_out,), jnp.float32)}
     _check_nf4_rows(d_in)
     return {"kernel_nf4": sds((d_in // 2, d_out), jnp.uint8),
-            "kernel_absmax": sds((d_in // NF4_BLOCK, d_out), jnp.float32)}
+            "kernel_absmax": sds((d_in // NF4_BLOCK * d_out,), jnp.float32)}
 
 
 def _check_nf4_rows(d_in: int) -> None:
@@ -105,7 +107,8 @@ def quantize(kernel_io: jax.Array, scheme: str) -> dict[str, jax.Array]:
     code = sum((x > float(m)).astype(jnp.uint8) for m in mids)
     code = code.reshape(*lead, d_in // 2, 2, d_out)
     packed = (code[..., 0, :] << 4) | code[..., 1, :]
-    return {"kernel_nf4": packed.astype(jnp.uint8), "kernel_absmax": absmax}
+    return {"kernel_nf4": packed.astype(jnp.uint8),
+            "kernel_absmax": absmax.reshape(*lead, d_in // NF4_BLOCK * d_out)}
 
 
 def scheme_of(leaves) -> str | None:
@@ -141,8 +144,8 @@ def dequantize(leaves, dtype: Any = jnp.float32) -> jax.Array:
     if scheme != "nf4":
         raise ValueError(f"dequantize: leaves {sorted(leaves)} are no quantised kernel")
     codes = nf4_codes(leaves["kernel_nf4"])
-    absmax = leaves["kernel_absmax"].astype(jnp.float32)
     *lead, d_in, d_out = codes.shape
+    absmax = leaves["kernel_absmax"].astype(jnp.float32).reshape(*lead, d_in // NF4_BLOCK, d_out)
     values = jnp.asarray(NF4, jnp.float32)[codes.astype(jnp.int32)]
     blocks = values.reshape(*lead, d_in // NF4_BLOCK, NF4_BLOCK, d_out) * absmax[..., None, :]
     return blocks.reshape(*lead, d_in, d_out).astype(dtype)
