@@ -74,7 +74,7 @@ class Proj(nn.Module):
     quant: str = "none"
 
     def _quantized(self, d_in: int) -> dict[str, Array]:
-        """The kernel's quantised leaves; at init, a kernel drawn as ``kernel`` is, quantised."""
+        """The kernel's quantised leaves; at init, drawn as ``kernel`` would be, then quantised."""
         axes = quant.leaf_axes(self.quant, self.axes)
         drawn = None
         if not self.has_variable("params", next(iter(axes))):  # init (nn.scan hides the flag)
@@ -94,7 +94,7 @@ class Proj(nn.Module):
             kernel = self.param("kernel", nn.with_logical_partitioning(
                 _normal(self.init_std), self.axes), (x.shape[-1], self.features), self.param_dtype)
             y = token_matmul(x.astype(self.dtype), kernel.astype(self.dtype))
-        else:  # dequantised here, inside the caller's program: XLA fuses it into the matmul
+        else:  # dequantised here, inside the caller's program, where XLA can fuse it in
             kernel, scale = quant.matmul_operands(self._quantized(x.shape[-1]), self.dtype)
             y = token_matmul(x.astype(self.dtype), kernel)
             y = y if scale is None else y * scale

@@ -20,8 +20,9 @@ The output head, embeddings, norms, biases and LoRA adapters stay as they are:
 bitsandbytes converts the ``nn.Linear`` modules except the output embedding
 (transformers' ``get_keys_to_not_convert``: LLaDA's ``ff_out`` head, Dream's ``lm_head``).
 The model (``layers.Proj`` with ``LoraConfig.base_quant``) reads these leaves and
-dequantises them to its compute dtype inside the jitted program, where XLA fuses the
-conversion into the matmul's operand (int8: the scale multiplies the matmul's output).
+dequantises them to its compute dtype inside the jitted program that reads them, where XLA
+can fuse the conversion into the matmul's operand (int8: the scale multiplies the matmul's
+output); no bfloat16 copy of the base is kept between steps.
 
 Functions (params are plain pytrees, as everywhere in d1jax):
 
