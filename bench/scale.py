@@ -408,7 +408,7 @@ def main(argv=None) -> dict:
         med = statistics.median(times[name])
         row = {"median_s": round(med, 4), "calls": len(times[name]),
                "compile_cold_s": prog["compile_cold_s"], "compile_warm_s": prog["compile_warm_s"],
-               "tflops_model": round(prog["flops"] / 1e12, 3),
+               "flops_model": prog["flops"], "tflops_model": round(prog["flops"] / 1e12, 3),
                "mfu": round(prog["flops"] / med / peak, 4), "memory": prog["memory"]}
         if name.startswith("generate_"):
             row["tokens_per_s"] = round(prog["rows"] * scfg.gen_length / med, 1)

@@ -42,6 +42,6 @@ if [[ $PARTS == *llada* ]]; then
   rm -rf "$OUT/numerics"  # the logits (large): the JSONs hold the comparison
 fi
 if [[ $PARTS == *dream* ]]; then
-  step dream "${T_DREAM:-240}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_D $EXTRA --rounds 1 --init leaves \
+  step dream "${T_DREAM:-240}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_D $EXTRA --rounds 1 --init leaves --layers loop \
     --out "$OUT/scale_dream.json"
 fi
