@@ -27,6 +27,7 @@ KV_HEADS = "kv_heads"
 MLP = "mlp"
 NORM = "norm"
 LORA = "lora"
+QUANT_SCALES = "quant_scales"  # a quantised kernel's scales, flattened (d1jax.model.quant)
 # Logical axes of activations.
 BATCH = "batch"
 LENGTH = "length"
@@ -52,6 +53,7 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     (MLP, "tensor"),
     (NORM, None),
     (LORA, None),
+    (QUANT_SCALES, ("fsdp", "tensor")),
 )
 
 
