@@ -27,7 +27,6 @@ KV_HEADS = "kv_heads"
 MLP = "mlp"
 NORM = "norm"
 LORA = "lora"
-QUANT_SCALES = "quant_scales"  # a quantised kernel's scales, flattened (d1jax.model.quant)
 # Logical axes of activations.
 BATCH = "batch"
 LENGTH = "length"
@@ -53,7 +52,6 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     (MLP, "tensor"),
     (NORM, None),
     (LORA, None),
-    (QUANT_SCALES, ("fsdp", "tensor")),
 )
 
 

@@ -11,10 +11,9 @@ the block projections (every ``kernel`` below the layer stack) can be stored as
   weight's rows, flattened, as bitsandbytes blocks them), each scaled by its absmax and
   rounded to the nearest of the 16 NormalFloat values (``NF4``): ``kernel_nf4``
   [..., in/2, out] uint8, two codes a byte (even input in the high nibble, as bitsandbytes
-  packs), ``kernel_absmax`` [..., in/64 * out] float32 (the [in/64, out] scales flattened,
-  logical axis ``sharding.QUANT_SCALES``: over fsdp x tensor, which divides it wherever it
-  divides ``out``, where in/64 may not divide, e.g. Dream's 3584 / 64 = 56 over fsdp 16).
-  No double quantisation: the absmax
+  packs), ``kernel_absmax`` [..., in/64 * out] float32 (the [in/64, out] scales flattened:
+  a mesh axis that divides ``out`` divides it, where in/64 may be odd, e.g. Dream's
+  3584 / 64 = 56 over fsdp 16). No double quantisation: the absmax
   costs 0.5 bit a weight instead of bitsandbytes' 0.127 (about 0.33 GB at 8B).
 
 The output head, embeddings, norms, biases and LoRA adapters stay as they are:
@@ -43,8 +42,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from d1jax import sharding as shd
-
 SCHEMES = ("none", "int8", "nf4")
 NF4_BLOCK = 64  # inputs per absmax (bitsandbytes' blocksize for 4-bit weights)
 # bitsandbytes' NF4 code values (functional.get_4bit_type("nf4"), the CUDA kernels'
@@ -53,10 +50,10 @@ NF4 = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
        -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
        0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
        0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0)
-# The leaves that replace ``kernel`` under each scheme, and their logical axes: index 0 / 1
-# of the kernel's (in, out), or a name of their own.
+# The leaves that replace ``kernel`` under each scheme, and how their axes follow the
+# kernel's logical axes (in, out): index 0 / 1 of those, in order.
 LEAVES = {"int8": {"kernel_int8": (0, 1), "kernel_scale": (1,)},
-          "nf4": {"kernel_nf4": (0, 1), "kernel_absmax": (shd.QUANT_SCALES,)}}
+          "nf4": {"kernel_nf4": (0, 1), "kernel_absmax": (0,)}}
 _QUANT_NAMES = {n for leaves in LEAVES.values() for n in leaves}
 
 
@@ -68,8 +65,7 @@ def check_scheme(scheme: str) -> str:
 
 def leaf_axes(scheme: str, axes: tuple[str, str]) -> dict[str, tuple[str, ...]]:
     """{leaf name: its logical axes} for a kernel of logical axes ``axes`` (in, out)."""
-    return {name: tuple(axes[i] if isinstance(i, int) else i for i in idx)
-            for name, idx in LEAVES[scheme].items()}
+    return {name: tuple(axes[i] for i in idx) for name, idx in LEAVES[scheme].items()}
 
 
 def leaf_specs(scheme: str, d_in: int, d_out: int) -> dict[str, jax.ShapeDtypeStruct]:
