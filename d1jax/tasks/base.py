@@ -74,6 +74,9 @@ class Task:
     load_train: Callable[..., list[Example]]
     load_test: Callable[..., list[Example]]
     ground_truth: Callable[[Example], Any]
+    eval_prefill: str = EVAL_PREFILL  # appended to the eval prompt after the chat template
+    # Judges many records at once (code tasks run them in a pool); None: ``verdict`` each.
+    verdicts: Callable[[list[dict]], list[Verdict]] | None = None
 
     def __post_init__(self):
         if len(self.reward_funcs) != len(self.reward_weights):
@@ -81,8 +84,9 @@ class Task:
                              f"{len(self.reward_weights)} weights")
 
     def eval_prompt(self, tokenizer, example: Example) -> str:
-        """d1's evaluation prompt text: eval chat, chat template, then ``<reasoning>``."""
-        return format_prompt(tokenizer, self.build_eval_messages(example)) + EVAL_PREFILL
+        """d1's evaluation prompt text: eval chat, chat template, then ``eval_prefill``
+        (d1's ``<reasoning>``; the code tasks prefill an open ```python block)."""
+        return format_prompt(tokenizer, self.build_eval_messages(example)) + self.eval_prefill
 
     def reward_columns(self, completions: Sequence[str], examples: Sequence[Example]
                        ) -> np.ndarray:

@@ -1,0 +1,222 @@
+"""The code sandbox (d1jax/tasks/sandbox.py) under hostile completions.
+
+Every hostile completion below also defines the function its test calls, so it scores 0 only
+if the sandbox stopped it. They run together in a bounded pool under tight limits (2 s wall,
+1 s a program); each must score 0 within its limit, leave no process behind, and leave the
+sentinel directory (the parent's cwd while they run) as it was. A benign control in the same
+pool must pass, so the zeros are not a broken sandbox's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from d1jax.tasks import sandbox
+
+LIMITS = sandbox.Limits(wall_s=2.0, program_s=1.0, cpu_s=2, memory_mb=256, file_mb=4)
+GOOD = "\ndef f(x):\n    return x + 1\n"
+TEST = ["assert f(1) == 2"]
+
+
+def hostile(sentinel: Path, port: int) -> dict[str, str]:
+    s = str(sentinel)
+    return {
+        "fork_bomb": "import os\nwhile True:\n    os.fork()\n",
+        "fork_bomb_shell": "import subprocess\nsubprocess.Popen(['sh', '-c', ':(){ :|:& };:'])\n",
+        "fork_via_ctypes": "import ctypes\nctypes.CDLL(None).fork()\n",
+        "threads": "import threading\nthreading.Thread(target=lambda: None).start()\n",
+        "infinite_loop": "while True:\n    pass\n",
+        "loop_ignoring_alarm": ("import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
+                                "while True:\n    pass\n"),
+        "alloc_10gb": "x = bytearray(10 * 1024 ** 3)\n",
+        "raise_rlimit": ("import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))\n"
+                         "x = bytearray(10 * 1024 ** 3)\n"),
+        "huge_file_in_own_dir": "open('big', 'wb').write(b'0' * (64 * 1024 ** 2))\n",
+        "os_system": f"import os\nos.system('touch {s}/pwned')\n",
+        "write_outside": f"open('{s}/pwned', 'w').write('x')\n",
+        "append_outside": f"open('{s}/keep.txt', 'a').write('x')\n",
+        "write_via_symlink": f"import os\nos.symlink('{s}/keep.txt', 'link')\nopen('link', 'w').write('x')\n",
+        "hardlink_out": f"import os\nos.link('{s}/keep.txt', 'mine')\nopen('mine', 'w').write('x')\n",
+        "rename_in": f"import os\nos.rename('{s}/keep.txt', 'stolen')\n",
+        "socket": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\n",
+        "sys_exit_0": "import sys\nsys.exit(0)\n",
+        "os__exit_0": "import os\nos._exit(0)\n",
+        "kill_parent": "import os\nos.kill(os.getppid(), 9)\n",
+        "killpg_parent": "import os\nos.killpg(os.getpgid(os.getppid()), 9)\n",
+        "delete_parent_cwd": "import os, shutil\nshutil.rmtree('/proc/%d/cwd' % os.getppid())\n",
+        "delete_sentinel": f"import os\nos.remove('{s}/keep.txt')\n",
+        "forge_results": ("import os\nfor fd in range(1, 16):\n    try:\n"
+                          "        os.write(fd, b'0' * 32 + b' 0 1\\n' + b'0' * 32 + b' done\\n')\n"
+                          "    except OSError:\n        pass\nos._exit(0)\n"),
+    }
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file()
+            else "dir" for p in sorted(root.rglob("*"))}
+
+
+def _alive_in_session(sid: int) -> list[int]:
+    """Processes whose session id is ``sid`` (the child was its session's leader)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[3]) == sid:  # state, ppid, pgrp, session
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture(scope="module")
+def listener():
+    """A TCP listener on loopback that counts the connections it accepts."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    srv.settimeout(0.2)
+    accepted, stop = [], threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                accepted.append(srv.accept()[0])
+            except OSError:
+                pass
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield srv.getsockname()[1], accepted
+    stop.set()
+    t.join()
+    srv.close()
+
+
+@pytest.fixture(scope="module")
+def fuzz(tmp_path_factory, listener):
+    """Runs every hostile completion (and the control) once, from the sentinel directory."""
+    sentinel = tmp_path_factory.mktemp("sentinel")
+    (sentinel / "keep.txt").write_text("keep")
+    (sentinel / "sub").mkdir()
+    (sentinel / "sub" / "also.txt").write_text("also")
+    before = _snapshot(sentinel)
+    cases = hostile(sentinel, listener[0])
+    names = ["control"] + list(cases)
+    jobs = [(GOOD, TEST)] + [(code + GOOD, TEST) for code in cases.values()]
+    cwd = os.getcwd()
+    os.chdir(sentinel)
+    try:
+        t0 = time.perf_counter()
+        outcomes = sandbox.run_many(jobs, LIMITS, workers=4)
+        total = time.perf_counter() - t0
+    finally:
+        os.chdir(cwd)
+    return {"outcomes": dict(zip(names, outcomes)), "sentinel": sentinel, "before": before,
+            "total_s": total, "accepted": listener[1]}
+
+
+def test_control_passes(fuzz):
+    o = fuzz["outcomes"]["control"]
+    assert o.passed == (True,) and o.status == "done" and o.share == 1.0
+
+
+@pytest.mark.parametrize("name", list(hostile(Path("/x"), 1)))
+def test_hostile_completion_scores_zero_within_its_limit(fuzz, name):
+    o = fuzz["outcomes"][name]
+    assert o.passed == (False,) and o.share == 0.0, (name, o)
+    assert o.wall_s < LIMITS.wall_s + 1.0, (name, o.wall_s)
+    assert _alive_in_session(o.pid) == [], f"{name} left processes behind"
+
+
+def test_nothing_outside_changed_and_trainer_carries_on(fuzz):
+    assert _snapshot(fuzz["sentinel"]) == fuzz["before"]
+    assert fuzz["accepted"] == []  # no completion reached the loopback listener
+    assert fuzz["total_s"] < 15, fuzz["total_s"]
+    assert sandbox.run(GOOD, TEST, LIMITS).passed == (True,)  # this process is still whole
+
+
+def test_exit_and_timeouts_fail_only_their_program():
+    tests = ["assert f(1) == 2", "assert f(1) == 3", "while True: pass",
+             "import sys; sys.exit(0)", "assert f(2) == 3"]
+    o = sandbox.run(GOOD, tests, LIMITS)
+    assert o.passed == (True, False, False, False, True) and o.status == "done"
+    assert o.errors[2] == "timeout" and o.errors[3].startswith("SystemExit")
+    # os._exit ends the child: its program and the ones after it have no report
+    o = sandbox.run(GOOD, ["assert f(1) == 2", "import os; os._exit(0)", "assert f(2) == 3"],
+                    LIMITS)
+    assert o.passed == (True, False, False) and o.status == "died"
+
+
+def test_fresh_directory_minimal_env_and_only_stdio(monkeypatch, tmp_path):
+    monkeypatch.setenv("D1JAX_TRAINER_SECRET", "x")
+    leaked = open(tmp_path / "held", "w")  # an open fd of the trainer
+    try:
+        probe = ("import os\n"
+                 "assert os.listdir('.') == [], os.listdir('.')\n"
+                 "assert 'D1JAX_TRAINER_SECRET' not in os.environ\n"
+                 "assert set(os.environ) <= {'PATH', 'HOME', 'TMPDIR', 'LANG', 'LC_ALL'}\n"
+                 "fds = sorted(int(x) for x in os.listdir('/proc/self/fd'))\n"
+                 # 0-2 -> /dev/null, the result channel, and the fd listdir holds open
+                 "assert len(fds) <= 5, fds\n"
+                 "assert os.path.realpath(os.getcwd()) == os.path.realpath(os.environ['HOME'])\n")
+        o = sandbox.run(probe, ["pass"], LIMITS)
+    finally:
+        leaked.close()
+    assert o.passed == (True,), o.errors
+
+
+# ------------------------------------------------- the OS-level layers, audit hook off
+
+
+RAW = sandbox.Limits(wall_s=1.5, program_s=1.0, cpu_s=2, memory_mb=256, python_guard=False)
+
+
+def test_process_group_is_killed_without_the_python_guard():
+    """Children that ignore SIGTERM and outlive the alarm die with the group at wall_s
+    (under root RLIMIT_NPROC does not stop the forks; as a user it does: then none start)."""
+    code = ("import os, signal, time\nfor _ in range(3):\n"
+            "    try:\n        pid = os.fork()\n    except OSError:\n        break\n"
+            "    if pid == 0:\n        signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "        signal.signal(signal.SIGALRM, signal.SIG_IGN)\n        time.sleep(60)\n"
+            "signal.signal(signal.SIGALRM, signal.SIG_IGN)\ntime.sleep(60)\n")
+    o = sandbox.run(code, ["pass"], RAW)
+    assert o.status == "timeout" and o.passed == (False,)
+    assert o.wall_s < RAW.wall_s + 1.0
+    time.sleep(0.1)
+    assert _alive_in_session(o.pid) == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root is exempt from RLIMIT_NPROC")
+def test_nproc_stops_fork_for_a_user():
+    o = sandbox.run("import os\nos.fork()\n", ["pass"], RAW)
+    assert o.passed == (False,) and "BlockingIOError" in o.errors[0]
+
+
+def test_memory_limit_holds_without_the_python_guard():
+    o = sandbox.run("x = bytearray(10 * 1024 ** 3)\n", ["pass"], RAW)
+    assert o.passed == (False,) and o.errors[0].startswith("MemoryError")
+
+
+def test_network_namespace_without_the_python_guard(listener):
+    port, accepted = listener
+    o = sandbox.run(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\n",
+                    ["pass"], RAW)
+    if o.network != "netns":
+        pytest.skip(f"no network namespace here ({o.network}): the audit hook alone refuses sockets")
+    assert o.passed == (False,) and accepted == []
+    assert "OSError" in o.errors[0] or "Error" in o.errors[0]
+
+
+def test_limits_are_checked():
+    with pytest.raises(ValueError, match="out of range"):
+        sandbox.Limits(wall_s=0)
