@@ -3,7 +3,7 @@
     python bench/block_parts.py                      # bench-tiny's block on [8, 192], float32
     python bench/block_parts.py --repeats 41
 
-Each part runs as d1jax runs it (``model.llada.Block``, ``model.attention.attention``,
+Each part runs as d1jax runs it (``model.llada.model.Block``, ``model.attention.attention``,
 ``model.layers.token_matmul``) with random inputs, jitted twice: ``forward`` (the sum of
 its output against a fixed random cotangent) and ``grad`` (``jax.value_and_grad`` of that
 sum over the part's inputs and weights). Each round runs every function once, side by side
@@ -33,7 +33,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from bench import common  # noqa: E402
-from d1jax.model import attention, layers, llada  # noqa: E402
+from d1jax.model import attention, layers  # noqa: E402
+from d1jax.model.llada import model as llada  # noqa: E402
 
 
 def parts(c, batch: int, seq: int):

@@ -20,7 +20,8 @@ import numpy as np
 from bench import sampler as bench_sampler
 from bench import update as bench_update
 from d1jax import sampling as smp
-from d1jax.model import LLaDA, weights
+from d1jax.model import LLaDA
+from d1jax.model.llada import weights
 
 
 class Ours(NamedTuple):

@@ -50,7 +50,7 @@ from d1jax import sampling as smp
 from d1jax import sharding, tasks
 from d1jax.eval.score import percentages, score_records  # noqa: E402
 from d1jax.model import LLaDA  # noqa: E402
-from d1jax.model import weights  # noqa: E402
+from d1jax.model.llada import weights  # noqa: E402
 from d1jax.model.tokenizer import load_tokenizer, special_ids  # noqa: E402
 from d1jax.run.build import Setup  # noqa: E402
 from d1jax.tasks import sudoku  # noqa: E402

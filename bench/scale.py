@@ -55,8 +55,8 @@ from bench import common  # noqa: E402
 from d1jax import config as config_lib  # noqa: E402
 from d1jax import sampling as smp  # noqa: E402
 from d1jax.model import family as family_lib, predictor  # noqa: E402
-from d1jax.model import weights as llada_weights  # noqa: E402
-from d1jax.model.llada import init_params  # noqa: E402
+from d1jax.model.llada import weights as llada_weights  # noqa: E402
+from d1jax.model import init_params  # noqa: E402
 from d1jax.objectives.batch import GRPOBatch  # noqa: E402
 from d1jax.plan import flops as fl  # noqa: E402
 from d1jax.plan import programs as plan_programs  # noqa: E402

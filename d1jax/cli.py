@@ -57,7 +57,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from d1jax.checkpoint import RestoreError
     from d1jax.config import ConfigError
     from d1jax.model import UnsupportedConfigError
-    from d1jax.model.weights import CheckpointError
+    from d1jax.model.hf_checkpoint import CheckpointError
     from d1jax.plan.compile import DoesNotFit
     from d1jax.run.lock import WorkdirBusy
     from d1jax.run.oom import OutOfMemory

@@ -41,7 +41,7 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
-from d1jax.model import hf_files
+from d1jax.model import family as family_lib, hf_files
 
 BASE_VOCAB = 320  # byte-level BPE tokens below the added ones (the real: 126080, 151643)
 
@@ -393,7 +393,7 @@ def write(slug: str, d: Path, seed: int = 0, vocab: int = 0) -> Path:
     _write_json(d / "config.json", hf_config(p, vocab))
     _write_json(d / "generation_config.json", generation_config(p),
                 indent=4 if p.family == "llada" else 2)
-    code = hf_files.LLADA if p.family == "llada" else hf_files.DREAM
+    code = family_lib.get(p.family).remote_code
     for name in code.files:
         shutil.copyfile(hf_files.remote_code_dir() / name, d / name)
     if p.family == "llada":

@@ -16,12 +16,13 @@ from safetensors.numpy import load_file, save_file
 
 from d1jax import sharding as shd
 from d1jax.model import predictor
-from d1jax.model.config import UnsupportedConfigError
+from d1jax.model.hf_checkpoint import UnsupportedConfigError
 from d1jax.model import init_params
 from d1jax.model.dream import Dream, dream_positions
-from d1jax.model.dream_config import DreamConfig, dream_preset
-from d1jax.model.dream_weights import (CheckpointError, dream_key_map, load_dream_checkpoint,
-                                       save_dream_checkpoint)
+from d1jax.model.dream import DreamConfig, preset as dream_preset
+from d1jax.model.dream.weights import (CheckpointError, key_map as dream_key_map,
+                                      load_hf_checkpoint as load_dream_checkpoint,
+                                      save_hf_checkpoint as save_dream_checkpoint)
 
 CFG = dream_preset("dream-test-tiny")
 
@@ -240,7 +241,7 @@ def test_random_init_is_born_sharded_with_layer_stacked_params():
 
 
 def test_lora_adapters_attach_by_dream_names_and_start_as_the_base_model(loaded):
-    from d1jax.model.config import LoraConfig
+    from d1jax.model.lora import LoraConfig
     cfg, params = loaded
     model = Dream(cfg, lora=LoraConfig(rank=4, targets=("q_proj", "v_proj", "down_proj")))
     fresh = init_params(model, jax.random.key(1))

@@ -17,8 +17,7 @@ from d1jax import sampling as smp
 from d1jax import sharding
 from d1jax.model import init_params
 from d1jax.model.dream import Dream
-from d1jax.model.dream_config import dream_preset
-from d1jax.model.dream_weights import load_dream_checkpoint
+from d1jax.model.dream import load_hf_checkpoint as load_dream_checkpoint, preset as dream_preset
 from tests.test_dream import CFG, hf_state, np_raw_logits, np_tok_idx, write_hf_dir
 from tests.test_dream_train import peaked  # noqa: F401 (fixture: 2-layer Dream, sharp head)
 from tests.test_sampler import cfg_for, make_prompts

@@ -22,9 +22,9 @@ from d1jax import sampling as smp
 from d1jax.config import ConfigError
 from d1jax.metrics import read_jsonl
 from d1jax.model import family as family_lib
-from d1jax.model import hf_files
+from d1jax.model import dream
 from d1jax.model.dream import Dream
-from d1jax.model.dream_weights import load_dream_checkpoint
+from d1jax.model.dream import load_hf_checkpoint as load_dream_checkpoint
 from d1jax.objectives import advantages, logprob, losses
 from d1jax.run import spec as spec_lib
 from d1jax.run.context import RunStopped
@@ -140,14 +140,14 @@ def test_each_objective_on_dream_has_a_finite_loss_and_a_gradient_on_the_adapter
     """The table's prepare + loss (what the GRPO update differentiates) on a Dream with LoRA
     on Dream's projection names: finite, and a nonzero gradient reaches the adapters."""
     from d1jax.model import init_params, lora as lora_lib
-    from d1jax.model.config import LoraConfig
+    from d1jax.model.lora import LoraConfig
     _, params = peaked
     c = config_lib.grpo("sudoku", "tiny", objective=objective, checkpoint="dream")
     c.sampler.gen_length, c.sampler.block_length = 8, 4
     cfg = GRPOConfig(num_iterations=2, beta=c.grpo.beta, epsilon=0.5, p_mask_prompt=0.0,
                      objective=objective, hparams=spec_lib._hparams(c))
     model = Dream(CFG, lora=LoraConfig(rank=4, alpha=8.0, dropout=0.0,
-                                       targets=lora_lib.DREAM_TARGETS))
+                                       targets=dream.LORA_TARGETS))
     full = lora_lib.join(params, init_params(model, jax.random.key(1), adapters_only=True))
     prompt, pmask = make_prompts(CFG.vocab_size, CFG.pad_token_id, b=4, lp=6, pad=(0, 2, 0, 1))
     comp = np.random.RandomState(4).randint(0, 100, (4, 8)).astype(np.int32)
@@ -260,8 +260,8 @@ def test_dream_export_is_a_dream_checkpoint_of_the_trained_policy(dream_run):
     hf = wd / "hf"
     cfg_json = json.loads((hf / "config.json").read_text())
     assert cfg_json["model_type"] == "Dream"  # random init: d1jax's remote code, named
-    assert cfg_json["auto_map"] == dict(hf_files.DREAM.auto_map)
-    assert all((hf / name).is_file() for name in hf_files.DREAM.files)
+    assert cfg_json["auto_map"] == dict(dream.REMOTE_CODE.auto_map)
+    assert all((hf / name).is_file() for name in dream.REMOTE_CODE.files)
     assert (hf / "tokenizer.json").is_file() and (hf / "tokenizer_config.json").is_file()
     cfg, params = load_dream_checkpoint(hf)
     ids = jnp.asarray(np.random.RandomState(0).randint(0, cfg.vocab_size - 4, (2, 12)))

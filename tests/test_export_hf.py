@@ -26,11 +26,12 @@ import tokenizers
 
 import d1jax
 from d1jax.model import family as family_lib
-from d1jax.model import hf_files, weights
+from d1jax.model import dream, hf_files, llada
+from d1jax.model.llada import weights
 from d1jax.model.dream import Dream, dream_positions
-from d1jax.model.dream_config import dream_preset
-from d1jax.model.dream_weights import (dream_param_shapes, load_dream_checkpoint,
-                                       save_dream_checkpoint)
+from d1jax.model.dream import (load_hf_checkpoint as load_dream_checkpoint,
+                                param_shapes as dream_param_shapes, preset as dream_preset,
+                                save_hf_checkpoint as save_dream_checkpoint)
 from d1jax.model.tokenizer import CHAT_TEMPLATE, load_tokenizer, train_tiny_tokenizer
 from d1jax.run import build, context
 from tests import published
@@ -121,7 +122,7 @@ def official_source(path, config, params, tok_dir):
     generation config, and a tokenizer.json with a transformers 4.x tokenizer_config.json."""
     weights.save_hf_checkpoint(path, config, params)
     (path / "config.json").write_text(json.dumps({**config.to_hf_dict(), **OFFICIAL_EXTRA_FIELDS}))
-    for name in hf_files.REMOTE_CODE:
+    for name in llada.REMOTE_CODE.files:
         (path / name).write_text("# LLaDA's official code stands here\n")
     official_companions(path, config.eos_token_id, tok_dir, OFFICIAL_TOKENIZER_CONFIG)
     return path
@@ -145,7 +146,7 @@ def official_dream_source(path, config, params, tok_dir):
     save_dream_checkpoint(path, config, params)
     (path / "README.md").unlink()
     (path / "config.json").write_text(json.dumps({**config.to_hf_dict(), **DREAM_EXTRA_FIELDS}))
-    for name in hf_files.DREAM.files:
+    for name in dream.REMOTE_CODE.files:
         (path / name).write_text((hf_files.remote_code_dir() / name).read_text()
                                  + "# the source model's own copy\n")
     with open(path / "modeling_dream.py", "a") as f:
@@ -270,8 +271,8 @@ def replica_exports(root: Path) -> dict[str, Export]:
 def test_exports_hold_d1jax_remote_code_and_the_source_tokenizer_unchanged(exports):
     for export in (exports["random"], exports["source"]):
         config = json.loads((export.path / "config.json").read_text())
-        assert config["auto_map"] == hf_files.AUTO_MAP
-        for code in hf_files.REMOTE_CODE:
+        assert config["auto_map"] == dict(llada.REMOTE_CODE.auto_map)
+        for code in llada.REMOTE_CODE.files:
             assert (export.path / code).read_bytes() == (
                 hf_files.remote_code_dir() / code).read_bytes()
         assert "d1jax's own `configuration_llada.py`" in (export.path / "README.md").read_text()
@@ -289,8 +290,8 @@ def test_exports_hold_d1jax_remote_code_and_the_source_tokenizer_unchanged(expor
 def test_dream_exports_hold_d1jax_code_without_a_source_and_the_sources_own_with_one(exports):
     export = exports["dream-random"]
     assert json.loads((export.path / "config.json").read_text())["auto_map"] == dict(
-        hf_files.DREAM.auto_map)
-    for code in hf_files.DREAM.files:
+        dream.REMOTE_CODE.auto_map)
+    for code in dream.REMOTE_CODE.files:
         assert (export.path / code).read_bytes() == (
             hf_files.remote_code_dir() / code).read_bytes()
     assert "d1jax's own `configuration_dream.py`" in (export.path / "README.md").read_text()
@@ -299,7 +300,7 @@ def test_dream_exports_hold_d1jax_code_without_a_source_and_the_sources_own_with
     export = exports["dream-source"]  # its code, the module it imports, its tokenizer's module
     assert json.loads((export.path / "config.json").read_text())["auto_map"] == (
         DREAM_EXTRA_FIELDS["auto_map"])
-    for f in (*hf_files.DREAM.files, "generation_utils.py", "tokenization_dream.py",
+    for f in (*dream.REMOTE_CODE.files, "generation_utils.py", "tokenization_dream.py",
               "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
               "generation_config.json"):
         assert (export.path / f).read_bytes() == (export.source / f).read_bytes(), f

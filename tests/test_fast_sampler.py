@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import d1jax
-from d1jax.model import llada as model_lib
+from d1jax.model.llada import model as model_lib
 from d1jax import sampling as smp
 from d1jax import sharding
 
@@ -102,7 +102,7 @@ def test_decode_at_equals_uncached(tiny_model, tiny_params, tiny_config):
     _, cache = apply(x, attn, method=tiny_model.prefill)
     window = jax.tree.map(lambda a: a[:, :, 16:24], cache)
     idx = np.array([[0, 3, 5], [7, 1, 2], [4, 6, 0]], np.int32)  # any order, per row
-    h, new = apply(np.take_along_axis(x[:, 16:24], idx, 1), idx, cache, window, 16, attn,
+    h, new = apply(x, idx, cache, window, 16, attn,  # the sequence: the model reads the rows
                    method=tiny_model.decode_at)
     logits = apply(h, method=tiny_model.logits)
     want = np.take_along_axis(np.asarray(full)[:, 16:24], idx[..., None], 1)
@@ -114,7 +114,7 @@ def test_decode_at_equals_uncached(tiny_model, tiny_params, tiny_config):
     stale[:, 16:24] = c.mask_token_id
     _, stale_cache = apply(stale, attn, method=tiny_model.prefill)
     stale_win = jax.tree.map(lambda a: a[:, :, 16:24], stale_cache)
-    _, upd = apply(np.take_along_axis(x[:, 16:24], idx, 1), idx, cache, stale_win, 16, attn,
+    _, upd = apply(x, idx, cache, stale_win, 16, attn,
                    method=tiny_model.decode_at)
     hit = np.zeros((3, 8), bool)
     np.put_along_axis(hit, idx, True, 1)
@@ -172,8 +172,8 @@ def reference_fast(model, params, ids, mask, cfg, rng):
     decode = jax.jit(lambda q, cache, s: apply(q, cache, s, jnp.asarray(attn),
                                                head_len=cfg.block_length,
                                                method=model.decode_slice))
-    decode_at = jax.jit(lambda ids_q, idx, cache, win, s, att: apply(
-        ids_q, idx, cache, win, s, att, method=model.decode_at))
+    decode_at = jax.jit(lambda ids, idx, cache, win, s, att: apply(
+        ids, idx, cache, win, s, att, method=model.decode_at))
     b, lp = ids.shape
     x = np.concatenate([ids, np.full((b, cfg.gen_length), cfg.mask_id, np.int32)], 1)
     attn = np.concatenate([mask, np.ones((b, cfg.gen_length), np.int32)], 1)
@@ -201,7 +201,7 @@ def reference_fast(model, params, ids, mask, cfg, rng):
                 for j in range(b):
                     idx = np.nonzero(prev[j])[0][None].astype(np.int32)
                     one = jax.tree.map(lambda a: a[:, j:j + 1], (cache, window))
-                    h, win_j = decode_at(x[j:j + 1, s + idx[0]], idx, *one, s, attn[j:j + 1])
+                    h, win_j = decode_at(x[j:j + 1], idx, *one, s, attn[j:j + 1])
                     window = jax.tree.map(lambda w, n: w.at[:, j].set(n[:, 0]), window, win_j)
                     logits[j, idx[0]] = np.asarray(apply(h, method=model.logits))[0]
             elif i > 0:

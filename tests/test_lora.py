@@ -9,7 +9,7 @@ from flax import traverse_util
 
 import d1jax
 from d1jax.model import LoraConfig
-from d1jax.model import lora as lora_lib
+from d1jax.model import llada, lora as lora_lib
 from d1jax.model.layers import Proj
 from d1jax.objectives import table
 from d1jax.run import optim
@@ -166,7 +166,7 @@ def test_only_the_named_targets_get_adapters_and_exports_merge_them(tiny_config,
     """d1's effective target sets (GRPO: q, k, v, up; SFT: q, k, v): adapters exist on those
     projections alone, the other kernels pass merge untouched, and an HF export of the merged
     params loads back as the plain model that reproduces the adapter model's logits."""
-    from d1jax.model import weights
+    from d1jax.model.llada import weights
     lora = LoraConfig(rank=4, alpha=8.0, dropout=0.0, targets=targets)
     model, plain = d1jax.LLaDA(tiny_config, lora=lora), d1jax.LLaDA(tiny_config)
     trained = _with_random_b(d1jax.init_params(model, jax.random.key(1)))
@@ -189,11 +189,12 @@ def test_unknown_targets_are_a_config_error():
     by name, in lora.check_targets and in the run config."""
     from d1jax import config as config_lib
     from d1jax.run import spec as spec_lib
-    assert lora_lib.check_targets(["q_proj", "ff_out"]) == ("q_proj", "ff_out")
+    targets = (llada.LORA_TARGETS, "LLaDA")
+    assert lora_lib.check_targets(["q_proj", "ff_out"], *targets) == ("q_proj", "ff_out")
     for bad, why in ((("q_proj", "o_proj"), "unknown 'o_proj'"), ((), "empty"),
                      (("q_proj", "q_proj"), "repeated")):
         with pytest.raises(ValueError, match=why):
-            lora_lib.check_targets(bad)
+            lora_lib.check_targets(bad, *targets)
     c = config_lib.grpo("sudoku", "tiny")
     c.lora.targets = ("q_proj", "gate_proj")
     with pytest.raises(config_lib.ConfigError, match="unknown 'gate_proj'.*attn_out, ff_proj"):

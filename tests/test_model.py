@@ -19,7 +19,7 @@ from safetensors.numpy import load_file
 
 import d1jax
 from d1jax import sharding
-from d1jax.model import weights
+from d1jax.model.llada import weights
 
 HF = "model.transformer."
 

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from d1jax import config as config_lib
-from d1jax.model import LoraConfig, lora as lora_lib
-from d1jax.model.dream_config import DreamConfig, dream_preset
+from d1jax.model import LoraConfig, dream
+from d1jax.model.dream import DreamConfig, preset as dream_preset
 from d1jax.plan import chips, flops
 from tests.test_plan import needs_tpu  # the compile-only TPU topology check
 
@@ -22,7 +22,7 @@ _HAND = dict(vocab_size=8, hidden_size=4, intermediate_size=6, num_hidden_layers
 
 def test_dream_forward_flops_match_a_hand_count():
     cfg = dream_preset("dream-test-tiny", **_HAND)
-    assert set(cfg.projections) == set(lora_lib.DREAM_TARGETS)
+    assert set(cfg.projections) == set(dream.LORA_TARGETS)
     f = flops.forward(cfg, batch=2, q_len=3, kv_len=3, head_positions=1)
     # per token: q 4x4, k 4x2, v 4x2 (GQA: one kv head), o 4x4, gate/up/down 3 x 4x6 = 120 MACs
     assert f.base - f.head == 2 * 120 * 2 * 3
@@ -108,7 +108,7 @@ def test_grid_names_configs_by_their_folder():
     assert grid.config_name("configs/diffucoder/coupled_grpo_sudoku.py:authors") == \
         "diffucoder/coupled_grpo_sudoku:authors"
     assert grid.expand(["dream", "configs/sft_s1k.py"]) == \
-        [*grid.DREAM_CONFIGS, "configs/sft_s1k.py"]
+        [*dream.FAMILY.plan_configs, "configs/sft_s1k.py"]
 
 
 @needs_tpu

@@ -27,7 +27,7 @@ from d1jax.eval import evaluate
 from d1jax.metrics import read_jsonl
 from d1jax.model import family as family_lib
 from d1jax.model.tokenizer import TokenizerError, load_tokenizer, special_ids
-from d1jax.model.weights import _open_checkpoint
+from d1jax.model.hf_checkpoint import open_checkpoint as _open_checkpoint
 from tests import learnable, published
 from tests.published import BASE_VOCAB, PUBLISHED, REAL_IDS
 

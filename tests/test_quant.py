@@ -18,9 +18,10 @@ import d1jax
 from d1jax import config as config_lib, sharding
 from d1jax.config import ConfigError
 from d1jax.metrics import read_jsonl
-from d1jax.model import LoraConfig, lora as lora_lib, quant, weights
+from d1jax.model import LoraConfig, lora as lora_lib, quant
+from d1jax.model.llada import weights
 from d1jax.model.dream import Dream
-from d1jax.model.dream_config import dream_preset
+from d1jax.model.dream import preset as dream_preset
 from d1jax.run import build, spec as spec_lib
 from d1jax.train.state import init_train_state
 from tests import learnable

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from d1jax.model import hf_files
+from d1jax.model import llada
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -41,7 +41,7 @@ def test_readme_snippets_run_in_order(tmp_path, monkeypatch):
     assert logps.shape == (2, 2, 16) and (logps <= 0).all()
     assert int(namespace["state"].step) == 2
     export = tmp_path / "llada-tiny-grpo"
-    assert json.loads((export / "config.json").read_text())["auto_map"] == hf_files.AUTO_MAP
+    assert json.loads((export / "config.json").read_text())["auto_map"] == dict(llada.REMOTE_CODE.auto_map)
 
 
 DOCS = sorted((ROOT / "docs").glob("*.md"))

@@ -14,7 +14,7 @@ import d1jax
 from d1jax.eval import evaluate as eval_lib
 from d1jax import sampling as smp
 from d1jax import tasks
-from d1jax.model import weights
+from d1jax.model.llada import weights
 from d1jax.tasks import sudoku
 from d1jax.model.tokenizer import special_ids, train_tiny_tokenizer
 from d1jax.model.tokenizer import encode_prompts

@@ -11,7 +11,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import d1jax
 from d1jax import sharding
-from d1jax.model import LoraConfig, weights
+from d1jax.model import LoraConfig
+from d1jax.model.llada import weights
 from d1jax.model import lora as lora_lib
 
 MESH_SHAPES = [(8, 1, 1), (2, 2, 2), (1, 2, 4)]  # (data, fsdp, tensor)

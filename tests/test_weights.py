@@ -11,9 +11,11 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import d1jax
-from d1jax.model import weights
+from d1jax.model import hf_checkpoint
+from d1jax.model import llada
+from d1jax.model.llada import weights
 from d1jax.model import UnsupportedConfigError
-from d1jax.model.weights import CheckpointError
+from d1jax.model.hf_checkpoint import CheckpointError
 from tests.published import LLADA_8B_CONFIG  # config.json of LLaDA-8B-Instruct
 
 HF = "model.transformer."
@@ -179,7 +181,7 @@ def test_failed_save_leaves_the_existing_checkpoint_intact(tmp_path, tiny_config
                                                            monkeypatch):
     weights.save_hf_checkpoint(tmp_path, tiny_config, tiny_params, max_shard_size=20_000)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    real_writer, written = weights._write_safetensors, []
+    real_writer, written = hf_checkpoint.write_safetensors, []
 
     def writer_failing_on_the_second_file(file, tensors):
         if written:
@@ -187,7 +189,7 @@ def test_failed_save_leaves_the_existing_checkpoint_intact(tmp_path, tiny_config
             raise OSError("disk full")
         written.append(file)
         real_writer(file, tensors)
-    monkeypatch.setattr(weights, "_write_safetensors", writer_failing_on_the_second_file)
+    monkeypatch.setattr(hf_checkpoint, "write_safetensors", writer_failing_on_the_second_file)
     doubled = jax.tree.map(lambda x: x * 2, tiny_params)
     with pytest.raises(OSError, match="disk full"):
         weights.save_hf_checkpoint(tmp_path, tiny_config, doubled, max_shard_size=20_000)
@@ -379,7 +381,7 @@ def test_export_keeps_only_auto_map_entries_whose_module_it_holds(
     export = tmp_path / "export"
     weights.save_hf_checkpoint(export, tiny_config, tiny_params, source_dir=hub_dir)
     auto_map = json.loads((export / "config.json").read_text())["auto_map"]
-    assert auto_map == {**hf_files.AUTO_MAP, "AutoTokenizer": ["tokenization_llada.Tok", None]}
+    assert auto_map == {**llada.REMOTE_CODE.auto_map, "AutoTokenizer": ["tokenization_llada.Tok", None]}
     assert (export / "tokenization_llada.py").is_file()
 
 

@@ -21,14 +21,19 @@ def check_inputs(config, data: bool = True) -> None:
     path = model.get("path")
     if not path or not (Path(path).expanduser() / "config.json").is_file():
         return  # a folder without config.json: the loader says so
-    from d1jax.model import family, weights
-    from d1jax.model.config import UnsupportedConfigError
+    from d1jax.model import family
+    from d1jax.model.hf_checkpoint import CheckpointError, UnsupportedConfigError
+    from d1jax.sampling.dream import ALGS
     name = model.get("family", "llada")
+    try:
+        family.load_modules(model.get("family_module"))
+    except ValueError as e:
+        raise ConfigError(f"config.model.family_module: {e}") from None
     if name not in family.FAMILIES:
         return  # the spec names the families in one line
     tokenizer = model.get("tokenizer_path") or None
     try:
         family.check_checkpoint(Path(path).expanduser(), name,
-                                tokenizer and Path(tokenizer).expanduser())
-    except (weights.CheckpointError, UnsupportedConfigError) as e:
+                                tokenizer and Path(tokenizer).expanduser(), ALGS)
+    except (CheckpointError, UnsupportedConfigError) as e:
         raise ConfigError(f"config.model.path={path!r}: {e}") from None

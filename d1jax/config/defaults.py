@@ -19,19 +19,21 @@ class ConfigError(ValueError):
     """A config that cannot run; raised before any compute."""
 
 
-# The checkpoints a config can name (``model=`` of the builders below): family, the
-# environment variable that gives model.path by default, the tiny random preset.
-CHECKPOINTS = {
-    "llada": ("llada", "LLADA_PATH", "test-tiny"),  # LLaDA-8B-Base/Instruct
-    "dream": ("dream", "DREAM_PATH", "dream-test-tiny"),  # Dream-v0-Base/Instruct-7B
-    "diffucoder": ("dream", "DIFFUCODER_PATH", "dream-test-tiny"),  # DiffuCoder-7B-*
-}
+def checkpoints() -> dict[str, tuple[str, str, str]]:
+    """The checkpoints a config can name (``checkpoint=`` of the builders below), from the
+    families' records (``d1jax.model.family.Family.checkpoints``): kind -> (family, the
+    environment variable that gives model.path by default, the tiny random preset)."""
+    from d1jax.model import family as family_lib
+    family_lib.load_modules()
+    return {kind: (fam.name, env, tiny) for fam in family_lib.FAMILIES.values()
+            for kind, (env, tiny) in fam.checkpoints.items()}
 
 
 def _model(tiny: bool, checkpoint: str = "llada") -> mlc.ConfigDict:
-    if checkpoint not in CHECKPOINTS:
-        raise ConfigError(f"unknown checkpoint kind {checkpoint!r}: one of {', '.join(CHECKPOINTS)}")
-    family, env, tiny_preset = CHECKPOINTS[checkpoint]
+    kinds = checkpoints()
+    if checkpoint not in kinds:
+        raise ConfigError(f"unknown checkpoint kind {checkpoint!r}: one of {', '.join(kinds)}")
+    family, env, tiny_preset = kinds[checkpoint]
     m = mlc.ConfigDict()
     m.family = family  # Model family (d1jax.model.family): "llada" (LLaDA-8B) or "dream" (Dream-v0-7B, DiffuCoder-7B); must match model.path's config.json.
     m.path = "" if tiny else os.environ.get(env, "")  # Local HF checkpoint dir (config.json, *.safetensors, tokenizer); $LLADA_PATH ($DREAM_PATH, $DIFFUCODER_PATH) by default.
@@ -50,15 +52,17 @@ def _model(tiny: bool, checkpoint: str = "llada") -> mlc.ConfigDict:
     return m
 
 
-# d1's LoRA targets as they land on LLaDA's module names (PEFT matches names exactly, and
-# LLaDA has no o_proj/gate_proj/down_proj: its attn_out/ff_proj/ff_out stay frozen in d1).
-# GRPO: diffu-grpo/diffu_grpo_train.py target_modules [q, k, v, o, up, down, gate]_proj.
-D1_GRPO_TARGETS = ("q_proj", "k_proj", "v_proj", "up_proj")
+# d1's LoRA targets. GRPO: diffu-grpo/diffu_grpo_train.py target_modules [q, k, v, o, up,
+# down, gate]_proj, as they land on each family's module names (PEFT matches names exactly):
+# the family record's ``grpo_targets`` (d1jax.model.family).
 # SFT: SFT/sft_train.py target_modules ["q_proj", "k_proj", "v_proj"].
 D1_SFT_TARGETS = ("q_proj", "k_proj", "v_proj")
-# d1's GRPO list on Dream's (Qwen2's) module names, where all seven exist.
-D1_GRPO_TARGETS_DREAM = ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj")
-GRPO_TARGETS = {"llada": D1_GRPO_TARGETS, "dream": D1_GRPO_TARGETS_DREAM}
+
+
+def grpo_targets(family: str) -> tuple[str, ...]:
+    """d1's GRPO LoRA targets on ``family``'s module names (its record's)."""
+    from d1jax.model import family as family_lib
+    return family_lib.get(family).grpo_targets
 
 
 def _lora(tiny: bool) -> mlc.ConfigDict:
@@ -67,7 +71,7 @@ def _lora(tiny: bool) -> mlc.ConfigDict:
     lo.rank = 8 if tiny else 128  # r.
     lo.alpha = 16.0 if tiny else 64.0  # alpha; adapters scale by alpha / r.
     lo.dropout = 0.0 if tiny else 0.05  # Dropout on the adapter input.
-    lo.targets = D1_GRPO_TARGETS  # Projections that get adapters, by the family's module names: LLaDA's q_proj, k_proj, v_proj, attn_out, ff_proj, up_proj, ff_out; Dream's q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.
+    lo.targets = grpo_targets("llada")  # Projections that get adapters, by the family's module names: LLaDA's q_proj, k_proj, v_proj, attn_out, ff_proj, up_proj, ff_out; Dream's q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.
     return lo
 
 
@@ -138,7 +142,7 @@ def base(stage: str, task: str, tiny: bool, steps: int = 1000,
     c.seed = 42  # Seed of data order, init, rollouts and mask seeds.
     c.model = _model(tiny, checkpoint)
     c.lora = _lora(tiny)
-    c.lora.targets = GRPO_TARGETS[c.model.family]
+    c.lora.targets = grpo_targets(c.model.family)
     c.optim = _optim(tiny)
     c.train = _train(tiny, steps)
     c.task = mlc.ConfigDict()
@@ -262,7 +266,7 @@ _RATIO_FREE = ("wd1", "spg")
 def grpo(task: str, arg: str | None, objective: str = "diffu_grpo",
          checkpoint: str = "llada") -> mlc.ConfigDict:
     """GRPO-style RL on ``task`` with ``objective`` (diffu_grpo, wd1, spg, coupled_grpo),
-    every other knob d1's, on ``checkpoint`` (``CHECKPOINTS``: llada, dream, diffucoder).
+    every other knob d1's, on ``checkpoint`` (``checkpoints()``: llada, dream, diffucoder).
 
     ``arg``: "tiny" shrinks it for CPU; "authors" takes the objective's own authors' recipe
     instead of d1's knobs (``_authors``); "authors,tiny" both."""

@@ -1,14 +1,32 @@
-"""LLaDA and Dream: the models, their configs, LoRA, the HF checkpoint layout, the tokenizer."""
+"""The model families behind one interface, and what serves them all.
 
-from d1jax.model.config import (PRESETS, LLaDAConfig, LoraConfig, UnsupportedConfigError,
-                                preset)
-from d1jax.model.dream import Dream, dream_positions, shift_logits
-from d1jax.model.dream_config import DREAM_PRESETS, DreamConfig, dream_preset
+- ``predictor``: the interface every family's module satisfies (``MaskPredictor``),
+  ``init_params``; ``family``: the registry of family records (``Family``).
+- One package per family: ``llada`` (LLaDA-8B), ``dream`` (Dream-v0-7B, DiffuCoder-7B).
+- Shared: ``layers``, ``attention``, ``kv_cache``, ``lora``, ``quant``, ``hf_checkpoint``
+  (Hugging Face safetensors in and out), ``hf_files`` (an export's companion files),
+  ``tokenizer``.
+
+``preset`` and ``PRESETS`` are LLaDA's (``d1jax.model.llada``), the default family's;
+each family package has its own (``d1jax.model.dream.preset``).
+"""
+
+from d1jax.model import family
+from d1jax.model import dream, llada
+from d1jax.model.dream import Dream, DreamConfig, dream_positions, shift_logits
+from d1jax.model.hf_checkpoint import CheckpointError, UnsupportedConfigError
 from d1jax.model.kv_cache import KVCache
-from d1jax.model.llada import LLaDA, head_weight, init_params
-from d1jax.model.predictor import is_shifted, output_head, predict_logits
+from d1jax.model.llada import PRESETS, LLaDA, LLaDAConfig, head_weight, preset
+from d1jax.model.lora import LoraConfig
+from d1jax.model.predictor import (MaskPredictor, init_params, is_shifted, output_head,
+                                   predict_logits)
 
-__all__ = ["DREAM_PRESETS", "PRESETS", "Dream", "DreamConfig", "KVCache", "LLaDA", "LLaDAConfig",
-           "LoraConfig", "UnsupportedConfigError", "dream_positions", "dream_preset",
-           "head_weight", "init_params", "is_shifted", "output_head", "predict_logits",
-           "preset", "shift_logits"]
+# The built-in families, in the order messages list them. Another family registers itself
+# the same way from its own module (``family.register``; docs/models.md, "Adding a family").
+family.register(llada.FAMILY)
+family.register(dream.FAMILY)
+
+__all__ = ["CheckpointError", "PRESETS", "Dream", "DreamConfig", "KVCache", "LLaDA",
+           "LLaDAConfig", "LoraConfig", "MaskPredictor", "UnsupportedConfigError",
+           "dream_positions", "head_weight", "init_params", "is_shifted", "output_head",
+           "predict_logits", "preset", "shift_logits"]

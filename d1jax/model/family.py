@@ -1,38 +1,46 @@
-"""Model families: the one table that knows each family's module, configs, checkpoints and
-LoRA names.
+"""Model families: one record per family (``Family``) holding every fact that differs
+between them, and the registry of those records.
 
-Everything downstream (sampler, estimator, SFT, objectives, train loops, planner) takes a
-model module with the mask-predictor interface of ``d1jax.model.predictor`` and never asks
-which family it is; a run picks its family once, by ``model.family`` (checked against a
-checkpoint's ``config.json``), and ``run.build`` asks this table for the rest.
+Everything downstream (sampler, estimator, SFT, objectives, train loops, planner, config
+builders, exports) takes a model module with the interface of
+``d1jax.model.predictor.MaskPredictor`` and asks this registry for the rest; none of it asks
+which family it holds. A run picks its family once, by ``model.family`` (checked against a
+checkpoint's ``config.json``).
 
-- ``llada``: LLaDA-8B-Base/Instruct (``LLaDAModelLM``), ``d1jax.model.LLaDA``.
+Built in (each a package under ``d1jax/model/``, registered by ``d1jax/model/__init__.py``):
+
+- ``llada``: LLaDA-8B-Base/Instruct (``LLaDAModelLM``), ``d1jax.model.llada``.
 - ``dream``: Dream-v0-7B and DiffuCoder-7B (model_type "Dream", Qwen2 blocks),
-  ``d1jax.model.dream.Dream``.
+  ``d1jax.model.dream``.
+
+Another family registers with ``register(Family(...))`` from its own module; a run names
+that module in ``config.model.family_module`` (or ``$D1JAX_FAMILY_MODULES``, comma-separated)
+and ``load_modules`` imports it before the family is looked up (docs/models.md, "Adding a
+family").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
-from d1jax.model import dream_weights, lora as lora_lib, weights
-from d1jax.model.config import PRESETS, LLaDAConfig, preset
-from d1jax.model.dream import Dream
-from d1jax.model.dream_config import DREAM_PRESETS, DreamConfig, dream_preset
-from d1jax.model.llada import LLaDA
+from d1jax.model import hf_checkpoint, hf_files, predictor
+
+# Modules that register families, imported by ``load_modules`` (comma-separated).
+MODULES_ENV = "D1JAX_FAMILY_MODULES"
 
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """How one model family is built, loaded, saved and adapted."""
+    """How one model family is built, loaded, saved, adapted, planned and named."""
 
-    name: str
+    name: str  # config.model.family
     title: str  # for messages: "LLaDA", "Dream"
-    module: type  # the flax module (LLaDA, Dream)
+    module: type  # the flax module (a predictor.MaskPredictor)
     config_class: type
     model_types: tuple[str, ...]  # config.json model_type values of its checkpoints
     presets: Mapping[str, dict]  # named architectures (random_init)
@@ -40,17 +48,29 @@ class Family:
     # The config's field names of what ``sized_config`` sets: vocab, mask, eos, pad, length,
     # width, mlp, layers (each a tuple of the fields that take the value).
     fields: Mapping[str, tuple[str, ...]]
-    lora_targets: tuple[str, ...]  # projection names LoRA may target
+    lora_targets: tuple[str, ...]  # projection names LoRA may target (its module names)
+    # d1's GRPO target list (diffu_grpo_train.py's [q, k, v, o, up, down, gate]_proj) as it
+    # lands on this family's names: PEFT matches names exactly, so the absent ones drop out.
+    grpo_targets: tuple[str, ...]
     # (path, mesh, dtype, rules) -> (config, params)
     load: Callable[..., tuple[Any, dict]]
     # (path, config, params, max_shard_size, dtype, *, source_dir, tokenizer, lora)
     save: Callable[..., None]
     # path -> config: a checkpoint's config.json alone (the planner: shapes, no weights)
-    read_config: Callable[..., Any] | None = None
-    default_preset: str = ""  # the released checkpoints' architecture (llada-8b, dream-7b)
-    embedding: str = ""  # HF name of the input embedding (its rows: the vocabulary)
+    read_config: Callable[..., Any]
+    remote_code: hf_files.RemoteCode  # the Hugging Face code an export ships
+    default_preset: str  # the released checkpoints' architecture (llada-8b, dream-7b)
+    embedding: str  # HF name of the input embedding (its rows: the vocabulary)
+    # The checkpoint kinds a config builder names (``d1jax.config.grpo(..., checkpoint=)``):
+    # kind -> (environment variable giving model.path, tiny random preset).
+    checkpoints: Mapping[str, tuple[str, str]]
     # The published checkpoints of the family (README, docs/models.md).
     published: tuple[str, ...] = ()
+    # Config files the planner grid runs for this family (``python -m d1jax.plan.grid
+    # --configs=<name>``), docs/tpu_plan.md's rows.
+    plan_configs: tuple[str, ...] = ()
+    # Tokens that close a chat turn in its tokenizers (``tokenizer.special_ids``' eot).
+    turn_ends: tuple[str, ...] = ()
     # The first and last layers run outside the layer loop (LLaDA): the last runs only the
     # rows the output reads, and XLA drops the first's q/k/v input gradient under LoRA.
     peeled_ends: bool = False
@@ -75,37 +95,41 @@ class Family:
                                          for f in self.fields[key]})
 
 
-_LLADA_FIELDS = dict(
-    vocab=("vocab_size", "embedding_size"), mask=("mask_token_id",), eos=("eos_token_id",),
-    pad=("pad_token_id",), length=("max_sequence_length",), width=("d_model",),
-    mlp=("mlp_hidden_size",), layers=("n_layers",))
-_DREAM_FIELDS = dict(
-    vocab=("vocab_size",), mask=("mask_token_id",), eos=("eos_token_id", "bos_token_id"),
-    pad=("pad_token_id",), length=("max_position_embeddings",), width=("hidden_size",),
-    mlp=("intermediate_size",), layers=("num_hidden_layers",))
+FAMILIES: dict[str, Family] = {}
 
 
-FAMILIES: dict[str, Family] = {
-    "llada": Family(
-        "llada", "LLaDA", LLaDA, LLaDAConfig, ("llada", "LLaDA"), PRESETS, preset, _LLADA_FIELDS,
-        lora_lib.TARGETS, weights.load_hf_checkpoint, weights.save_hf_checkpoint,
-        read_config=weights.read_config, default_preset="llada-8b", peeled_ends=True,
-        embedding=weights.PREFIX + "wte.weight",
-        published=("GSAI-ML/LLaDA-8B-Instruct", "GSAI-ML/LLaDA-8B-Base")),
-    "dream": Family(
-        "dream", "Dream", Dream, DreamConfig, ("Dream", "dream"), DREAM_PRESETS, dream_preset,
-        _DREAM_FIELDS, lora_lib.DREAM_TARGETS, dream_weights.load_dream_checkpoint,
-        dream_weights.save_dream_checkpoint,
-        read_config=dream_weights.read_dream_config, default_preset="dream-7b",
-        embedding="model.embed_tokens.weight",
-        published=("Dream-org/Dream-v0-Instruct-7B", "Dream-org/Dream-v0-Base-7B",
-                   "apple/DiffuCoder-7B-Instruct", "apple/DiffuCoder-7B-cpGRPO",
-                   "apple/DiffuCoder-7B-Base")),
-}
+def register(family: Family) -> Family:
+    """Adds ``family`` to the registry (its module checked against ``MaskPredictor``);
+    registering the same record again is a no-op, another under a taken name a ValueError."""
+    known = FAMILIES.get(family.name)
+    if known is not None and known != family:
+        raise ValueError(f"model family {family.name!r} is already registered "
+                         f"({known.module.__name__})")
+    predictor.check_module(family.module)
+    missing = [k for k in ("vocab", "mask", "eos", "pad", "length", "width", "mlp", "layers")
+               if k not in family.fields]
+    if missing:
+        raise ValueError(f"family {family.name!r}: fields lacks {missing}")
+    FAMILIES[family.name] = family
+    return family
+
+
+def load_modules(modules: str | None = None) -> None:
+    """Imports the modules that register families: ``modules`` (comma-separated, e.g.
+    ``config.model.family_module``) and those of ``$D1JAX_FAMILY_MODULES``."""
+    names = f"{modules or ''},{os.environ.get(MODULES_ENV, '')}"
+    for name in filter(None, (n.strip() for n in names.split(","))):
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ValueError(f"cannot import the family module {name!r} ({e}); is it on "
+                             f"PYTHONPATH?") from None
 
 
 def get(name: str) -> Family:
     """The family called ``name``; ValueError listing the known ones."""
+    if name not in FAMILIES:
+        load_modules()
     try:
         return FAMILIES[name]
     except KeyError:
@@ -114,7 +138,7 @@ def get(name: str) -> Family:
 
 
 def of(model: Any) -> Family:
-    """The family of a model module (LLaDA or Dream instance)."""
+    """The family of a model module (an instance of a registered family's module)."""
     for fam in FAMILIES.values():
         if isinstance(model, fam.module):
             return fam
@@ -135,7 +159,8 @@ def detect(path: str | os.PathLike) -> str | None:
 
 
 def check_checkpoint(path: str | os.PathLike, name: str,
-                     tokenizer_path: str | os.PathLike | None = None) -> dict[str, int | None]:
+                     tokenizer_path: str | os.PathLike | None = None,
+                     algs: Collection[str] | None = None) -> dict[str, int | None]:
     """What a run reads from the Hugging Face checkpoint at ``path``, checked before it writes
     anything; returns the special ids (``tokenizer.special_ids``). CheckpointError, one line:
 
@@ -145,18 +170,19 @@ def check_checkpoint(path: str | os.PathLike, name: str,
       ids config.json contradicts, or has no chat template (the tasks prompt in chat turns);
     - its vocabulary (config.json's ``vocab_size``, the embedding's rows) is smaller than the
       tokenizer;
-    - its generation_config.json names an ``alg`` the sampler lacks.
+    - its generation_config.json names an ``alg`` not among ``algs`` (the sampler's,
+      ``d1jax.sampling.dream.ALGS``, passed by the caller: the model layer does not import
+      the sampler; None skips the check).
     """
     from d1jax.model.tokenizer import load_tokenizer, special_ids
-    from d1jax.sampling.dream import ALGS
     path, fam = Path(path), get(name)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
-        raise weights.CheckpointError(f"{cfg_file} is missing: not a Hugging Face checkpoint")
+        raise hf_checkpoint.CheckpointError(f"{cfg_file} is missing: not a Hugging Face checkpoint")
     try:
         raw = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as e:
-        raise weights.CheckpointError(f"{cfg_file}: invalid JSON ({e})") from None
+        raise hf_checkpoint.CheckpointError(f"{cfg_file}: invalid JSON ({e})") from None
     model_type = raw.get("model_type")
     found = detect(path)
     if found != name:
@@ -164,36 +190,36 @@ def check_checkpoint(path: str | os.PathLike, name: str,
                 f"no {fam.title} checkpoint (config.json model_type={model_type!r})")
         hint = f"set --config.model.family={found}" if found else (
             f"d1jax reads {', '.join(f.title for f in FAMILIES.values())} checkpoints")
-        raise weights.CheckpointError(f"it holds {what} but config.model.family={name!r}: "
+        raise hf_checkpoint.CheckpointError(f"it holds {what} but config.model.family={name!r}: "
                                       f"{hint}")
     config = fam.read_config(path)
     tok = load_tokenizer(tokenizer_path or path)
     if raw.get("mask_token_id") is None:  # the config class would fill in the 7-8B id
         named = (f"the tokenizer's mask token: {tok.mask_token!r}" if tok.mask_token
                  else "nor does its tokenizer")
-        raise weights.CheckpointError(f"its config.json names no mask_token_id ({named}): "
+        raise hf_checkpoint.CheckpointError(f"its config.json names no mask_token_id ({named}): "
                                       f"add the id the model was trained with")
     ids = special_ids(tok, config)
     if not tok.chat_template:
-        raise weights.CheckpointError(
+        raise hf_checkpoint.CheckpointError(
             f"its tokenizer{'' if tokenizer_path is None else ' at ' + str(tokenizer_path)} has no "
             f"chat template, and d1jax's tasks prompt in chat turns: set "
             f"config.model.tokenizer_path to the Instruct model's directory")
-    rows = weights._open_checkpoint(path)
+    rows = hf_checkpoint.open_checkpoint(path)
     rows = rows[fam.embedding].shape(fam.embedding)[0] if fam.embedding in rows else None
     for what, n in (("config.json vocab_size", config.vocab_size), ("embedding rows", rows)):
         if n is not None and n < len(tok):
-            raise weights.CheckpointError(
+            raise hf_checkpoint.CheckpointError(
                 f"its {what}={n} is smaller than the tokenizer's {len(tok)} tokens "
                 f"(ids {n}..{len(tok) - 1} have no embedding row): not this tokenizer's model")
     gen_file = path / "generation_config.json"
-    if gen_file.is_file():
+    if gen_file.is_file() and algs is not None:
         try:
             alg = json.loads(gen_file.read_text()).get("alg")
         except json.JSONDecodeError as e:
-            raise weights.CheckpointError(f"{gen_file}: invalid JSON ({e})") from None
-        if alg is not None and alg not in ALGS:
-            raise weights.CheckpointError(
+            raise hf_checkpoint.CheckpointError(f"{gen_file}: invalid JSON ({e})") from None
+        if alg is not None and alg not in algs:
+            raise hf_checkpoint.CheckpointError(
                 f"{gen_file}: alg={alg!r} is not an algorithm d1jax's sampler runs "
-                f"({', '.join(ALGS)})")
+                f"({', '.join(algs)})")
     return ids

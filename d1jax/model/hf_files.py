@@ -2,9 +2,10 @@
 
 ``transformers`` opens a LLaDA or Dream directory with ``trust_remote_code=True`` by importing
 the modules its ``config.json`` names in ``auto_map`` from that same directory (and the modules
-those import with ``from .x import``). d1jax ships its own remote code for both families
-(package data in ``hf_remote/``): same class names, ``model_type`` and weight names as the
-official code, loading under transformers 4.x and 5.x.
+those import with ``from .x import``). Each family names its own remote code in its record
+(``Family.remote_code``, a ``RemoteCode``); d1jax's for LLaDA and Dream is package data in
+``hf_remote/``: same class names, ``model_type`` and weight names as the official code,
+loading under transformers 4.x and 5.x.
 
 - LLaDA: every export carries d1jax's ``configuration_llada.py`` and ``modeling_llada.py``;
   LLaDA's official ``modeling_llada.py`` fails under transformers 5, so a source directory's
@@ -42,7 +43,7 @@ class RemoteCode:
     """d1jax's own Hugging Face code for one family and what its export's README says."""
 
     title: str  # "LLaDA", "Dream"
-    files: tuple[str, ...]  # in hf_remote/
+    files: tuple[str, ...]  # in ``directory``; () for a family without remote code
     auto_map: Mapping[str, str]  # the config.json entries naming them
     reference: str  # the official checkpoint whose class, model_type and weight names it keeps
     loader: str  # the d1jax function that reads the weights back
@@ -50,27 +51,13 @@ class RemoteCode:
     # always replaces it (LLaDA's official code fails under transformers 5).
     keep_source: bool
     forward: str  # README: what ``model(...).logits`` is
+    directory: str = ""  # where ``files`` are; "": hf_remote/ (``remote_code_dir``)
+
+    def path(self, name: str) -> Path:
+        """The file ``name`` of this code."""
+        return (Path(self.directory) if self.directory else remote_code_dir()) / name
 
 
-LLADA = RemoteCode(
-    "LLaDA", ("configuration_llada.py", "modeling_llada.py"),
-    {"AutoConfig": "configuration_llada.LLaDAConfig",
-     "AutoModel": "modeling_llada.LLaDAModelLM",
-     "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM"},
-    "GSAI-ML/LLaDA-8B-Instruct", "d1jax.model.weights.load_hf_checkpoint", keep_source=False,
-    forward="`model(input_ids, attention_mask=...).logits` is one bidirectional pass.")
-DREAM = RemoteCode(
-    "Dream", ("configuration_dream.py", "modeling_dream.py"),
-    {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
-    "Dream-org/Dream-v0-Instruct-7B", "d1jax.model.dream_weights.load_dream_checkpoint",
-    keep_source=True,
-    forward="`model(input_ids, attention_mask=...).logits` is one bidirectional pass giving "
-            "Dream's raw logits (row i predicts token i+1; Dream's sampler shifts them by one), "
-            "with RoPE positions counted from each row's first real token, as Dream's sampler "
-            "passes them. d1jax's code has no `diffusion_generate` (`d1jax.sampling.dream` "
-            "samples).")
-# LLaDA's names, as before Dream had remote code of its own.
-REMOTE_CODE, AUTO_MAP = LLADA.files, dict(LLADA.auto_map)
 GENERATION_CONFIG = "generation_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
@@ -96,7 +83,7 @@ def auto_map_modules(auto_map: dict[str, Any]) -> set[str]:
 
 
 def remote_code_dir() -> Path:
-    """The folder of d1jax's remote code (``hf_remote/``: LLaDA's and Dream's)."""
+    """The folder of d1jax's built-in remote code (``hf_remote/``: LLaDA's and Dream's)."""
     return Path(str(importlib.resources.files("d1jax.model") / "hf_remote"))
 
 
@@ -123,8 +110,8 @@ def own_remote_code(source: Path | None, code: RemoteCode) -> bool:
             and all((source / m).is_file() for m in auto_map_modules(entries)))
 
 
-def copy_companions(source_dir: str | os.PathLike | None, dest: Path, tokenizer: Any = None,
-                    code: RemoteCode = LLADA) -> dict[str, Any]:
+def copy_companions(source_dir: str | os.PathLike | None, dest: Path, tokenizer: Any,
+                    code: RemoteCode) -> dict[str, Any]:
     """Writes the remote code, generation config and tokenizer files of an export to ``dest``.
 
     Args:
@@ -134,7 +121,7 @@ def copy_companions(source_dir: str | os.PathLike | None, dest: Path, tokenizer:
         ships d1jax's (``code.keep_source`` False: LLaDA); so are its tokenizer files when
         ``tokenizer`` is None.
       tokenizer: the ``transformers`` tokenizer to ship (see the module docstring), or None.
-      code: the family's remote code (``LLADA``, ``DREAM``).
+      code: the family's remote code (``Family.remote_code``).
     Returns the ``auto_map`` the export's config.json should carry: the source's, when its
     own code is shipped (``own_remote_code``), else ``code.auto_map`` plus the source's other
     entries whose modules were copied. Writes ``dest/README.md`` saying which code it holds.
@@ -147,7 +134,7 @@ def copy_companions(source_dir: str | os.PathLike | None, dest: Path, tokenizer:
     auto_map: dict[str, Any] = {} if own else dict(code.auto_map)
     if not own:
         for name in code.files:
-            shutil.copyfile(remote_code_dir() / name, dest / name)
+            shutil.copyfile(code.path(name), dest / name)
     copied: list[str] = []
     if source is not None:
         source_map = _auto_map(source / "config.json")
@@ -227,7 +214,9 @@ def _readme(code: RemoteCode, source: Path | None, own: bool, copied: list[str],
     opening = ("Open them with `transformers.AutoModel.from_pretrained(path, "
                "trust_remote_code=True)`" + (" (or `AutoModelForCausalLM`)"
                                              if "AutoModelForCausalLM" in code.auto_map else ""))
-    if own:
+    if not code.files:
+        lines.append(f"Remote code: none; {code.forward}")
+    elif own:
         lines.append(f"Remote code: the source model's own, copied unchanged from `{source}` "
                      f"(listed below). d1jax's own {_names(code.files)} (package data in "
                      f"`d1jax/model/hf_remote/`) read the same weights under transformers 4.x "
@@ -241,7 +230,7 @@ def _readme(code: RemoteCode, source: Path | None, own: bool, copied: list[str],
                      f"code opens these weights. {opening}; {code.forward}")
     replaced = [n for n in code.files if not own and source is not None
                 and (source / n).is_file()
-                and (source / n).read_bytes() != (remote_code_dir() / n).read_bytes()]
+                and (source / n).read_bytes() != code.path(n).read_bytes()]
     if replaced:
         lines += ["", f"The source directory's own {_names(replaced)} (`{source}`) "
                   "were not copied."]

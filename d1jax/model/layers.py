@@ -14,14 +14,10 @@ import jax.numpy as jnp
 
 from d1jax import sharding as shd
 from d1jax.model import quant
-from d1jax.model.config import LoraConfig
+from d1jax.model.lora import ADAPTER_NAMES, LoraConfig
 
 Array = jax.Array
 DType = Any
-
-# Leaf names of the LoRA factors that ``Proj`` creates when LoRA targets it.
-ADAPTER_NAMES = ("lora_a", "lora_b")
-
 
 def _normal(std: float):
     return nn.initializers.normal(stddev=std)

@@ -1,12 +1,13 @@
 """LoRA adapter bookkeeping on plain param trees.
 
-The adapters live inside the model (``Proj`` in llada.py: ``lora_a`` [in, r] he-uniform,
+The adapters live inside the model (``Proj`` in layers.py: ``lora_a`` [in, r] he-uniform,
 ``lora_b`` [r, out] zeros, output ``x W + (alpha / r) (x A) B``, dropout on the adapter
 input); ``use_lora=False`` runs the base weights alone, which is d1's reference policy
 (PEFT's ``disable_adapter()``) with no second copy of the model. This module splits a param
 tree into (base, adapters), joins them back, counts params,
 merges adapters into the kernels for export, and checks the names of the projections LoRA
-targets (``TARGETS``; a run adapts the ones ``LoraConfig.targets`` names, and only those).
+targets (each family's ``Family.lora_targets``; a run adapts the ones ``LoraConfig.targets``
+names, and only those).
 
 Why not qwix: qwix (PyPI ``qwix`` 0.1.8, the library Tunix uses) adds LoRA by intercepting
 the einsum/dot_general calls of nnx or linen modules. Applied to our scanned linen model it
@@ -18,6 +19,7 @@ by our logical rules, scanned over layers, with adapters toggled per call.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -25,22 +27,35 @@ import jax.numpy as jnp
 from flax import traverse_util
 
 from d1jax.model import quant
-from d1jax.model.config import LoraConfig
-from d1jax.model.llada import ADAPTER_NAMES
 
 Params = dict[str, Any]
-
-# LLaDA's block projections by their Hugging Face module names (modeling_llada.py:
-# LLaDALlamaBlock's q_proj, k_proj, v_proj, ff_proj (SwiGLU gate), up_proj; LLaDABlock's
-# attn_out and ff_out (down)). Names are matched exactly, as PEFT's target_modules are.
-TARGETS = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")
-# Dream's (Qwen2's) block projections by their module names (modeling_dream.py: self_attn's
-# q_proj, k_proj, v_proj, o_proj; mlp's gate_proj, up_proj, down_proj).
-DREAM_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# The leaves a LoRA-adapted projection adds beside its kernel.
+ADAPTER_NAMES = ("lora_a", "lora_b")
 
 
-def check_targets(targets, allowed: tuple[str, ...] = TARGETS,
-                  family: str = "LLaDA") -> tuple[str, ...]:
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters (Hu et al. 2021) on the named projections: W x + (alpha/r) B A x."""
+
+    rank: int = 128
+    alpha: float = 64.0
+    dropout: float = 0.05
+    # The projections adapted, by the family's module names (``Family.lora_targets``); the
+    # default is LLaDA's seven.
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")
+    # Storage dtype of lora_a / lora_b, whatever the model's param_dtype: a bfloat16 adapter
+    # drops every update smaller than ~1/256 of its magnitude (PEFT keeps adapters float32).
+    param_dtype: str = "float32"
+    # Storage of the frozen base's block projections (d1jax.model.quant): "none" (the
+    # model's param_dtype), "int8" or "nf4" (d1's bitsandbytes 4-bit base).
+    base_quant: str = "none"
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+def check_targets(targets, allowed: tuple[str, ...], family: str) -> tuple[str, ...]:
     """``targets`` as a tuple of the ``family``'s projection names (``allowed``); ValueError
     naming any unknown one.
 
@@ -87,8 +102,8 @@ def join(base: Params, adapters: Params | None) -> Params:
 
 
 def merge(params: Params, lora: LoraConfig | None) -> Params:
-    """Plain LLaDA params for export: each targeted ``kernel + (alpha / r) A @ B``, adapters
-    dropped (loadable by ``LLaDA(config)`` without ``lora``).
+    """Plain params for export: each targeted ``kernel + (alpha / r) A @ B``, adapters
+    dropped (loadable by the family's module without ``lora``).
 
     Works on layer-stacked kernels ([layers, in, out] with A [layers, in, r]) and unstacked
     ones; the product is taken in float32 and cast to the kernel's dtype. A quantised base

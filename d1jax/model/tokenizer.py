@@ -26,7 +26,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from d1jax.model.weights import CheckpointError
+from d1jax.model.hf_checkpoint import CheckpointError
 
 # LLaDA-8B-Instruct's chat template (Llama-3 style headers, bos on the first message).
 CHAT_TEMPLATE = (
@@ -39,8 +39,6 @@ CHAT_TEMPLATE = (
 )
 BOS, EOS, EOT, MASK = "<|startoftext|>", "<|endoftext|>", "<|eot_id|>", "<|mdm_mask|>"
 SPECIAL_TOKENS = (BOS, EOS, "<|start_header_id|>", "<|end_header_id|>", EOT, MASK)
-# Tokens that close a chat turn: LLaDA's (Llama-3 headers) and Dream's / DiffuCoder's (Qwen's).
-TURN_ENDS = (EOT, "<|im_end|>")
 # tokenizer_config.json classes that are Qwen2's byte-level BPE over vocab.json + merges.txt.
 QWEN2_BPE_CLASSES = ("DreamTokenizer", "Qwen2Tokenizer", "Qwen2TokenizerFast")
 
@@ -165,9 +163,16 @@ def _added_special(tok) -> list[str]:
     return [t.content for t in tok.added_tokens_decoder.values() if t.special]
 
 
+def turn_ends() -> tuple[str, ...]:
+    """Tokens that close a chat turn, every family's (``Family.turn_ends``: LLaDA's Llama-3
+    headers' <|eot_id|>, Dream's / DiffuCoder's Qwen <|im_end|>)."""
+    from d1jax.model import family
+    return tuple(t for fam in family.FAMILIES.values() for t in fam.turn_ends)
+
+
 def _turn_end(tok) -> int | None:
     vocab = tok.get_vocab()
-    return next((vocab[t] for t in TURN_ENDS if t in vocab), None)
+    return next((vocab[t] for t in turn_ends() if t in vocab), None)
 
 
 def encode_prompts(tokenizer, texts: Sequence[str], length: int) -> tuple[np.ndarray, np.ndarray]:

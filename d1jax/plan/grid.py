@@ -28,17 +28,12 @@ from pathlib import Path
 
 from absl import app, flags
 
-CONFIGS = ("configs/grpo_gsm8k.py", "configs/grpo_math.py", "configs/grpo_countdown.py",
-           "configs/grpo_sudoku.py", "configs/sft_s1k.py")
-# Dream-7B and DiffuCoder-7B (docs/tpu_plan.md, "Dream-7B and DiffuCoder-7B"): --configs=dream
-DREAM_CONFIGS = ("configs/dream/grpo_gsm8k.py", "configs/diffucoder/coupled_grpo_sudoku.py:authors",
-                 "configs/dream/sft_s1k.py")
-CONFIG_SETS = {"llada": CONFIGS, "dream": DREAM_CONFIGS}
 SLICES = ("v4-8", "v5e-8", "v5e-16", "v5p-8", "v5p-64", "v6e-8")
 GIB = 2**30
 
-_CONFIGS = flags.DEFINE_list("configs", list(CONFIGS), "Config files (.py, ':variant' "
-                             f"allowed), or a named set: {', '.join(CONFIG_SETS)}.")
+_CONFIGS = flags.DEFINE_list("configs", ["llada"], "Config files (.py, ':variant' allowed), "
+                             "or a family's name: its record's plan_configs (llada: every "
+                             "d1 config; dream: Dream-7B and DiffuCoder-7B).")
 _SLICES = flags.DEFINE_list("slices", list(SLICES), "TPU slices or topologies.")
 _JSON = flags.DEFINE_string("json", "plan_grid.json", "Rows are appended here as they finish.")
 _MARKDOWN = flags.DEFINE_string("markdown", "", "Print the table of this JSON file and exit.")
@@ -73,15 +68,18 @@ def config_name(path: str) -> str:
     return name + colon + variant
 
 
+def config_sets() -> dict[str, tuple[str, ...]]:
+    """The named config sets: each family's ``plan_configs`` (d1jax.model.family)."""
+    from d1jax.model import family as family_lib
+    family_lib.load_modules()
+    return {fam.name: fam.plan_configs for fam in family_lib.FAMILIES.values()
+            if fam.plan_configs}
+
+
 def expand(paths: list[str]) -> list[str]:
-    """Config paths with the named sets (``CONFIG_SETS``) replaced by their files."""
-    return [p for item in paths for p in CONFIG_SETS.get(item, (item,))]
-
-
-def _unrolled(model) -> bool:
-    """Whether the model's layers run as straight-line code (LLaDA answers ``unrolled()``,
-    Dream's layer scan is unrolled only when ``unroll_layers`` says so)."""
-    return model.unrolled() if hasattr(model, "unrolled") else bool(model.unroll_layers)
+    """Config paths with the named sets (``config_sets``) replaced by their files."""
+    sets = config_sets()
+    return [p for item in paths for p in sets.get(item, (item,))]
 
 
 def mesh_for(run, chips: int) -> tuple[int, int, int]:
@@ -126,7 +124,7 @@ def plan_config(path: str, topology: str, seen: dict, progress=None,
         spec = PlanSpec.of(dataclasses.replace(
             base, model=dataclasses.replace(base.model, remat=remat)))
         mesh = dataclasses.replace(spec.run.mesh, shape=mesh_shape).build(devices)
-        layout = "unrolled" if _unrolled(make_model(spec.run.model, spec.model_config)) \
+        layout = "unrolled" if make_model(spec.run.model, spec.model_config).unrolled() \
             else "loop"
         fits = True
         for program in build_programs(spec, mesh):

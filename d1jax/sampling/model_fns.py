@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple
 
 import jax
-import jax.numpy as jnp
 
-from d1jax.model import predictor
+from d1jax.model.predictor import MaskPredictor
 
 Array = jax.Array
 # (params, ids [B, L], attention mask [B, L] | None, slice_start, slice_len) -> [B, S, V].
@@ -52,24 +51,19 @@ class ModelFns(NamedTuple):
     forward_hidden: Callable[..., Array] | None = None
 
 
-def model_apply_fn(model) -> ApplyFn:
-    """Adapts a d1jax model (LLaDA, Dream: ``d1jax.model.predictor``'s interface, row i
-    predicting token i) to ``apply_fn(params, ids, mask, slice_start, slice_len)``."""
+def model_apply_fn(model: MaskPredictor) -> ApplyFn:
+    """Adapts a d1jax model (``d1jax.model.predictor.MaskPredictor``, row i predicting
+    token i) to ``apply_fn(params, ids, mask, slice_start, slice_len)``."""
     def apply_fn(params, ids, mask, slice_start, slice_len):
         return model.apply({"params": params}, ids, mask, slice_start=slice_start,
                            slice_len=slice_len)
     return apply_fn
 
 
-def model_fns(model) -> ModelFns:
-    """``ModelFns`` of a d1jax model: the forward and the KV-cache entry points.
-
-    LLaDA's cached methods take the tokens of the rows they recompute; a shifted
-    predictor's (Dream) take the whole sequence, since the prediction of a row's token
-    reads the token before it (for a block's first row, one outside the block).
-    """
-    whole = predictor.is_shifted(model)
-
+def model_fns(model: MaskPredictor) -> ModelFns:
+    """``ModelFns`` of a d1jax model: the forward and the KV-cache entry points, each the
+    interface's one signature (the cached ones read the whole sequence; a shifted predictor
+    such as Dream reads the token before a row itself)."""
     def apply(params, *args, **kw):
         return model.apply({"params": params}, *args, **kw)
 
@@ -78,11 +72,8 @@ def model_fns(model) -> ModelFns:
                      method=model.prefill)
 
     def decode_hidden(params, ids, cache, q_start, q_len, mask):
-        if whole:
-            return apply(params, ids, cache, q_start, mask, slice_len=q_len,
-                         method=model.decode_hidden)
-        rows = jax.lax.dynamic_slice_in_dim(ids, q_start, q_len, axis=1)
-        return apply(params, rows, cache, q_start, mask, method=model.decode_hidden)
+        return apply(params, ids, cache, q_start, mask, slice_len=q_len,
+                     method=model.decode_hidden)
 
     def head(params, hidden):
         return apply(params, hidden, method=model.logits)
@@ -91,10 +82,6 @@ def model_fns(model) -> ModelFns:
         return head(params, decode_hidden(params, ids, cache, q_start, q_len, mask)[:, :head_len])
 
     def decode_at(params, ids, idx, cache, window, window_start, mask):
-        if not whole:  # the rows' tokens (padding rows idx >= W clamped)
-            w = window.k.shape[2]  # [n_layers, B, W, K, H]
-            block = jax.lax.dynamic_slice_in_dim(ids, window_start, w, axis=1)
-            ids = jnp.take_along_axis(block, jnp.minimum(idx, w - 1), axis=1)
         return apply(params, ids, idx, cache, window, window_start, mask,
                      method=model.decode_at)
 

@@ -44,17 +44,13 @@ import jax.numpy as jnp
 
 from d1jax import sharding as shd
 from d1jax.model.attention import attention
-from d1jax.model.config import LoraConfig
-from d1jax.model.dream_config import DreamConfig
+from d1jax.model.dream.config import DreamConfig
 from d1jax.model.kv_cache import KVCache, attend_cached
 from d1jax.model.layers import Proj, RMSNorm, apply_rope, rope_tables
+from d1jax.model.lora import LoraConfig
 
 Array = jax.Array
 DType = Any
-
-# Whether this model's raw row i predicts token i+1 (``d1jax.model.predictor`` reads it).
-SHIFTED_PREDICTION = True
-
 
 class BiasedProj(Proj):
     """``Proj`` plus a bias [out] (Qwen2's q/k/v projections); the bias is never adapted."""
@@ -151,7 +147,8 @@ class Dream(nn.Module):
     unroll_layers: bool | None = None
     layers_per_loop: int = 1
 
-    shifted_prediction = SHIFTED_PREDICTION
+    # Raw row i predicts token i+1 (``d1jax.model.predictor.MaskPredictor``).
+    shifted_prediction = True
 
     def setup(self):
         c = self.config
@@ -174,6 +171,10 @@ class Dream(nn.Module):
         if not c.tie_word_embeddings:
             self.lm_head = Proj(c.vocab_size, (shd.EMBED, shd.VOCAB), self.dtype,
                                 self.param_dtype, init_std=c.initializer_range)
+
+    def unrolled(self) -> bool:
+        """Whether the layer scan runs as straight-line code (``unroll_layers``)."""
+        return bool(self.unroll_layers)
 
     def raw_hidden(self, input_ids: Array, attention_mask: Array | None = None, *,
                    positions: Array | None = None, use_lora: bool = True,
@@ -254,9 +255,9 @@ class Dream(nn.Module):
     @staticmethod
     def output_head(params: dict[str, Any], config: DreamConfig) -> tuple[Array, float | None]:
         """(the output head as [D, V], logit scale or None) for chunked log-softmax."""
-        return dream_head_weight(params, config), None
+        return head_weight(params, config), None
 
-    # Fast-dLLM's block KV cache (``d1jax.sampling.model_fns``'s entry points). Outputs are
+    # Fast-dLLM's block KV cache (``d1jax.model.predictor.MaskPredictor``'s entry points). Outputs are
     # prediction-aligned like ``hidden``'s; the cache holds every layer's keys (after RoPE at
     # ``tok_idx`` positions) and values.
 
@@ -372,7 +373,7 @@ def dream_positions(attention_mask_bl: Array) -> Array:
     return jnp.where(m == 0, 1, jnp.cumsum(m, axis=-1) - 1)
 
 
-def dream_head_weight(params: dict[str, Any], config: DreamConfig) -> Array:
+def head_weight(params: dict[str, Any], config: DreamConfig) -> Array:
     """The output head as [D, V] (for chunked log-softmax over the vocabulary)."""
     if config.tie_word_embeddings:
         return params["embed_tokens"]["embedding"].T

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from d1jax.model.config import UnsupportedConfigError
+from d1jax.model.hf_checkpoint import UnsupportedConfigError
 
 # Fields of a Hugging Face Dream config.json that the port reads.
 _HF_FIELDS = (
@@ -131,7 +131,7 @@ class DreamConfig:
         if d.get("model_type", "Dream") not in ("Dream", "dream"):
             raise UnsupportedConfigError(
                 f"config.json has model_type={d['model_type']!r}; DreamConfig reads 'Dream' "
-                f"checkpoints (for LLaDA use d1jax.model.weights.load_hf_checkpoint)")
+                f"checkpoints (for LLaDA use d1jax.model.llada.load_hf_checkpoint)")
         for key, want in _REQUIRED_VALUES.items():
             if d.get(key, want) != want:
                 raise UnsupportedConfigError(
@@ -165,7 +165,7 @@ class DreamConfig:
         return self.num_hidden_layers * per_layer + v * d * heads + d
 
 
-DREAM_PRESETS: dict[str, dict[str, Any]] = {
+PRESETS: dict[str, dict[str, Any]] = {
     # Dream-org/Dream-v0-{Base,Instruct}-7B and apple/DiffuCoder-7B-* (Qwen2.5-7B shapes).
     "dream-7b": dict(),
     # Width-32 model for unit tests (GQA 4:2, q/k/v biases).
@@ -176,8 +176,8 @@ DREAM_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def dream_preset(name: str, **overrides: Any) -> DreamConfig:
+def preset(name: str, **overrides: Any) -> DreamConfig:
     """A named Dream architecture (``dream-7b``, ``dream-test-tiny``) with overrides."""
-    if name not in DREAM_PRESETS:
-        raise ValueError(f"unknown Dream preset {name!r}; choose from {sorted(DREAM_PRESETS)}")
-    return DreamConfig(**{**DREAM_PRESETS[name], **overrides})
+    if name not in PRESETS:
+        raise ValueError(f"unknown Dream preset {name!r}; choose from {sorted(PRESETS)}")
+    return DreamConfig(**{**PRESETS[name], **overrides})

@@ -22,14 +22,13 @@ from typing import Any, Mapping
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from flax import traverse_util
 
 from d1jax import sharding as shd
-from d1jax.model.config import LLaDAConfig, LoraConfig
 from d1jax.model.attention import attention
-from d1jax.model.layers import (  # noqa: F401 (ADAPTER_NAMES: re-exported)
-    ADAPTER_NAMES, Proj, RMSNorm, apply_rope, rope_tables)
 from d1jax.model.kv_cache import KVCache, attend_cached
+from d1jax.model.layers import Proj, RMSNorm, apply_rope, rope_tables
+from d1jax.model.llada.config import LLaDAConfig
+from d1jax.model.lora import LoraConfig
 
 Array = jax.Array
 DType = Any
@@ -140,6 +139,9 @@ class LLaDA(nn.Module):
     lora: LoraConfig | None = None
     unroll_layers: bool | None = None
     layers_per_loop: int = 1
+
+    # Raw row i predicts token i (``d1jax.model.predictor.MaskPredictor``).
+    shifted_prediction = False
 
     def setup(self):
         c = self.config
@@ -340,38 +342,50 @@ class LLaDA(nn.Module):
     def decode_slice(self, slice_ids: Array, cache: KVCache, slice_start: Array | int,
                      attention_mask: Array | None = None, *, head_len: int | None = None,
                      use_lora: bool = True) -> Array:
-        """Logits [B, head_len or Q, V] of positions slice_start:+Q given their ids [B, Q].
+        """Logits [B, head_len or Q, V] of positions slice_start:+Q given their ids [B, Q]
+        (LLaDA's own form, outside the interface: the rows' tokens, not the sequence).
 
         Their queries, keys and values are recomputed; they attend to themselves and to
         ``cache`` (from ``prefill``) at every other position. attention_mask is [B, L] over
         the whole sequence. With a cache of the same sequence this equals ``__call__``.
         """
-        h = self.decode_hidden(slice_ids, cache, slice_start, attention_mask, use_lora=use_lora)
+        h = self._decode_rows(slice_ids, cache, slice_start, attention_mask, use_lora)
         return self.logits(h if head_len is None else h[:, :head_len])
 
-    def decode_hidden(self, slice_ids: Array, cache: KVCache, slice_start: Array | int,
-                      attention_mask: Array | None = None, *, use_lora: bool = True) -> Array:
-        """``decode_slice`` before the output head: final-norm hidden states [B, Q, D]
+    def decode_hidden(self, input_ids: Array, cache: KVCache, slice_start: Array | int,
+                      attention_mask: Array | None = None, *, slice_len: int,
+                      use_lora: bool = True) -> Array:
+        """Final-norm hidden states [B, slice_len, D] of positions slice_start:+slice_len of
+        the sequence ``input_ids`` [B, L], recomputed against ``cache`` elsewhere
         (``logits`` maps any subset of them, e.g. only the positions still masked)."""
+        rows = jax.lax.dynamic_slice_in_dim(input_ids, slice_start, slice_len, axis=1)
+        return self._decode_rows(rows, cache, slice_start, attention_mask, use_lora)
+
+    def _decode_rows(self, slice_ids: Array, cache: KVCache, slice_start: Array | int,
+                     attention_mask: Array | None, use_lora: bool) -> Array:
+        """Hidden [B, Q, D] of positions slice_start:+Q holding ``slice_ids`` [B, Q]."""
         b, q = slice_ids.shape
         positions = slice_start + jnp.broadcast_to(jnp.arange(q), (b, q))
         h, _ = self._stack(self.wte(slice_ids), positions, attention_mask, use_lora,
                            cache=cache, q_start=slice_start)
         return h
 
-    def decode_at(self, ids: Array, idx: Array, cache: KVCache, window: KVCache,
+    def decode_at(self, input_ids: Array, idx: Array, cache: KVCache, window: KVCache,
                   window_start: Array | int, attention_mask: Array | None = None, *,
                   use_lora: bool = True) -> tuple[Array, KVCache]:
         """Recomputes some positions of a window whose keys/values are kept apart.
 
-        The window covers positions window_start:+W; ``window`` holds its keys/values
-        ([n_layers, B, W, K, H], e.g. the block's slice of ``prefill``'s cache, updated
-        step by step). Positions ``window_start + idx`` (``idx`` [B, Q] distinct within a
-        row) hold tokens ``ids``; their fresh keys/values replace the window's at ``idx``,
-        and they attend to the updated window and to ``cache`` outside it. Rows with
-        ``idx >= W`` are padding: computed, never written (their outputs are meaningless).
-        Returns (final-norm hidden [B, Q, D], the updated window).
+        The window covers positions window_start:+W of the sequence ``input_ids`` [B, L];
+        ``window`` holds its keys/values ([n_layers, B, W, K, H], e.g. the block's slice of
+        ``prefill``'s cache, updated step by step). Positions ``window_start + idx`` (``idx``
+        [B, Q] distinct within a row) are recomputed; their fresh keys/values replace the
+        window's at ``idx``, and they attend to the updated window and to ``cache`` outside
+        it. Rows with ``idx >= W`` are padding: computed, never written (their outputs are
+        meaningless). Returns (final-norm hidden [B, Q, D], the updated window).
         """
+        w = window.k.shape[2]
+        block = jax.lax.dynamic_slice_in_dim(input_ids, window_start, w, axis=1)
+        ids = jnp.take_along_axis(block, jnp.minimum(idx, w - 1), axis=1)  # padding: clamped
         return self._stack(self.wte(ids), window_start + idx, attention_mask, use_lora,
                            cache=cache, window=window, q_start=window_start, idx_bq=idx,
                            return_kv=True)
@@ -388,21 +402,3 @@ def head_weight(params: Mapping[str, Any], config: LLaDAConfig) -> Array:
     if config.weight_tying:
         return params["wte"]["embedding"].T
     return params["ff_out"]["kernel"]
-
-
-def init_params(model: LLaDA, rng: Array, mesh=None, rules=shd.DEFAULT_RULES, *,
-                adapters_only: bool = False) -> dict[str, Any]:
-    """Random params (plain pytree), born sharded over ``mesh`` by the logical rules.
-
-    adapters_only: just the LoRA leaves (``lora_a``/``lora_b`` under their paths), e.g. to
-    add fresh adapters to loaded base weights (``lora.join``); the base is never computed.
-    """
-    def init(key):
-        params = shd.boxed_init(model, key)
-        if not adapters_only:
-            return params
-        flat = traverse_util.flatten_dict(params)
-        return traverse_util.unflatten_dict(
-            {k: v for k, v in flat.items() if k[-1] in ADAPTER_NAMES})
-    params, _ = shd.init_sharded(init, mesh, rng, rules=rules)
-    return params

@@ -1,20 +1,15 @@
-"""Checkpoints in the Hugging Face LLaDA layout: config.json + safetensors, in and out.
+"""Hugging Face checkpoint directories of any family: config.json + safetensors, in and out.
 
 Loading streams tensor by tensor: every safetensors file is memory-mapped and each
 device shard of each parameter is read from the map by ``jax.make_array_from_callback``,
 so a host only materialises the shards its own devices hold (an 8B checkpoint is never
 held whole, let alone twice). Saving writes the same layout (``model.safetensors`` or
-``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``).
+``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``), atomically.
 
-Key mapping (torch Linear weights are [out, in]; our kernels are [in, out]):
-
-  model.transformer.wte.weight            [V, D]  -> wte/embedding          (as is)
-  model.transformer.ln_f.weight           [D]     -> ln_f/weight            (as is)
-  model.transformer.ff_out.weight         [V, D]  -> ff_out/kernel          (transposed)
-  model.transformer.blocks.{i}.{p}.weight [o, i]  -> blocks/{p}/kernel[i]   (transposed)
-      for p in q_proj k_proj v_proj attn_out ff_proj up_proj ff_out
-  model.transformer.blocks.{i}.{n}.weight [D]     -> blocks/{n}/weight[i]   (as is)
-      for n in attn_norm ff_norm
+A family gives its names as a key map (``KeyMap``: HF key -> (param path, layer index or
+None, transposed?), in checkpoint order; torch Linear weights are [out, in], our kernels
+[in, out]); ``load_hf_checkpoint`` and ``save_hf_checkpoint`` do the rest
+(``d1jax.model.llada.weights``, ``d1jax.model.dream.weights``).
 """
 
 from __future__ import annotations
@@ -24,9 +19,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -34,12 +28,8 @@ import numpy as np
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from d1jax import sharding as shd
-from d1jax.model import LLaDA, LLaDAConfig, LoraConfig, hf_files
-from d1jax.model import lora as lora_lib
+from d1jax.model import hf_files, lora as lora_lib
 
-PREFIX = "model.transformer."
-TRANSPOSED_PROJS = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")
-NORMS = ("attn_norm", "ff_norm")
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
@@ -51,38 +41,26 @@ _DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
 
 
 class CheckpointError(ValueError):
-    """A checkpoint directory or file that cannot be loaded as a LLaDA checkpoint."""
+    """A checkpoint directory or file that cannot be loaded as the family's checkpoint."""
 
 
-# --------------------------------------------------------------------------- key map
-
-def key_map(config: LLaDAConfig) -> dict[str, tuple[tuple[str, ...], int | None, bool]]:
-    """HF key -> (param path, layer index or None, transposed?)."""
-    out: dict[str, tuple[tuple[str, ...], int | None, bool]] = {
-        PREFIX + "wte.weight": (("wte", "embedding"), None, False),
-        PREFIX + "ln_f.weight": (("ln_f", "weight"), None, False),
-    }
-    if not config.weight_tying:
-        out[PREFIX + "ff_out.weight"] = (("ff_out", "kernel"), None, True)
-    for i in range(config.n_layers):
-        for p in TRANSPOSED_PROJS:
-            out[f"{PREFIX}blocks.{i}.{p}.weight"] = (("blocks", p, "kernel"), i, True)
-        for n in NORMS:
-            out[f"{PREFIX}blocks.{i}.{n}.weight"] = (("blocks", n, "weight"), i, False)
-    return out
+class UnsupportedConfigError(ValueError):
+    """A config.json value (or config field) that this port does not implement."""
 
 
-def param_shapes(config: LLaDAConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
-    """Shapes of our (stacked) params, by path."""
-    model = LLaDA(config)
-    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))
-    flat = jax.tree_util.tree_flatten_with_path(nn.meta.unbox(shapes["params"]))[0]
+# HF key -> (param path, layer index or None, transposed?), in checkpoint order.
+KeyMap = dict[str, tuple[tuple[str, ...], int | None, bool]]
+
+
+def param_shapes(model: Any) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """Shapes of a module's (layer-stacked) params, by path; nothing is computed."""
+    flat = jax.tree_util.tree_flatten_with_path(shd.abstract_params(model))[0]
     return {tuple(k.key for k in path): tuple(leaf.shape) for path, leaf in flat}
 
 
 # --------------------------------------------------------------------------- reading
 
-class _SafetensorsFile:
+class SafetensorsFile:
     """A memory-mapped safetensors file: header checked, tensors as numpy views."""
 
     def __init__(self, path: Path):
@@ -121,8 +99,9 @@ class _SafetensorsFile:
         return buf.view(_DTYPES[meta["dtype"]]).reshape(meta["shape"])
 
 
-def _open_checkpoint(path: Path) -> dict[str, _SafetensorsFile]:
-    """HF key -> the file holding it."""
+def open_checkpoint(path: str | os.PathLike) -> dict[str, SafetensorsFile]:
+    """HF key -> the file holding it (every file's header checked, the index against them)."""
+    path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint directory {path} does not exist")
     index = path / INDEX_FILE
@@ -140,7 +119,7 @@ def _open_checkpoint(path: Path) -> dict[str, _SafetensorsFile]:
     for name in names:
         if not (path / name).exists():
             raise CheckpointError(f"{path / name} is listed in the index but missing")
-        files[name] = _SafetensorsFile(path / name)
+        files[name] = SafetensorsFile(path / name)
     where = {}
     for name, f in files.items():
         for key in f.header:
@@ -152,7 +131,11 @@ def _open_checkpoint(path: Path) -> dict[str, _SafetensorsFile]:
     return where
 
 
-def read_config(path: str | os.PathLike) -> LLaDAConfig:
+def read_config(path: str | os.PathLike, from_hf_dict: Callable[[dict], Any], *,
+                wrap_unsupported: bool = False) -> Any:
+    """The config ``from_hf_dict`` builds from a checkpoint directory's config.json;
+    CheckpointError when it is missing or not JSON (``wrap_unsupported``: also for an
+    UnsupportedConfigError, named after the file)."""
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.exists():
@@ -160,9 +143,13 @@ def read_config(path: str | os.PathLike) -> LLaDAConfig:
             raise CheckpointError(f"checkpoint directory {path} does not exist")
         raise CheckpointError(f"{cfg_file} is missing")
     try:
-        return LLaDAConfig.from_hf_dict(json.loads(cfg_file.read_text()))
+        return from_hf_dict(json.loads(cfg_file.read_text()))
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{cfg_file}: invalid JSON ({e})") from None
+    except UnsupportedConfigError as e:
+        if not wrap_unsupported:
+            raise
+        raise CheckpointError(f"{cfg_file}: {e}") from None
 
 
 def check_keys(expected: Mapping[str, tuple], shapes: Mapping[tuple, tuple],
@@ -186,24 +173,17 @@ def check_keys(expected: Mapping[str, tuple], shapes: Mapping[tuple, tuple],
             raise CheckpointError(f"{key}: shape {got} in the checkpoint, config needs {want}")
 
 
-def load_hf_checkpoint(path: str | os.PathLike, mesh: Mesh | None = None,
-                       dtype: Any = jnp.float32, rules=shd.DEFAULT_RULES,
-                       ) -> tuple[LLaDAConfig, dict[str, Any]]:
-    """Loads a Hugging Face LLaDA checkpoint directory.
-
-    Args:
-      path: directory with config.json and model.safetensors (or sharded files + index).
-      mesh: if given, each param is placed with the sharding the rules give it;
-        otherwise on the first local device.
-      dtype: parameter dtype (e.g. jnp.bfloat16).
-    Returns:
-      (config, params) with params the plain pytree ``LLaDA(config).apply`` takes under
-      ``{"params": params}``.
-    """
-    path = Path(path)
-    config = read_config(path)
-    return config, stream_params(_open_checkpoint(path), key_map(config), param_shapes(config),
-                                 LLaDA(config), mesh, dtype, rules)
+def load_hf_checkpoint(path: str | os.PathLike, key_map: KeyMap, model: Any,
+                       mesh: Mesh | None = None, dtype: Any = jnp.float32,
+                       rules=shd.DEFAULT_RULES, ignorable: set[str] = frozenset(),
+                       what: str = "checkpoint") -> dict[str, Any]:
+    """The params of ``model`` from the checkpoint directory
+    ``path`` (model.safetensors, or sharded files + index) by ``key_map``: the plain pytree
+    ``model.apply`` takes under ``{"params": ...}``, each param placed with the sharding the
+    rules give it over ``mesh`` (else on the first local device). ``ignorable``: HF keys that
+    may be present and are not read (a tied head's copy)."""
+    return stream_params(open_checkpoint(path), key_map, param_shapes(model), model, mesh,
+                         dtype, rules, ignorable, what)
 
 
 def stream_params(where: Mapping[str, Any], expected: Mapping[str, tuple],
@@ -221,13 +201,13 @@ def stream_params(where: Mapping[str, Any], expected: Mapping[str, tuple],
     transposed = {p: t for p, _, t in expected.values()}
     params: dict[str, Any] = {}
     for ppath, keys in by_param.items():
-        sharding = (_get(shardings, ppath) if shardings is not None
+        sharding = (get_path(shardings, ppath) if shardings is not None
                     else SingleDeviceSharding(jax.local_devices()[0]))
 
         def read(index, ppath=ppath, keys=keys):
             return _read_slice(where, keys, index, transposed[ppath], dtype)
 
-        _set(params, ppath, jax.make_array_from_callback(shapes[ppath], sharding, read))
+        set_path(params, ppath, jax.make_array_from_callback(shapes[ppath], sharding, read))
     return params
 
 
@@ -244,25 +224,19 @@ def _read_slice(where, keys: Mapping[int | None, str], index: tuple[slice, ...],
     return np.stack([one(keys[i], index[1:]) for i in layers])
 
 
-def _get(tree, path):
+def get_path(tree, path):
     for p in path:
         tree = tree[p]
     return tree
 
 
-def _set(tree, path, value):
+def set_path(tree, path, value):
     for p in path[:-1]:
         tree = tree.setdefault(p, {})
     tree[path[-1]] = value
 
 
 # --------------------------------------------------------------------------- writing
-
-def iter_hf_tensors(config: LLaDAConfig, params: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
-    """(HF key, lazily-sliced param) in checkpoint order; no host copy is made here."""
-    for key, (ppath, layer, transposed) in key_map(config).items():
-        yield key, (_get(params, ppath), layer, transposed)
-
 
 def _parse_size(size: int | str) -> int:
     if isinstance(size, int):
@@ -274,7 +248,7 @@ def _parse_size(size: int | str) -> int:
     return int(s)
 
 
-def _write_safetensors(file: Path, tensors: list[tuple[str, np.ndarray]]) -> None:
+def write_safetensors(file: Path, tensors: list[tuple[str, np.ndarray]]) -> None:
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for key, a in tensors:
@@ -292,38 +266,35 @@ def _write_safetensors(file: Path, tensors: list[tuple[str, np.ndarray]]) -> Non
             f.write(np.ascontiguousarray(a).tobytes())
 
 
-def save_hf_checkpoint(path: str | os.PathLike, config: LLaDAConfig, params: Mapping[str, Any],
-                       max_shard_size: int | str = "5GB", dtype: Any = None, *,
-                       source_dir: str | os.PathLike | None = None,
-                       tokenizer: Any = None, lora: LoraConfig | None = None) -> None:
-    """Writes params in the Hugging Face LLaDA layout (loadable by the PyTorch code).
+def save_hf_checkpoint(path: str | os.PathLike, config: Any, params: Mapping[str, Any],
+                       key_map: KeyMap, remote_code: Any, max_shard_size: int | str = "5GB",
+                       dtype: Any = None, *, source_dir: str | os.PathLike | None = None,
+                       tokenizer: Any = None, lora: Any = None) -> None:
+    """Writes params by ``key_map`` and ``config.to_hf_dict()`` as a Hugging Face checkpoint
+    with the family's remote code (``remote_code``, an ``hf_files.RemoteCode``).
 
     Tensors are gathered to the host one at a time; files are written into a temporary
     directory next to ``path`` and moved into place only when complete, so an existing
     checkpoint at ``path`` survives a failed save. Only process 0 writes.
 
     Args:
-      source_dir: the Hugging Face directory the model was loaded from, or None. Its
-        ``generation_config.json``, tokenizer files (unless ``tokenizer`` is given) and
-        ``auto_map`` modules other than LLaDA's are copied. Every export carries d1jax's
-        own ``configuration_llada.py`` / ``modeling_llada.py`` (``hf_files``), which
-        transformers 4.x and 5.x open with ``trust_remote_code=True``; its README.md says so.
-      tokenizer: the ``transformers`` tokenizer to ship: the files of the directory it was
-        loaded from, byte for byte, or a form transformers 4.x and 5.x both read when that
-        directory holds one only 5.x reads (``hf_files``).
+      source_dir: the Hugging Face directory the model was loaded from, or None: its
+        generation config, remote code and tokenizer files are copied as
+        ``hf_files.copy_companions`` says, and the export's README.md names the code it holds.
+      tokenizer: the ``transformers`` tokenizer to ship (``hf_files.ship_tokenizer``).
       lora: the model's LoRA config; adapters in ``params`` are merged into the kernels.
         Params holding adapters without it are refused (the export would be the base model).
     """
-    path = Path(path)
     params = _merged(params, lora)
-    entries = list(iter_hf_tensors(config, params))
+    entries = [(k, (get_path(params, p), layer, t)) for k, (p, layer, t) in key_map.items()]
 
     def finish(tmp: Path) -> None:
         hf_config = config.to_hf_dict()
-        hf_config["auto_map"] = hf_files.copy_companions(source_dir, tmp, tokenizer)
+        hf_config["auto_map"] = hf_files.copy_companions(source_dir, tmp, tokenizer,
+                                                         remote_code)
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
 
-    write_checkpoint(path, entries, max_shard_size, dtype, finish)
+    write_checkpoint(Path(path), entries, max_shard_size, dtype, finish)
 
 
 def write_checkpoint(path: Path, entries: list, max_shard_size: int | str, dtype: Any,
@@ -371,7 +342,7 @@ def write_checkpoint(path: Path, entries: list, max_shard_size: int | str, dtype
         raise
 
 
-def _merged(params: Mapping[str, Any], lora: LoraConfig | None) -> Mapping[str, Any]:
+def _merged(params: Mapping[str, Any], lora: Any) -> Mapping[str, Any]:
     """Params with LoRA adapters folded into their kernels; adapters without a config refused."""
     if lora is not None:
         return lora_lib.merge(dict(params), lora)
@@ -405,7 +376,7 @@ def _write_shards(tmp: Path, shards, materialise) -> None:
     weight_map, total = {}, 0
     for name, shard in zip(names, shards):
         tensors = [(k, materialise(e)) for k, e in shard]
-        _write_safetensors(tmp / name, tensors)
+        write_safetensors(tmp / name, tensors)
         for k, a in tensors:
             weight_map[k] = name
             total += a.nbytes

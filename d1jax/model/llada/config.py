@@ -1,4 +1,4 @@
-"""LLaDA's architecture and LoRA configs, and the named presets.
+"""LLaDA's architecture config and the named presets.
 
 ``LLaDAConfig`` uses the Hugging Face ``config.json`` field names and refuses the variants
 this port does not implement (``UnsupportedConfigError`` names the field).
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any, Mapping
+
+from d1jax.model.hf_checkpoint import UnsupportedConfigError
 
 # Fields of a Hugging Face LLaDA config.json that the port reads.
 _HF_FIELDS = (
@@ -34,10 +36,6 @@ _REQUIRED_VALUES = {
     "residual_dropout": 0.0,
     "embedding_dropout": 0.0,
 }
-
-
-class UnsupportedConfigError(ValueError):
-    """A LLaDA config value that this port does not implement."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,26 +152,6 @@ class LLaDAConfig:
         d, f, v, kv = self.d_model, self.mlp_hidden_size, self.embedding_size, self.n_kv_heads
         per_layer = 2 * d * d + 2 * d * kv * self.head_dim + 3 * d * f + 2 * d
         return self.n_layers * per_layer + v * d * (1 if self.weight_tying else 2) + d
-
-
-@dataclasses.dataclass(frozen=True)
-class LoraConfig:
-    """LoRA adapters (Hu et al. 2021) on the named projections: W x + (alpha/r) B A x."""
-
-    rank: int = 128
-    alpha: float = 64.0
-    dropout: float = 0.05
-    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")
-    # Storage dtype of lora_a / lora_b, whatever the model's param_dtype: a bfloat16 adapter
-    # drops every update smaller than ~1/256 of its magnitude (PEFT keeps adapters float32).
-    param_dtype: str = "float32"
-    # Storage of the frozen base's block projections (d1jax.model.quant): "none" (the
-    # model's param_dtype), "int8" or "nf4" (d1's bitsandbytes 4-bit base).
-    base_quant: str = "none"
-
-    @property
-    def scale(self) -> float:
-        return self.alpha / self.rank
 
 
 PRESETS: dict[str, dict[str, Any]] = {
