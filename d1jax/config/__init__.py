@@ -26,9 +26,9 @@ def check_inputs(config, data: bool = True) -> None:
     from d1jax.sampling.dream import ALGS
     name = model.get("family", "llada")
     try:
-        family.load_modules(model.get("family_module"))
+        family.load_modules()
     except ValueError as e:
-        raise ConfigError(f"config.model.family_module: {e}") from None
+        raise ConfigError(f"${family.MODULES_ENV}: {e}") from None
     if name not in family.FAMILIES:
         return  # the spec names the families in one line
     tokenizer = model.get("tokenizer_path") or None

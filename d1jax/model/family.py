@@ -14,8 +14,8 @@ Built in (each a package under ``d1jax/model/``, registered by ``d1jax/model/__i
   ``d1jax.model.dream``.
 
 Another family registers with ``register(Family(...))`` from its own module; a run names
-that module in ``config.model.family_module`` (or ``$D1JAX_FAMILY_MODULES``, comma-separated)
-and ``load_modules`` imports it before the family is looked up (docs/models.md, "Adding a
+that module in ``$D1JAX_FAMILY_MODULES`` (comma-separated, importable from PYTHONPATH) and
+``get`` imports it when asked for a family it does not know yet (docs/models.md, "Adding a
 family").
 """
 
@@ -114,11 +114,9 @@ def register(family: Family) -> Family:
     return family
 
 
-def load_modules(modules: str | None = None) -> None:
-    """Imports the modules that register families: ``modules`` (comma-separated, e.g.
-    ``config.model.family_module``) and those of ``$D1JAX_FAMILY_MODULES``."""
-    names = f"{modules or ''},{os.environ.get(MODULES_ENV, '')}"
-    for name in filter(None, (n.strip() for n in names.split(","))):
+def load_modules() -> None:
+    """Imports the modules that register families, named in ``$D1JAX_FAMILY_MODULES``."""
+    for name in filter(None, (n.strip() for n in os.environ.get(MODULES_ENV, "").split(","))):
         try:
             importlib.import_module(name)
         except ImportError as e:
@@ -138,7 +136,11 @@ def get(name: str) -> Family:
 
 
 def of(model: Any) -> Family:
-    """The family of a model module (an instance of a registered family's module)."""
+    """The family of a model module: the one whose module is its class, else the first it
+    is an instance of (a family's module may subclass another's)."""
+    for fam in FAMILIES.values():
+        if type(model) is fam.module:
+            return fam
     for fam in FAMILIES.values():
         if isinstance(model, fam.module):
             return fam
