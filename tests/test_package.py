@@ -81,3 +81,15 @@ def test_evaluation_and_lower_layers_import_nothing_from_training_or_the_command
     for path in set(package.rglob("*.py")) - commands:
         bad = {m for m in _imports(path) if m == "d1jax.cli" or m.startswith("d1jax.cli.")}
         assert not bad, f"{path.relative_to(ROOT)} imports the command line: {sorted(bad)}"
+
+
+def test_the_model_layer_imports_no_higher_layer():
+    """d1jax.model (every family package included) sits below the sampler, the objectives,
+    training, the run and the planner: a family never reaches up into them."""
+    higher = ("sampling", "objectives", "train", "run", "plan", "eval", "tasks", "config")
+    for path in (ROOT / "d1jax" / "model").rglob("*.py"):
+        if "hf_remote" in path.parts:
+            continue  # Hugging Face remote code, never imported by d1jax
+        bad = {m for m in _imports(path)
+               if any(m == f"d1jax.{h}" or m.startswith(f"d1jax.{h}.") for h in higher)}
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
