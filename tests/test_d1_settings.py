@@ -235,7 +235,11 @@ def test_run_length_is_d1s_ten_epochs_counted_as_trl_counts():
     trl/trainer/grpo_trainer.py:144-160) keeps only whole batches of effective batch / G =
     8 x 6 x 2 / 6 = 16 prompts and repeats each batch num_iterations times, one optimizer
     step per repeat: N // 16 x mu steps an epoch."""
-    from d1jax.config.defaults import grpo_num_steps
+    from d1jax.run.spec import from_config
+
+    def grpo_num_steps(c, n):  # what the GRPO loop runs (d1jax.train.grpo.run)
+        spec = from_config(c, weights=False)
+        return spec.grpo_run.num_steps(n, spec.grpo.num_iterations, spec.train.num_steps)
     for name, mu in D1_MU.items():
         c = _config(name)
         n = 7473  # GSM8K's train split; any N counts the same way

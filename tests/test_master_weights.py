@@ -246,11 +246,11 @@ def test_planner_counts_the_master(master, param_bytes):
     """The planner lowers the run's own update on ``abstract_state``: under full fine-tuning
     of a bfloat16 model its state holds 4-byte params and moments (2 with ``none``), while
     the weights a program reads stay the bfloat16 policy."""
-    from d1jax.plan import programs as plan_programs
+    from d1jax.plan import compile as plan_lib, programs as plan_programs
     c = config_lib.sft("tiny")
     c.model.dtype = c.model.param_dtype = "bfloat16"
     c.lora.enabled, c.optim.master_weights = False, master
-    spec = plan_programs.PlanSpec(plan_programs.spec_of(c), d1jax.preset("test-tiny"))
+    spec = plan_programs.PlanSpec(plan_lib.as_spec(c), d1jax.preset("test-tiny"))
     (program,) = plan_programs.build_programs(spec, spec.run.mesh.build())
     state = program.args[0]
     n = sum(x.size for x in jax.tree.leaves(state.params))

@@ -93,3 +93,26 @@ def test_the_model_layer_imports_no_higher_layer():
         bad = {m for m in _imports(path)
                if any(m == f"d1jax.{h}" or m.startswith(f"d1jax.{h}.") for h in higher)}
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def test_layers_import_only_downward_without_cycles_and_modules_stay_small():
+    """The layers of tests/structure.py (docs/training.md, "The package's layers"): no unit
+    imports one above it, no two units import each other, no module passes 450 lines."""
+    from tests import structure
+    edges = structure.unit_edges()
+    assert structure.upward(edges) == []
+    assert structure.cycles(edges) == []
+    assert set(structure.LAYER_OF) == {p.name for p in (ROOT / "d1jax").iterdir()
+                                       if p.is_dir() and (p / "__init__.py").exists()} | {
+        p.stem for p in (ROOT / "d1jax").glob("*.py") if p.stem != "__init__"}
+    big = {m: n for m, n in structure.line_counts().items() if n > 450}
+    assert not big, big
+
+
+def test_a_run_config_is_translated_once_near_the_entry(tmp_path):
+    """A tiny SFT run's ConfigDict reaches only its stage, the context that prepares the run
+    and the translation into a typed spec; the spec then reaches a handful of modules."""
+    from tests import structure
+    config_modules, spec_modules = structure.sft_config_reach(str(tmp_path))
+    assert config_modules == {"d1jax.train.sft", "d1jax.run.context", "d1jax.run.spec"}
+    assert len(config_modules | spec_modules) <= 10, sorted(config_modules | spec_modules)

@@ -394,7 +394,7 @@ def test_a_refused_program_leaves_the_others_planned(monkeypatch):
     one added to the run's) are still compiled and returned, in order."""
     from jax.sharding import NamedSharding, PartitionSpec as P
     from d1jax.plan import compile as plan_lib
-    from d1jax.plan.programs import Program
+    from d1jax.plan.programs import PlannedProgram as Program
     real = plan_lib.build_programs
 
     def with_a_small_program(spec, mesh):
@@ -448,7 +448,7 @@ def test_a_program_xla_cannot_compile_is_one_line_naming_it(monkeypatch):
     ends the plan with one DoesNotFit line naming the program and XLA's reason."""
     from jax.sharding import NamedSharding, PartitionSpec as P
     from d1jax.plan import compile as plan_lib
-    from d1jax.plan.programs import Program
+    from d1jax.plan.programs import PlannedProgram as Program
     real = plan_lib.build_programs
 
     def with_a_custom_call(spec, mesh):

@@ -89,15 +89,15 @@ def test_lora_first_layer_gradient_runs_inside_a_layer_loop():
 
 
 def test_architecture_of_a_dream_run(tmp_path):
-    from d1jax.plan import programs
-    run = programs.spec_of(config_lib.grpo("gsm8k", None, checkpoint="dream"))
+    from d1jax.plan import compile as plan_lib, programs
+    run = plan_lib.as_spec(config_lib.grpo("gsm8k", None, checkpoint="dream"))
     assert run.model.family == "dream" and not run.model.path
     assert programs.architecture(run.model) == dream_preset("dream-7b")
     small = dream_preset("dream-test-tiny", hidden_size=64, num_hidden_layers=3)
     (tmp_path / "config.json").write_text(json.dumps(small.to_hf_dict()))
     got = programs.architecture(dataclasses.replace(run.model, path=str(tmp_path)))
     assert isinstance(got, DreamConfig) and got == small
-    llada = programs.spec_of(config_lib.grpo("gsm8k", None))
+    llada = plan_lib.as_spec(config_lib.grpo("gsm8k", None))
     assert programs.architecture(llada.model).d_model == 4096  # LLaDA-8B, as before
 
 

@@ -183,8 +183,9 @@ def check_inputs(config, data: bool = True) -> None:
     for key in ("path", "tokenizer_path"):  # a path wins over random_init: it must exist
         path = model.get(key)
         if path and not Path(path).expanduser().is_dir():
-            hint = ("; download a LLaDA checkpoint there (see README) or fix the path"
-                    if key == "path" else "")
+            family = model.get("family", "llada")
+            hint = (f"; download a {family} checkpoint there (README, docs/models.md) or fix "
+                    "the path" if key == "path" else "")
             raise ConfigError(f"config.model.{key}={path!r} is not a directory{hint}")
     task = config.get("task")
     if not data or not task or config.get("stage") not in ("grpo", "sft", "eval"):
@@ -211,27 +212,6 @@ def check_inputs(config, data: bool = True) -> None:
         tasks.get_task(task.name)
     except ValueError as e:  # an unknown task name
         raise ConfigError(f"config.task: {e}") from None
-
-
-def step_rows(config) -> int:
-    """Rows of one optimizer step (all hosts) of a run config: SFT's batch, GRPO's prompts x
-    G, an eval's generate batch."""
-    if config.stage == "sft":
-        return config.sft.batch_size
-    if config.stage == "eval":
-        return config.eval.batch_size
-    return config.grpo.prompts_per_step * config.grpo.num_generations
-
-
-def grpo_num_steps(config, n_examples: int) -> int:
-    """Optimizer steps of a GRPO run config on ``n_examples`` training prompts. With
-    grpo.num_epochs, TRL's count as d1 ran it: its RepeatRandomSampler keeps only whole
-    batches of prompts_per_step prompts and feeds each to mu optimizer steps, so an epoch is
-    (n // prompts_per_step) x mu steps; without, train.num_steps."""
-    g = config.grpo
-    if not g.get("num_epochs"):
-        return config.train.num_steps
-    return g.num_epochs * (n_examples // g.prompts_per_step) * g.num_iterations
 
 
 def check_batch(global_batch: int, group: int, data_parallel: int, what: str,
@@ -292,7 +272,7 @@ def grpo(task: str, arg: str | None, objective: str = "diffu_grpo",
     g.advantage = "group_mean"  # group_mean (d1), grpo (std-normalised), dr_grpo or leave_one_out (DiffuCoder's coupled-GRPO).
     g.token_mean = "group"  # Token mean of the diffu-/coupled-GRPO loss: "group" (d1) within each prompt's G completions, then the mean over groups, as d1's GPU micro-batch holds one group; "step": one token mean over all rows of each micro-batch (d1jax before; docs/objectives.md).
     g.num_epochs = 0 if tiny else 10  # Passes over the training prompts (d1: num_train_epochs 10); the run's optimizer steps are then epochs x (prompts // prompts_per_step) x mu (TRL's count), printed at the start; 0: train.num_steps.
-    g.objective = objective  # Policy loss: diffu_grpo, wd1, spg or coupled_grpo (d1jax.train.pure_steps.OBJECTIVES); knobs of each below.
+    g.objective = objective  # Policy loss: diffu_grpo, wd1, spg or coupled_grpo (d1jax.objectives.table.OBJECTIVES); knobs of each below.
     g.wd1 = mlc.ConfigDict()  # wd1 (arXiv 2507.08838); its group is G = num_generations.
     g.wd1.negative = True  # Keep the negative-advantage term - sum w- log pi (False: the authors' positive-only variant).
     g.spg = mlc.ConfigDict()  # SPG (arXiv 2510.09541); block masks use sampler.block_length.

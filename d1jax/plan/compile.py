@@ -18,7 +18,6 @@ import concurrent.futures
 import dataclasses
 import itertools
 import math
-import re
 import time
 
 import jax
@@ -26,8 +25,9 @@ import jax
 from d1jax import config as config_lib
 from d1jax.plan import cache as plan_cache
 from d1jax.plan import chips, hlo
-from d1jax.plan.programs import PlanSpec, Program, build_programs, spec_of
+from d1jax.plan.programs import PlanSpec, PlannedProgram, build_programs
 from d1jax.run import spec as spec_lib
+from d1jax.run.oom import oom_bytes
 
 # A compiled program whose largest tensor with the vocabulary axis reaches this share of
 # the float32 [B, L, V] logits of a chip's rows is reported as materialising them (a
@@ -35,27 +35,9 @@ from d1jax.run import spec as spec_lib
 LOGITS_SHARE = 0.5
 
 
-# libtpu's two messages for a program that does not fit in HBM, each naming what the
-# program needs per chip in all (arguments and outputs included) as "15.84G", "8.32T".
-_OOM = (re.compile(r"HLO temporaries \(([0-9.]+)([KMGTPE]?)i?B?\) exceeds available HBM"),
-        re.compile(r"memory space hbm\. Used ([0-9.]+)([KMGTPE]?)i?B? of "))
-_UNITS = "KMGTPE"
-
-
 class DoesNotFit(RuntimeError):
     """A run cannot run on the topology: a program needs more HBM per chip than a chip has,
     or does not compile for it; the message is one line."""
-
-
-def oom_bytes(message: str) -> int | None:
-    """Bytes per chip a program needs, from XLA's message refusing it for lack of HBM
-    (binary units: "8.32T" is 8.32 TiB); None for any other message."""
-    for pattern in _OOM:
-        m = pattern.search(message)
-        if m:
-            unit = m.group(2)
-            return int(float(m.group(1)) * 1024 ** (_UNITS.index(unit) + 1 if unit else 0))
-    return None
 
 
 @dataclasses.dataclass
@@ -194,7 +176,7 @@ def _given_back(seconds: float, n: int, min_seconds: float) -> float:
     return seconds + min(n, max(0, math.ceil(min_seconds - seconds))) if n else seconds
 
 
-def lower(program: Program, topology: str):
+def lower(program: PlannedProgram, topology: str):
     """``program.lower()``, a tracing error as one ValueError naming the program."""
     try:
         return program.lower()
@@ -203,7 +185,7 @@ def lower(program: Program, topology: str):
         raise ValueError(f"{program.name} does not trace on {topology}: {first}") from e
 
 
-def estimate(program: Program, spec: PlanSpec, mesh, chip: chips.Chip, topology: str,
+def estimate(program: PlannedProgram, spec: PlanSpec, mesh, chip: chips.Chip, topology: str,
              lowered=None, cache_root=None, lower_s: float = 0.0) -> Estimate:
     """Compiles ``program`` (lowered here unless ``lowered`` is given, in ``lower_s``
     seconds) on ``mesh``; its per-chip figures. With ``cache_root`` (``cache.cache_dir``)
@@ -314,13 +296,15 @@ def plan(run, topology: str, mesh_shape: tuple[int, ...] | None = None,
 
 
 def as_spec(run) -> spec_lib.RunSpec:
-    """``run`` if it is a ``RunSpec``, else the spec of the config it is (``spec_of``)."""
-    return run if isinstance(run, spec_lib.RunSpec) else spec_of(run)
+    """``run`` if it is a ``RunSpec``, else the spec of the config it is: the run's one
+    translation (``run.spec.from_config``), accepting a config that names no weights
+    (planning needs shapes, not weights)."""
+    return run if isinstance(run, spec_lib.RunSpec) else spec_lib.from_config(run, weights=False)
 
 
 def step_rows(run: spec_lib.RunSpec) -> int:
     """Rows of one optimizer step (all hosts): GRPO's prompts x G, SFT's batch, an eval's
-    generate batch (``config.step_rows`` of the run's config)."""
+    generate batch."""
     if run.stage == "grpo":
         return run.grpo_run.prompts_per_step * run.grpo_run.num_generations
     return run.sft_run.batch_size if run.stage == "sft" else run.eval.batch_size

@@ -1,7 +1,7 @@
 """What a run jits, rebuilt from its spec with abstract params (no weights, no data).
 
 ``build_programs(spec, mesh)`` is the one place that knows the training and sampling
-interfaces; everything else in ``d1jax.plan`` sees only ``Program`` values. The programs
+interfaces; everything else in ``d1jax.plan`` sees only ``PlannedProgram`` values. The programs
 are the run's own: ``d1jax.train.jit_steps.for_run`` builds the jitted rollout sampler and
 update steps exactly as training does, and the planner only lowers them with abstract
 inputs.
@@ -23,16 +23,10 @@ from d1jax.model import family as family_lib, predictor
 from d1jax.model.tokenizer import MASK
 from d1jax.objectives import logprob
 from d1jax.plan import flops as fl
-from d1jax.run import build as setup
+from d1jax.run import build as build_lib
 from d1jax.run import spec as spec_lib
 from d1jax.train import jit_steps as steps_lib
 from d1jax.train import pure_steps
-
-
-def spec_of(config) -> spec_lib.RunSpec:
-    """The run's spec, translated once from its config (``run.spec.from_config``); a config
-    that names no weights is accepted: planning needs shapes, not weights."""
-    return spec_lib.from_config(config, weights=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +43,7 @@ class PlanSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class Program:
+class PlannedProgram:
     """One jitted program of a run: ``lower()`` returns its ``jax.stages.Lowered`` for the
     abstract ``args`` (ShapeDtypeStruct trees carrying NamedShardings); FLOPs are global
     per call, loop-aware."""
@@ -97,7 +91,7 @@ def architecture(m: spec_lib.ModelSpec) -> Any:
     if m.path and (Path(m.path).expanduser() / "config.json").is_file():
         return fam.read_config(Path(m.path).expanduser())
     if m.random:
-        return setup.random_model_config(m, _TokenizerShape(m.tokenizer_vocab))
+        return build_lib.random_model_config(m, _TokenizerShape(m.tokenizer_vocab))
     return fam.make_config(fam.default_preset)
 
 
@@ -137,16 +131,16 @@ def _steps(run: spec_lib.RunSpec, model, mesh: Mesh) -> steps_lib.JittedSteps:
     return steps_lib.for_run(run, model, mesh, ids, max(run.train.num_steps, 1))
 
 
-def build_programs(spec: PlanSpec, mesh: Mesh) -> list[Program]:
+def build_programs(spec: PlanSpec, mesh: Mesh) -> list[PlannedProgram]:
     """The programs a run of ``spec`` jits on ``mesh`` (by its stage). Call outside a mesh
-    context: each ``Program.lower`` enters the run's mesh and rules itself."""
+    context: each ``PlannedProgram.lower`` enters the run's mesh and rules itself."""
     builders = {"grpo": _grpo_programs, "sft": _sft_programs, "eval": _eval_programs}
-    model = setup.make_model(spec.run.model, spec.model_config)
+    model = build_lib.make_model(spec.run.model, spec.model_config)
     return builders[spec.run.stage](spec.run, model, mesh)
 
 
 def _sampler_program(name: str, steps: steps_lib.JittedSteps, rows: int, prompt: int
-                     ) -> Program:
+                     ) -> PlannedProgram:
     """The run's rollout / eval sampler on [rows, prompt] prompts."""
     model, scfg = steps.model, steps.sampler
     params = steps.abstract_state().policy_params()
@@ -159,24 +153,24 @@ def _sampler_program(name: str, steps: steps_lib.JittedSteps, rows: int, prompt:
     fwd = fl.sampler(model.config, scfg, rows, prompt, model.lora, peeled=_peeled(model),
                      shifted=predictor.is_shifted(model)).total
     length = prompt + scfg.gen_length
-    return Program(name, lower, args, fwd, fwd, loop_bound=scfg.loop_steps,
+    return PlannedProgram(name, lower, args, fwd, fwd, loop_bound=scfg.loop_steps,
                    weight_bytes=_nbytes(params),
                    logits_bytes=4 * rows * length * model.config.output_vocab,
                    tokens=rows * scfg.gen_length, sequences=rows)
 
 
 def _step_program(name: str, steps: steps_lib.JittedSteps, args: tuple, batch, **figures
-                  ) -> Program:
+                  ) -> PlannedProgram:
     """``steps.program(name)`` lowered on ``args`` (``batch`` among them)."""
-    return Program(name, lambda: steps.program(name, batch).lower(*args), args, **figures)
+    return PlannedProgram(name, lambda: steps.program(name, batch).lower(*args), args, **figures)
 
 
-def _grpo_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[Program]:
+def _grpo_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[PlannedProgram]:
     mcfg, g, cfg = model.config, run.grpo_run, run.grpo
     rows, prompt, comp = g.prompts_per_step * g.num_generations, run.max_prompt_length, \
         run.sampler.gen_length
     mu, v, micro = cfg.num_iterations, mcfg.output_vocab, rows // cfg.grad_accum
-    config_lib.check_batch(rows, g.num_generations, setup.data_parallel_size(mesh),
+    config_lib.check_batch(rows, g.num_generations, build_lib.data_parallel_size(mesh),
                            "prompts_per_step x G", cfg.grad_accum)  # as the run checks
     # The old/ref pass sees every row at once, the update one micro-batch at a time.
     logps_steps = _steps(_on_accelerator(run, rows, comp, v), model, mesh)
@@ -209,10 +203,10 @@ def _grpo_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[Program]:
     ]
 
 
-def _sft_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[Program]:
+def _sft_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[PlannedProgram]:
     mcfg, s = model.config, run.sft_run
     micro = s.batch_size // run.sft.grad_accum
-    config_lib.check_batch(s.batch_size, 1, setup.data_parallel_size(mesh), "sft.batch_size",
+    config_lib.check_batch(s.batch_size, 1, build_lib.data_parallel_size(mesh), "sft.batch_size",
                            run.sft.grad_accum)
     steps = _steps(_on_accelerator(run, micro, s.max_length, mcfg.output_vocab), model, mesh)
     state, rng = steps.abstract_state(), steps.rng_like()
@@ -227,7 +221,7 @@ def _sft_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[Program]:
         logits_bytes=4 * micro * s.max_length * mcfg.output_vocab)]
 
 
-def _eval_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[Program]:
+def _eval_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[PlannedProgram]:
     """One sampler per eval length; ``steps.generate`` is the function the eval run builds
     (``make_generate_fn`` of the model's fns for that sampler config)."""
     return [_sampler_program(f"eval_sampler_{scfg.gen_length}",

@@ -18,9 +18,14 @@ from typing import Callable
 
 import jax
 
-# Sizes in messages that d1jax.plan.compile.oom_bytes does not read: the bytes XLA:GPU
-# failed to allocate, libtpu's "Requires X, has Y available" (compile-time early abort) and
-# "Attempting to allocate X" (run time); and the capacity half of libtpu's figures.
+# libtpu's two messages for a program that does not fit in HBM, each naming what the
+# program needs per chip in all (arguments and outputs included) as "15.84G", "8.32T"
+# (``oom_bytes``; the planner reads them too).
+_LIBTPU = (re.compile(r"HLO temporaries \(([0-9.]+)([KMGTPE]?)i?B?\) exceeds available HBM"),
+           re.compile(r"memory space hbm\. Used ([0-9.]+)([KMGTPE]?)i?B? of "))
+# Other sizes in XLA's messages: the bytes XLA:GPU failed to allocate, libtpu's "Requires X,
+# has Y available" (compile-time early abort) and "Attempting to allocate X" (run time); and
+# the capacity half of libtpu's figures.
 _NEEDED = (re.compile(r"allocat\w* (?:request for )?(\d+) ?(?:bytes|B)\b"),
            re.compile(r"Failed to allocate request for [0-9.]+\w* \((\d+)B\)"),
            re.compile(r"Requires ([0-9.]+)([KMGTPE]?)i?B?, has"),
@@ -67,9 +72,14 @@ def is_oom(e: BaseException) -> bool:
     return False
 
 
+def oom_bytes(message: str) -> int | None:
+    """Bytes per chip a program needs, from libtpu's message refusing it for lack of HBM
+    (binary units: "8.32T" is 8.32 TiB); None for any other message."""
+    return _first(_LIBTPU, message)
+
+
 def sizes(message: str) -> tuple[int | None, int | None]:
     """(bytes needed, bytes the device has) from XLA's message; None where it names none."""
-    from d1jax.plan.compile import oom_bytes  # libtpu's figures, as the planner reads them
     needed = oom_bytes(message)
     if needed is None:
         needed = _first(_NEEDED, message)

@@ -1,9 +1,11 @@
 """The run's ml_collections config, translated once into typed configs and validated.
 
-``from_config(config)`` is the only reader of the ConfigDict: it returns a ``RunSpec``
+``from_config(config)`` is the one translation of the ConfigDict: it returns a ``RunSpec``
 of frozen dataclasses (model, LoRA, mesh, task, loop, optimizer, rollout sampler, GRPO,
 SFT, evaluation) and fails before any compute with one ``ConfigError`` line naming the
-bad field. Everything downstream takes the spec.
+bad field. Everything downstream takes the spec; before it, only the commands read the
+ConfigDict (its stage, workdir and compile cache: ``d1jax.cli``) and the input checks
+(``d1jax.config.check_inputs``). ``tests/structure.py --reach`` measures how far it goes.
 """
 
 from __future__ import annotations
@@ -123,6 +125,16 @@ class GRPORun:
     sync_ref_model: bool
     ref_model_sync_steps: int
     ref_model_mixup_alpha: float
+    num_epochs: int = 0  # passes over the training prompts; 0: train.num_steps
+
+    def num_steps(self, n_examples: int, mu: int, default: int) -> int:
+        """Optimizer steps of the run on ``n_examples`` training prompts. With num_epochs,
+        TRL's count as d1 ran it: its RepeatRandomSampler keeps only whole batches of
+        prompts_per_step prompts and feeds each to mu optimizer steps, so an epoch is
+        (n // prompts_per_step) x mu steps; without, ``default`` (train.num_steps)."""
+        if not self.num_epochs:
+            return default
+        return self.num_epochs * (n_examples // self.prompts_per_step) * mu
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,7 +345,8 @@ def _grpo(c, lora: bool) -> tuple[GRPOConfig, GRPORun]:
         raise ConfigError(f"grpo.advantage={g.advantage!r}: choose one of "
                           f"{', '.join(adv_lib.ESTIMATORS)}")
     run = GRPORun(g.num_generations, g.prompts_per_step, g.random_masking, g.advantage,
-                  g.sync_ref_model, g.ref_model_sync_steps, g.ref_model_mixup_alpha)
+                  g.sync_ref_model, g.ref_model_sync_steps, g.ref_model_mixup_alpha,
+                  int(g.get("num_epochs") or 0))
     return cfg, run
 
 

@@ -22,20 +22,46 @@ from d1jax.objectives.batch import GRPOBatch
 from d1jax.run.spec import RunSpec
 from d1jax.train import jit_steps as steps_lib
 from d1jax.train import rollout as rl
+from d1jax.train.data import ExampleIterator
 
 
 class GRPOEngine:
-    """Holds the train state and the compiled functions of one GRPO run."""
+    """Holds the train state and the compiled functions of one GRPO run; with a task and
+    its training examples, also the ``loop.Engine`` that ``loop.train`` drives."""
 
-    def __init__(self, spec: RunSpec, setup):
-        self.spec, self.s = spec, setup
+    def __init__(self, spec: RunSpec, setup, task=None, examples: list[dict] | None = None):
+        self.spec, self.s, self.task = spec, setup, task
         self.mu = spec.grpo.num_iterations
         self.key = jax.random.key(spec.seed)
+        self.total, self.desc = spec.train.num_steps, f"grpo {getattr(task, 'name', '')}"
+        self.data = None if examples is None else ExampleIterator(
+            examples, spec.grpo_run.prompts_per_step, seed=spec.seed)
         # The fast sampler (KV cache, parallel decoding) only changes rollouts; the
         # log-prob estimator is the same one-step estimator either way.
         self.steps = steps_lib.for_run(spec, setup.model, setup.mesh, setup.ids,
                                         spec.train.num_steps)
         self.state = self.steps.init(setup.params)
+
+    def load(self, state) -> None:
+        self.state = state
+
+    def advance(self, step: int):
+        """One rollout of the next prompts (each G times) and its mu updates (d1's
+        Algorithm 1; ``step`` counts optimizer steps, as TRL does): yields after each
+        update, with its metrics on ``train.log_every`` steps and the rollout's last."""
+        t, g = self.spec.train, self.spec.grpo_run
+        examples = rl.repeat_examples(next(self.data), g.num_generations)
+        batch, roll_metrics, texts = self.rollout(self.task, examples, step // self.mu)
+        for it in range(self.mu):
+            m = self.update(batch, it, step)
+            step += 1
+            if step % t.log_every == 0 or it == self.mu - 1:
+                sample = it == 0 and step % t.sample_every < self.mu
+                yield step, {**roll_metrics, **m}, texts if sample else None
+            else:
+                yield step, None, None
+            if step >= self.total:
+                return
 
     def _put(self, a: np.ndarray):
         return sharding.host_to_global(a, self.s.mesh, self.s.rules)

@@ -18,13 +18,13 @@ import numpy as np
 
 from d1jax import config as config_lib
 from d1jax import sharding
-from d1jax.metrics import Progress
 from d1jax.objectives.batch import SFTBatch
 from d1jax.run import context
 from d1jax.run.build import build, data_parallel_size
 from d1jax.run.spec import RunSpec
 from d1jax.tasks import s1k
 from d1jax.train import jit_steps as steps_lib
+from d1jax.train import loop
 from d1jax.train.data import ExampleIterator
 from d1jax.train.sft_data import encode_sft, trajectory_examples
 
@@ -51,46 +51,44 @@ def sft_examples(spec: RunSpec) -> list[dict]:
     return rows[:spec.task.num_train] if spec.task.num_train else rows
 
 
+class SFTEngine:
+    """One masked-SFT step at a time on ``data``, for ``loop.train``."""
+
+    def __init__(self, spec: RunSpec, setup, data: SFTData):
+        sr = spec.sft_run
+        self.s, self.sft, self.encode = setup, sr, data.encode
+        self.total = sr.num_steps(len(data.rows), spec.train.num_steps)
+        self.steps = steps_lib.for_run(spec, setup.model, setup.mesh, setup.ids, self.total)
+        self.state = self.steps.init(setup.params)
+        self.data = ExampleIterator(data.rows, sr.batch_size, seed=spec.seed)
+        self.key = jax.random.key(spec.seed)
+        self.desc = "sft"
+
+    def load(self, state) -> None:
+        self.state = state
+
+    def advance(self, step: int):
+        t0 = time.perf_counter()
+        s, sr = self.s, self.sft
+        enc = self.encode(s.tokenizer, next(self.data), sr.max_length, split=sr.split_tokenize)
+        batch = SFTBatch(**{k: sharding.host_to_global(v, s.mesh, s.rules)
+                            for k, v in enc.items()})
+        self.state, m = self.steps.sft_update(self.state, batch, jax.random.fold_in(self.key, step))
+        m = {k: float(v) for k, v in jax.device_get(m).items()}
+        dt = time.perf_counter() - t0
+        m.update(time_step=dt, tokens_per_s=enc["input_ids"].size / dt)
+        yield step + 1, m, None
+
+
 def run(config, workdir: str, data: SFTData | None = None) -> dict:
     """Runs masked SFT as configured (on ``data`` when given); returns the last metrics.
     Raises ``context.RunStopped`` when stopped early (SIGTERM, stop_after) after saving."""
     spec, wd = context.prepare(config, workdir)
     data = data if data is not None else SFTData(sft_examples(spec))
-    rows, sr = data.rows, spec.sft_run
+    rows = data.rows
     mesh = spec.mesh.build()
-    config_lib.check_batch(sr.batch_size, 1, data_parallel_size(mesh), "sft.batch_size",
-                           spec.optim.grad_accum)
+    config_lib.check_batch(spec.sft_run.batch_size, 1, data_parallel_size(mesh),
+                           "sft.batch_size", spec.optim.grad_accum)
     s = build(spec, wd, mesh, texts=lambda: [m["content"] for r in rows[:512] for m in r["prompt"]]
               + [r["completion"] for r in rows[:512]])
-    total = sr.num_steps(len(rows), spec.train.num_steps)
-    steps = steps_lib.for_run(spec, s.model, s.mesh, s.ids, total)
-    state = steps.init(s.params)
-    ctx = context.RunContext.create(spec, wd)
-    it = ExampleIterator(rows, sr.batch_size, seed=spec.seed)
-    step, state, meta = ctx.restore(state)
-    if meta:
-        it.set_state(meta["data"])
-    ctx.progress = Progress(total, initial=step, desc="sft")
-    key = jax.random.key(spec.seed)
-    last: dict = {}
-    try:
-        while step < total and not ctx.should_stop(step):
-            t0 = time.perf_counter()
-            enc = data.encode(s.tokenizer, next(it), sr.max_length, split=sr.split_tokenize)
-            batch = SFTBatch(**{k: sharding.host_to_global(v, s.mesh, s.rules)
-                                for k, v in enc.items()})
-            state, m = steps.sft_update(state, batch, jax.random.fold_in(key, step))
-            step += 1
-            m = {k: float(v) for k, v in jax.device_get(m).items()}
-            dt = time.perf_counter() - t0
-            m.update(time_step=dt, tokens_per_s=enc["input_ids"].size / dt)
-            last = ctx.log(step, m)
-            ctx.save(step, state, {"data": it.get_state(), "metrics": last})
-        ctx.save(step, state, {"data": it.get_state(), "metrics": last}, force=True)
-        ctx.checkpointer.wait()
-        if spec.train.export_hf and step >= total:
-            context.export_hf(wd, s, state, source_dir=spec.model.path or None)
-    finally:
-        ctx.close()
-    ctx.check_finished(step, total)
-    return last
+    return loop.train(spec, wd, s, SFTEngine(spec, s, data))
