@@ -92,6 +92,7 @@ def run_config(args):
         c.model.path, c.model.random_init = "", ""
         c.grpo.prompts_per_step, c.optim.grad_accum = 1, 1
         c.mesh.shape = (1, 1, 1)
+        c.model.base_quant = args.base_quant
         if args.layers != "config":
             c.model.unroll_layers = args.layers == "unroll"
         if args.tiny:
@@ -272,6 +273,9 @@ def main(argv=None) -> dict:
     p.add_argument("--init", choices=("model", "leaves"), default="model",
                    help="random weights from the model's init (d1jax.model.init_params), or "
                         "drawn leaf by leaf (leafwise_params)")
+    p.add_argument("--base-quant", choices=("none", "int8", "nf4"), default="none",
+                   help="the frozen base under LoRA stored quantised (config.model.base_quant); "
+                        "with --numerics, also its logits against the float32 forward")
     p.add_argument("--cache-dir", help="persistent compilation cache (default: a fresh one)")
     p.add_argument("--out", help="JSON written after every program")
     args = p.parse_args(argv)
@@ -291,11 +295,13 @@ def main(argv=None) -> dict:
                      "dtype": jnp.dtype(spec.model.dtype).name,
                      "param_dtype": jnp.dtype(spec.model.param_dtype).name,
                      "remat": spec.model.remat, "unroll_layers": spec.model.unroll_layers,
-                     "hashed_weights": args.hashed_weights},
+                     "hashed_weights": args.hashed_weights, "base_quant": args.base_quant},
         "compile_cache": "fresh" if not args.cache_dir else "given"})
 
     if (args.hashed_weights or args.numerics) and spec.model.family != "llada":
         p.error("--hashed-weights, --numerics: LLaDA presets only")
+    if args.init == "leaves" and args.base_quant != "none":
+        p.error("--init leaves draws float weights: a quantised base needs --init model")
     if args.numerics:
         return numerics(args, rec, mcfg)
     t0 = time.perf_counter()
@@ -446,6 +452,17 @@ def numerics(args, rec, mcfg) -> dict:
     params = hashed_llada_params(mcfg, shapes, jnp.bfloat16)
     logits_bf16 = np.asarray(jax.jit(lambda p, x: bf16.apply({"params": p}, x))(params, ids),
                              np.float32)
+    quantised = {}
+    if args.base_quant != "none":  # the same weights quantised: d1's NF4 base, or int8
+        from d1jax.model import LoraConfig, quant
+        qmodel = llada.model(mcfg, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16,
+                             lora=LoraConfig(rank=1, targets=(), base_quant=args.base_quant))
+        qparams = quant.quantize_base(params, args.base_quant)
+        quantised = {"scheme": args.base_quant, "params_gib": quant.nbytes(qparams) / 2 ** 30,
+                     "bf16_params_gib": quant.nbytes(params) / 2 ** 30,
+                     "logits": np.asarray(jax.jit(lambda p, x: qmodel.apply({"params": p}, x))(
+                         qparams, ids), np.float32)}
+        del qparams
     params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
     with jax.default_matmul_precision("highest"):
         logits_f32 = np.asarray(jax.jit(lambda p, x: f32.apply({"params": p}, x))(params, ids),
@@ -458,6 +475,12 @@ def numerics(args, rec, mcfg) -> dict:
         "max_abs": float(err.max()), "mean_abs": float(err.mean()),
         "argmax_agree": float((logits_bf16.argmax(-1) == logits_f32.argmax(-1)).mean()),
         "f32_logit_std": float(logits_f32.std())}})
+    if quantised:
+        q = quantised.pop("logits")
+        err = np.abs(q - logits_f32)
+        rec.put("numerics_quantised", {**quantised, "vs_f32": {
+            "max_abs": float(err.max()), "mean_abs": float(err.mean()),
+            "argmax_agree": float((q.argmax(-1) == logits_f32.argmax(-1)).mean())}})
     return rec.data
 
 

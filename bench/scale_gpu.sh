@@ -3,7 +3,7 @@
 # side (bench/scale.py) and the PyTorch reference's (bench/reference/scale.py) in one sitting,
 # one process at a time, each under its own time limit, every JSON written as it goes.
 #
-#   bench/scale_gpu.sh OUT_DIR REF_DIR [PARTS]     # PARTS: llada,dream (default: both)
+#   bench/scale_gpu.sh OUT_DIR REF_DIR [PARTS]     # PARTS: llada,quant,dream (default: llada,dream)
 #
 # REF_DIR: what bench/reference/setup.sh built (its sources; the venv is not needed when
 # REF_PYTHONPATH holds the reference's packages over a machine's own torch).
@@ -40,6 +40,15 @@ if [[ $PARTS == *llada* ]]; then
     --device "$( [ -n "$RT" ] && echo cpu || echo cuda )" $RT --numerics "$OUT/numerics" \
     --out "$OUT/reference_llada.json"
   rm -rf "$OUT/numerics"  # the logits (large): the JSONs hold the comparison
+fi
+if [[ $PARTS == *quant* ]]; then  # d1's NF4 base (and int8): memory, logits, the cycle
+  for q in int8 nf4; do
+    step numerics_$q "${T_NUMERICS:-100}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_L $EXTRA \
+      --numerics "$OUT/numerics_$q" --base-quant $q --out "$OUT/numerics_$q.json"
+    rm -rf "$OUT/numerics_$q"
+  done
+  step llada_nf4 "${T_LLADA:-270}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_L $EXTRA \
+    --base-quant nf4 --rounds 1 --layers loop --out "$OUT/scale_llada_nf4.json"
 fi
 if [[ $PARTS == *dream* ]]; then
   step dream "${T_DREAM:-240}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_D $EXTRA --rounds 1 --init leaves --layers loop \
