@@ -276,6 +276,8 @@ def main(argv=None) -> dict:
     p.add_argument("--base-quant", choices=("none", "int8", "nf4"), default="none",
                    help="the frozen base under LoRA stored quantised (config.model.base_quant); "
                         "with --numerics, also its logits against the float32 forward")
+    p.add_argument("--profile", metavar="DIR", help="trace two updates with jax.profiler into "
+                   "DIR and report the device time by op (update_profile)")
     p.add_argument("--cache-dir", help="persistent compilation cache (default: a fresh one)")
     p.add_argument("--out", help="JSON written after every program")
     args = p.parse_args(argv)
@@ -407,6 +409,10 @@ def main(argv=None) -> dict:
             rec.put("last_update_metrics", {k: float(v) for k, v in jax.device_get(metrics).items()
                                             if np.ndim(v) == 0})
 
+    if args.profile:  # where an update's time goes (after the timed rounds)
+        holder["state"], summary = profile_update(steps, holder["state"], ubatch, args.profile)
+        rec.put("update_profile", summary)
+
     table = {}
     for name, prog in programs.items():
         if not times[name]:
@@ -429,6 +435,44 @@ def main(argv=None) -> dict:
     text = json.dumps(rec.data, indent=1)
     print(text)
     return rec.data
+
+
+# ----------------------------------------------------------------------------- profile
+def profile_update(steps, state, batch, directory: str, calls: int = 2) -> tuple[object, dict]:
+    """``calls`` GRPO updates under ``jax.profiler``; (the state after them, the device time
+    by op name, largest first, from the trace's Perfetto JSON)."""
+    jax.profiler.start_trace(directory, create_perfetto_trace=True)
+    for it in range(calls):
+        state, m = steps.grpo_update(state, batch.replace(iteration=np.int32(it)),
+                                     jax.random.key(it))
+    jax.block_until_ready(m)
+    jax.profiler.stop_trace()
+    return state, trace_summary(directory)
+
+
+def trace_summary(directory: str, top: int = 20) -> dict:
+    """Microseconds by event name in the newest ``*.trace.json.gz`` under ``directory``, on
+    the device's streams (on a CPU, every thread's), with the share of the total."""
+    import glob
+    import gzip
+    path = max(glob.glob(os.path.join(directory, "**", "*.trace.json.gz"), recursive=True),
+               key=os.path.getmtime)
+    with gzip.open(path, "rt") as f:
+        events = json.load(f)
+    events = events.get("traceEvents", events) if isinstance(events, dict) else events
+    names = {e["pid"]: e.get("args", {}).get("name", "") for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    device = {pid for pid, n in names.items() if "GPU" in n or "TPU" in n}
+    totals: dict[str, float] = {}
+    for e in events:
+        if e.get("ph") == "X" and (not device or e.get("pid") in device):
+            totals[e["name"]] = totals.get(e["name"], 0.0) + float(e.get("dur", 0))
+    whole = sum(totals.values()) or 1.0
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])[:top]
+    return {"trace": os.path.relpath(path, directory), "device_streams": bool(device),
+            "total_us": round(whole), "top": [{"name": n[:120], "us": round(us),
+                                                "share": round(us / whole, 4)}
+                                               for n, us in ranked]}
 
 
 # ----------------------------------------------------------------------------- numerics

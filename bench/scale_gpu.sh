@@ -3,7 +3,7 @@
 # side (bench/scale.py) and the PyTorch reference's (bench/reference/scale.py) in one sitting,
 # one process at a time, each under its own time limit, every JSON written as it goes.
 #
-#   bench/scale_gpu.sh OUT_DIR REF_DIR [PARTS]     # PARTS: llada,quant,dream (default: llada,dream)
+#   bench/scale_gpu.sh OUT_DIR REF_DIR [PARTS]     # PARTS: llada,quant,profile,dream (default: llada,dream)
 #
 # REF_DIR: what bench/reference/setup.sh built (its sources; the venv is not needed when
 # REF_PYTHONPATH holds the reference's packages over a machine's own torch).
@@ -49,6 +49,14 @@ if [[ $PARTS == *quant* ]]; then  # d1's NF4 base (and int8): memory, logits, th
   done
   step llada_nf4 "${T_LLADA:-270}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_L $EXTRA \
     --base-quant nf4 --rounds 1 --layers loop --out "$OUT/scale_llada_nf4.json"
+fi
+if [[ $PARTS == *profile* ]]; then  # the update with its layers unrolled (the config's) and in a loop, traced
+  for layers in unroll loop; do
+    step profile_$layers "${T_LLADA:-270}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_L $EXTRA \
+      --samplers exact --rounds 1 --layers $layers --profile "$OUT/trace_$layers" \
+      --out "$OUT/profile_$layers.json"
+    rm -rf "$OUT/trace_$layers"
+  done
 fi
 if [[ $PARTS == *dream* ]]; then
   step dream "${T_DREAM:-240}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_D $EXTRA --rounds 1 --init leaves --layers loop \
