@@ -1,4 +1,4 @@
-"""d1jax: diffu-GRPO (d1) post-training of masked diffusion LLMs (LLaDA) in JAX/Flax.
+"""d1jax: diffu-GRPO (d1) post-training of masked diffusion LLMs (LLaDA, Dream) in JAX/Flax.
 
     import d1jax
     model = d1jax.LLaDA(d1jax.preset("test-tiny"))
