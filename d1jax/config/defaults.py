@@ -14,6 +14,8 @@ from pathlib import Path
 
 import ml_collections as mlc
 
+from d1jax.config import knobs
+
 
 class ConfigError(ValueError):
     """A config that cannot run; raised before any compute."""
@@ -117,21 +119,8 @@ def sampler_fields(tiny: bool, rollout: bool = True) -> mlc.ConfigDict:
 
 
 def _train(tiny: bool, steps: int) -> mlc.ConfigDict:
-    t = mlc.ConfigDict()
-    t.num_steps = 4 if tiny else steps  # Optimizer steps in the whole run.
-    t.log_every = 1  # Metrics every N optimizer steps.
-    t.sample_every = 2 if tiny else 20  # Sample completions as text every N steps.
-    t.save_every = 2 if tiny else 100  # Checkpoint every N optimizer steps.
-    t.max_to_keep = 2 if tiny else 5  # Newest checkpoints kept.
-    t.keep_best_metric = ""  # Also keep the best checkpoint by this logged metric ("" off).
-    t.async_checkpoints = True  # Save in the background.
-    t.export_hf = True  # Write the final model in the Hugging Face layout to <workdir>/hf.
-    t.stop_after = 0  # Stop (as if preempted, with a save) after this many steps; 0 off.
-    t.if_incompatible = "refuse"  # Workdir checkpoints from another config, or none restores: "refuse" (exit 1, nothing changed) or "move_aside" (old run moved to <workdir>/previous/<time>, start at step 0).
-    t.accept_changes = ""  # Comma-separated resume fields whose change is accepted on resume, e.g. "optim.learning_rate" (d1jax.run.resume.RESUME_FIELDS).
-    t.compile_cache = "workdir"  # Persistent XLA compilation cache of `python -m d1jax.main`, so a rerun after preemption loads its programs instead of compiling them: "workdir" (<workdir>/compile_cache), a path (one cache for many runs), or "" (off). JAX_COMPILATION_CACHE_DIR, when set, wins.
-    t.stopped_exit_code = 75  # Exit code after a save on SIGTERM or stop_after, so a scheduler reruns the job (75: EX_TEMPFAIL); 0 if it must read as success.
-    return t
+    """config.train: the knobs of ``knobs.LoopSpec`` (each declared there once)."""
+    return knobs.group(knobs.LoopSpec, tiny, num_steps=4 if tiny else steps)
 
 
 def base(stage: str, task: str, tiny: bool, steps: int = 1000,

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 
 from d1jax import sampling as smp
 from d1jax import sharding
-from d1jax.config import ConfigError
+from d1jax.config import ConfigError, knobs
+from d1jax.config.knobs import LoopSpec
 from d1jax.model import LoraConfig
 from d1jax.model import family as family_lib
 from d1jax.model import lora as lora_lib
@@ -81,24 +82,6 @@ class TaskSpec:
 
     def build(self) -> Task:
         return get_task(self.name)
-
-
-@dataclasses.dataclass(frozen=True)
-class LoopSpec:
-    """Checkpointing, logging and export of a training loop (config.train)."""
-
-    num_steps: int
-    log_every: int
-    sample_every: int
-    save_every: int
-    max_to_keep: int
-    keep_best_metric: str
-    async_checkpoints: bool
-    export_hf: bool
-    stop_after: int
-    if_incompatible: str = "refuse"  # or "move_aside" (d1jax.run.resume)
-    accept_changes: tuple[str, ...] = ()  # resume fields whose change is accepted
-    stopped_exit_code: int = 75  # a run stopped early with a save (EX_TEMPFAIL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -408,9 +391,7 @@ def _loop(t) -> LoopSpec:
     if unknown:
         raise ConfigError(f"train.accept_changes names {', '.join(unknown)}, not resume fields; "
                           f"choose from {', '.join(RESUME_FIELDS)}")
-    return LoopSpec(t.num_steps, t.log_every, t.sample_every, t.save_every, t.max_to_keep,
-                    t.keep_best_metric, t.async_checkpoints, t.export_hf, t.stop_after,
-                    t.get("if_incompatible", "refuse"), accept, t.get("stopped_exit_code", 75))
+    return knobs.translate(LoopSpec, t, "train", accept_changes=accept)
 
 
 def from_config(c, *, weights: bool = True) -> RunSpec:
