@@ -75,6 +75,7 @@ MAY_CHANGE_TOO = {  # the other fields that may change, by name
     "train.sample_every", "train.stop_after", "train.stopped_exit_code",
     "sft.eps", "sft.num_epochs", "grpo.num_epochs", "grpo.token_mean",
     "sampler.loop", "sampler.alg", "sampler.top_p", "sampler.top_k",
+    "grpo.justgrpo.gain", "grpo.justgrpo.position_chunk",
 }
 
 

@@ -261,7 +261,7 @@ def grpo(task: str, arg: str | None, objective: str = "diffu_grpo",
     g.advantage = "group_mean"  # group_mean (d1), grpo (std-normalised), dr_grpo or leave_one_out (DiffuCoder's coupled-GRPO).
     g.token_mean = "group"  # Token mean of the diffu-/coupled-GRPO loss: "group" (d1) within each prompt's G completions, then the mean over groups, as d1's GPU micro-batch holds one group; "step": one token mean over all rows of each micro-batch (d1jax before; docs/objectives.md).
     g.num_epochs = 0 if tiny else 10  # Passes over the training prompts (d1: num_train_epochs 10); the run's optimizer steps are then epochs x (prompts // prompts_per_step) x mu (TRL's count), printed at the start; 0: train.num_steps.
-    g.objective = objective  # Policy loss: diffu_grpo, wd1, spg or coupled_grpo (d1jax.objectives.table.OBJECTIVES); knobs of each below.
+    g.objective = objective  # Policy loss: diffu_grpo, wd1, spg, coupled_grpo or justgrpo (d1jax.objectives.table.OBJECTIVES); knobs of each below.
     g.wd1 = mlc.ConfigDict()  # wd1 (arXiv 2507.08838); its group is G = num_generations.
     g.wd1.negative = True  # Keep the negative-advantage term - sum w- log pi (False: the authors' positive-only variant).
     g.spg = mlc.ConfigDict()  # SPG (arXiv 2510.09541); block masks use sampler.block_length.
@@ -273,6 +273,9 @@ def grpo(task: str, arg: str | None, objective: str = "diffu_grpo",
     g.coupled_grpo = mlc.ConfigDict()  # coupled-GRPO (DiffuCoder, arXiv 2506.20639); beta and epsilon above.
     g.coupled_grpo.t_min = 0.2  # t ~ U(t_min, t_max): mask ratio of the set M of the complementary pair.
     g.coupled_grpo.t_max = 0.8  # Upper end of t.
+    g.justgrpo = mlc.ConfigDict()  # JustGRPO (arXiv 2601.15165): exact AR likelihood, one forward per completion position (objectives.justgrpo).
+    g.justgrpo.gain = 8.0  # Loss multiplier: its logprob_loss gain 1.0 x its 8 summed accumulation steps (train.py).
+    g.justgrpo.position_chunk = 0  # K: completion positions per batched, rematerialised forward of the likelihood (0: auto by a token budget).
     # The reference of the KL term. False (d1): under LoRA the base model with the adapters off,
     # at every step (d1 scores it under PEFT's disable_adapter(); its train.yaml's
     # sync_ref_model: True acts on no model there); full fine-tuning: a frozen copy of the start.

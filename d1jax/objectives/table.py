@@ -21,7 +21,7 @@ from typing import Any, Callable
 import jax
 
 from d1jax.model.predictor import MaskPredictor
-from d1jax.objectives import coupled_grpo, logprob, losses, masking, spg, wd1
+from d1jax.objectives import coupled_grpo, justgrpo, logprob, losses, masking, spg, wd1
 from d1jax.objectives.batch import GRPOBatch
 
 Array = jax.Array
@@ -41,6 +41,7 @@ class Objective:
     # None: the loss has no ratio and no reference term (beta must be 0).
     logps: Callable[..., Array] | None
     hparams: type | None  # class of ``cfg.hparams`` (None: the objective has no own knobs)
+    default_hparams: bool = False  # ``cfg.hparams`` None means ``hparams()``, its defaults.
 
 
 def mask_prompt_rows(model: MaskPredictor, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
@@ -181,6 +182,34 @@ def _coupled_loss(model: MaskPredictor, cfg, params: Params, rows: GRPOBatch, se
         group_size=cfg.norm_group)
 
 
+# ---------------------------------------------------------------------------- JustGRPO
+def _justgrpo_prepare(model: MaskPredictor, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
+    """Each row's loss weight, from the valid rows (A != 0) of the whole batch."""
+    scale_b = justgrpo.loss_scale(rows.advantages, rows.completion_ids.shape[1], cfg.hparams.gain)
+    return rows.replace(per_row={**(rows.per_row or {}), "scale": scale_b})
+
+
+def _justgrpo_logps(model: MaskPredictor, cfg, params: Params, batch: GRPOBatch, seeds_s: Array,
+                    use_lora: bool) -> Array:
+    """[S, B, C]: the exact AR log-probs draw no mask, so every seed gets the same ones."""
+    h: justgrpo.JustGRPOConfig = cfg.hparams
+    attn_bl = masking.attention_mask(batch.prompt_mask, batch.completion_ids.shape[1],
+                                     h.use_attention_mask)
+    lp_bc = justgrpo.ar_logps(model, params, batch.prompt_ids, batch.completion_ids, attn_bl,
+                              position_chunk=h.position_chunk, use_lora=use_lora)
+    return jax.numpy.broadcast_to(lp_bc[None], (seeds_s.shape[0],) + lp_bc.shape)
+
+
+def _justgrpo_loss(model: MaskPredictor, cfg, params: Params, rows: GRPOBatch, seed_1: Array,
+                   dropout_rng: Array | None, old_is_current: Array | None = None
+                   ) -> tuple[Array, dict]:
+    return justgrpo.justgrpo_loss(
+        model, params, rows.prompt_ids, rows.prompt_mask, rows.completion_ids, rows.advantages,
+        rows.per_row["scale"], cfg.hparams, epsilon=cfg.epsilon, beta=cfg.beta,
+        old_logps_bc=rows.old_logps, ref_logps_bc=rows.ref_logps, dropout_rng=dropout_rng,
+        old_is_current=old_is_current)
+
+
 # Rows of a loss carry old/ref log-probs [B, C] when the config computes them.
 OBJECTIVES: dict[str, Objective] = {
     "diffu_grpo": Objective(diffu_grpo_loss, _diffu_prepare, _diffu_grpo_logps, None),
@@ -188,6 +217,8 @@ OBJECTIVES: dict[str, Objective] = {
     "spg": Objective(_spg_loss, _spg_prepare, None, spg.SPGConfig),
     "coupled_grpo": Objective(_coupled_loss, _coupled_prepare, _coupled_logps,
                               coupled_grpo.CoupledGRPOConfig),
+    "justgrpo": Objective(_justgrpo_loss, _justgrpo_prepare, _justgrpo_logps,
+                          justgrpo.JustGRPOConfig, default_hparams=True),
 }
 
 
@@ -233,9 +264,9 @@ class GRPOConfig:
     # its switch under the gradient on a (2, 2, 2) mesh (tests/test_update.py).
     narrow_last_layer: bool | None = None
     objective: str = "diffu_grpo"  # The policy loss, a key of OBJECTIVES.
-    # The objective's own knobs: wd1.WD1Config, spg.SPGConfig or
-    # coupled_grpo.CoupledGRPOConfig (its beta and epsilon equal to the fields above); None
-    # for diffu_grpo.
+    # The objective's own knobs: wd1.WD1Config, spg.SPGConfig,
+    # coupled_grpo.CoupledGRPOConfig (its beta and epsilon equal to the fields above) or
+    # justgrpo.JustGRPOConfig (None: its defaults); None for diffu_grpo.
     hparams: Any = None
 
     def __post_init__(self):
@@ -244,6 +275,8 @@ class GRPOConfig:
                              "0 <= p_mask_prompt <= 1 are required")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective={self.objective!r}: choose one of {sorted(OBJECTIVES)}")
+        if self.hparams is None and OBJECTIVES[self.objective].default_hparams:
+            object.__setattr__(self, "hparams", OBJECTIVES[self.objective].hparams())
         check_hparams(self.objective, OBJECTIVES[self.objective], self.hparams, self.beta,
                       self.epsilon)
         if self.norm_group is not None and (self.norm_group < 1 or self.max_tokens is not None):

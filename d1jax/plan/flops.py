@@ -68,8 +68,15 @@ class Forward:
 _ESTIMATOR_COPIES = {"coupled_grpo": lambda hp: 3, "spg": lambda hp: hp.num_t}
 
 
-def estimator_rows(grpo) -> int:
-    """Rows the log-prob estimate of a ``GRPOConfig`` runs per completion."""
+def estimator_rows(grpo, completion: int | None = None) -> int:
+    """Rows the log-prob estimate of a ``GRPOConfig`` runs per completion: JustGRPO's exact
+    AR likelihood one per completion position (``completion`` required; its FLOPs are
+    ``ar_estimator``'s, the head on one position a row)."""
+    if grpo.objective == "justgrpo":
+        if completion is None:
+            raise ValueError("justgrpo runs one forward per completion position: pass "
+                             "completion (the sampler's gen_length) to estimator_rows")
+        return completion
     copies = _ESTIMATOR_COPIES.get(grpo.objective)
     if copies is not None:
         return copies(grpo.hparams)
@@ -141,6 +148,19 @@ def estimator(cfg, batch: int, prompt: int, completion: int,
     length = prompt + completion
     return forward(cfg, rows, length, length, completion, lora,
                    last_rows=completion if peeled else None)
+
+
+def ar_estimator(cfg, batch: int, prompt: int, completion: int,
+                 lora: LoraConfig | None = None, *, chunk: int, peeled: bool = True) -> Forward:
+    """JustGRPO's exact autoregressive log-likelihood (``objectives.justgrpo.ar_logps``): per
+    row one forward over P + C per completion position (the future masked), the head on the
+    one position each predicts; with ``peeled`` ends the last layer runs the ``chunk`` rows
+    its forward reads. Its update (``train_step``) recomputes the whole forward, the chunks
+    being rematerialised: pass ``remat=True, head_remat=True`` (and count a model that
+    remats its layers once more)."""
+    length = prompt + completion
+    return forward(cfg, batch * completion, length, length, 1, lora,
+                   last_rows=chunk if peeled else None)
 
 
 def sampler(cfg, scfg, batch: int, prompt: int, lora: LoraConfig | None = None, *,
