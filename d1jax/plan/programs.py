@@ -108,6 +108,10 @@ def _on_accelerator(run: spec_lib.RunSpec, rows: int, positions: int, vocab: int
     chunk = logprob.auto_chunk(rows, positions, vocab, logprob.ACCELERATOR_CHUNK_BYTES)
     if run.grpo is not None:
         hp = run.grpo.hparams
+        if run.grpo.objective == "justgrpo" and hp.position_chunk is None:
+            from d1jax.objectives import justgrpo
+            hp = dataclasses.replace(hp, position_chunk=justgrpo.auto_position_chunk(
+                rows, run.max_prompt_length, positions, justgrpo.ACCELERATOR_CHUNK_TOKENS))
         if getattr(hp, "seq_chunk", 0) is None:
             hp = dataclasses.replace(hp, seq_chunk=logprob.auto_chunk(
                 rows * fl.estimator_rows(run.grpo), positions, vocab,
@@ -179,16 +183,22 @@ def _grpo_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[PlannedProg
     weights = _nbytes(state.policy_params())
     logits = 4 * rows * (prompt + comp) * v
 
-    est = functools.partial(fl.estimator, mcfg, rows, prompt, comp,
-                            copies=fl.estimator_rows(cfg), peeled=_peeled(model))
+    if cfg.objective == "justgrpo":  # one forward per completion position, in chunks
+        k = update_steps.grpo.hparams.position_chunk  # set for an accelerator above
+        est = functools.partial(fl.ar_estimator, mcfg, rows, prompt, comp, chunk=k,
+                                peeled=_peeled(model))
+    else:
+        est = functools.partial(fl.estimator, mcfg, rows, prompt, comp,
+                                copies=fl.estimator_rows(cfg), peeled=_peeled(model))
     ref_lora = model.lora if run.keep_reference else None  # LoRA without a copy: base is ref
     old_passes = mu - 1 if pure_steps.first_old_from_update(cfg) else mu * (mu > 1)
     logps_flops = (old_passes * est(lora=model.lora).total
                    + mu * (cfg.beta != 0) * est(lora=ref_lora).total)
     hp = update_steps.grpo.hparams  # an objective's own head chunk, if it has one
     chunk = getattr(hp, "seq_chunk", None) or update_steps.grpo.seq_chunk
+    ar = cfg.objective == "justgrpo"  # its chunks are rematerialised, head included
     model_f, hw_f = fl.train_step(est(lora=model.lora), lora=model.lora is not None,
-                                  remat=run.model.remat, head_remat=chunk < comp,
+                                  remat=run.model.remat or ar, head_remat=ar or chunk < comp,
                                   peeled=_peeled(model))
     r = logps_steps.grpo_batch_like(rows, prompt, comp, for_update=False)
     b = update_steps.grpo_batch_like(rows, prompt, comp)

@@ -26,7 +26,7 @@ from d1jax.model import family as family_lib
 from d1jax.model import lora as lora_lib
 from d1jax.model import quant
 from d1jax.objectives import advantages as adv_lib
-from d1jax.objectives import coupled_grpo, spg, wd1
+from d1jax.objectives import coupled_grpo, justgrpo, spg, wd1
 from d1jax.objectives.table import GRPOConfig, SFTConfig
 from d1jax.run import optim
 from d1jax.tasks import Task, get_task
@@ -307,6 +307,10 @@ def _hparams(c) -> Any:
         return coupled_grpo.CoupledGRPOConfig(
             epsilon=g.epsilon, beta=g.beta, t_min=g.coupled_grpo.t_min,
             t_max=g.coupled_grpo.t_max, use_attention_mask=s.use_attention_mask)
+    if g.objective == "justgrpo":
+        return justgrpo.JustGRPOConfig(gain=g.justgrpo.gain,
+                                       position_chunk=g.justgrpo.position_chunk or None,
+                                       use_attention_mask=s.use_attention_mask)
     return None
 
 
