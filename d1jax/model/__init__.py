@@ -2,7 +2,8 @@
 
 - ``predictor``: the interface every family's module satisfies (``MaskPredictor``),
   ``init_params``; ``family``: the registry of family records (``Family``).
-- One package per family: ``llada`` (LLaDA-8B), ``dream`` (Dream-v0-7B, DiffuCoder-7B).
+- One package per family: ``llada`` (LLaDA-8B), ``dream`` (Dream-v0-7B, DiffuCoder-7B),
+  ``sdar`` (SDAR-*-Chat, TraDo-*-Instruct: block diffusion).
 - Shared: ``layers``, ``attention``, ``kv_cache``, ``lora``, ``quant``, ``hf_checkpoint``
   (Hugging Face safetensors in and out), ``hf_files`` (an export's companion files),
   ``tokenizer``.
@@ -12,7 +13,7 @@ each family package has its own (``d1jax.model.dream.preset``).
 """
 
 from d1jax.model import family
-from d1jax.model import dream, llada
+from d1jax.model import dream, llada, sdar
 from d1jax.model.dream import Dream, DreamConfig, dream_positions, shift_logits
 from d1jax.model.hf_checkpoint import CheckpointError, UnsupportedConfigError
 from d1jax.model.kv_cache import KVCache
@@ -25,6 +26,7 @@ from d1jax.model.predictor import (MaskPredictor, init_params, is_shifted, outpu
 # the same way from its own module (``family.register``; docs/models.md, "Adding a family").
 family.register(llada.FAMILY)
 family.register(dream.FAMILY)
+family.register(sdar.FAMILY)
 
 __all__ = ["CheckpointError", "PRESETS", "Dream", "DreamConfig", "KVCache", "LLaDA",
            "LLaDAConfig", "LoraConfig", "MaskPredictor", "UnsupportedConfigError",
