@@ -37,7 +37,7 @@ def _model(tiny: bool, checkpoint: str = "llada") -> mlc.ConfigDict:
         raise ConfigError(f"unknown checkpoint kind {checkpoint!r}: one of {', '.join(kinds)}")
     family, env, tiny_preset = kinds[checkpoint]
     m = mlc.ConfigDict()
-    m.family = family  # Model family (d1jax.model.family): "llada" (LLaDA-8B) or "dream" (Dream-v0-7B, DiffuCoder-7B); must match model.path's config.json.
+    m.family = family  # Model family (d1jax.model.family): "llada" (LLaDA-8B), "dream" (Dream-v0-7B, DiffuCoder-7B) or "sdar" (SDAR, TraDo; block diffusion, model only so far); must match model.path's config.json.
     m.path = "" if tiny else os.environ.get(env, "")  # Local HF checkpoint dir (config.json, *.safetensors, tokenizer); $LLADA_PATH ($DREAM_PATH, $DIFFUCODER_PATH) by default.
     m.tokenizer_path = ""  # Tokenizer dir; None: model.path (or a tiny one trained on the task text when random_init).
     m.random_init = tiny_preset if tiny else ""  # Preset name: random weights of that shape when model.path is empty (tests, CPU smoke runs).
