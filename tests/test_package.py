@@ -111,8 +111,10 @@ def test_layers_import_only_downward_without_cycles_and_modules_stay_small():
 
 def test_a_run_config_is_translated_once_near_the_entry(tmp_path):
     """A tiny SFT run's ConfigDict reaches only its stage, the context that prepares the run
-    and the translation into a typed spec; the spec then reaches a handful of modules."""
+    and the translation into a typed spec (with the declared groups' own, config.knobs); the
+    spec then reaches a handful of modules."""
     from tests import structure
     config_modules, spec_modules = structure.sft_config_reach(str(tmp_path))
-    assert config_modules == {"d1jax.train.sft", "d1jax.run.context", "d1jax.run.spec"}
+    assert config_modules == {"d1jax.train.sft", "d1jax.run.context", "d1jax.run.spec",
+                              "d1jax.config.knobs"}
     assert len(config_modules | spec_modules) <= 10, sorted(config_modules | spec_modules)
