@@ -41,7 +41,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from d1jax.tasks import sandbox
-from d1jax.tasks.base import Example, Verdict
+from d1jax.tasks.base import Example, Task, Verdict
 
 DIFFUCODER_SYSTEM_PROMPT = "You are a helpful assistant."
 # evalplus (codegen.py) instruct prompt and response prefix.
@@ -314,3 +314,15 @@ def toy_rows(n: int, seed: int = 0) -> list[Example]:
                 f"    assert candidate({x}) == {fn(x, k)}\n" for x in xs) + f"\ncheck({entry})\n",
             "solution": f"def {entry}(x):\n    return x {op} {k}\n"})
     return rows
+
+
+def make_task(name: str, load_train: Callable, load_test: Callable) -> Task:
+    """A code task: DiffuCoder's prompt and rewards for training, evalplus's instruct prompt
+    and the sandboxed tests for evaluation; ``load_train``/``load_test`` its data."""
+    return Task(name=name, system_prompt=DIFFUCODER_SYSTEM_PROMPT,
+                reward_funcs=REWARD_FUNCS, reward_weights=REWARD_WEIGHTS,
+                build_messages=build_messages, eval_system_prompt=INSTRUCTION_PREFIX,
+                build_eval_messages=build_eval_messages, record=record,
+                verdict=verdict, load_train=load_train, load_test=load_test,
+                ground_truth=lambda ex: ex.get("solution", ""),
+                eval_prefill=EVAL_PREFILL, verdicts=verdicts)

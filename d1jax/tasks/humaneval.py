@@ -101,10 +101,4 @@ def load_train(source=None, split: str = "train", cache_dir: str | None = None) 
 
 
 def make_task() -> Task:
-    return Task(name=NAME, system_prompt=code.DIFFUCODER_SYSTEM_PROMPT,
-                reward_funcs=code.REWARD_FUNCS, reward_weights=code.REWARD_WEIGHTS,
-                build_messages=code.build_messages, eval_system_prompt=code.INSTRUCTION_PREFIX,
-                build_eval_messages=code.build_eval_messages, record=code.record,
-                verdict=code.verdict, load_train=load_train, load_test=load_test,
-                ground_truth=lambda ex: ex.get("solution", ""),
-                eval_prefill=code.EVAL_PREFILL, verdicts=code.verdicts)
+    return code.make_task(NAME, load_train, load_test)
