@@ -418,7 +418,7 @@ def main(argv=None) -> dict:
         if not times[name]:
             continue
         med = statistics.median(times[name])
-        row = {"median_s": round(med, 4), "calls": len(times[name]),
+        row = {"median_s": round(med, 6), "calls": len(times[name]),
                "compile_cold_s": prog["compile_cold_s"], "compile_warm_s": prog["compile_warm_s"],
                "flops_model": prog["flops"], "tflops_model": round(prog["flops"] / 1e12, 3),
                "mfu": round(prog["flops"] / med / peak, 4), "memory": prog["memory"]}
