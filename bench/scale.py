@@ -51,7 +51,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench import common  # noqa: E402
+from bench import common, scale_pair  # noqa: E402
 from d1jax import config as config_lib  # noqa: E402
 from d1jax import sampling as smp  # noqa: E402
 from d1jax.model import family as family_lib, predictor  # noqa: E402
@@ -93,6 +93,8 @@ def run_config(args):
         c.grpo.prompts_per_step, c.optim.grad_accum = 1, 1
         c.mesh.shape = (1, 1, 1)
         c.model.base_quant = args.base_quant
+        if args.pair:  # dropout masks neither side can share (scale_pair)
+            c.lora.dropout = 0.0
         if args.layers != "config":
             c.model.unroll_layers = args.layers == "unroll"
         if args.tiny:
@@ -260,7 +262,9 @@ def main(argv=None) -> dict:
     p.add_argument("--model", default="llada-8b", help="a LLaDA or Dream preset")
     p.add_argument("--tiny", action="store_true", help="a CPU-sized workload (CI)")
     p.add_argument("--rounds", type=int, default=2, help="timed cycles per sampler")
-    p.add_argument("--samplers", default="exact,fast", help="exact,fast (comma-separated)")
+    p.add_argument("--samplers", default="exact,fast",
+                   help="exact,fast (comma-separated); none: the updates alone, on a "
+                        "generated batch (scale_pair.pair_batch)")
     p.add_argument("--fast-dllm", action="store_true",
                    help="also time the sampler at Fast-dLLM's own settings")
     p.add_argument("--hashed-weights", action="store_true",
@@ -278,6 +282,9 @@ def main(argv=None) -> dict:
                         "with --numerics, also its logits against the float32 forward")
     p.add_argument("--profile", metavar="DIR", help="trace two updates with jax.profiler into "
                    "DIR and report the device time by op (update_profile)")
+    p.add_argument("--pair", metavar="DIR", help="LLaDA: one update's loss and gradient norm "
+                   "on hashed weights and adapters, its inputs saved to DIR for "
+                   "bench/reference/scale.py (scale_pair), and stop")
     p.add_argument("--cache-dir", help="persistent compilation cache (default: a fresh one)")
     p.add_argument("--out", help="JSON written after every program")
     args = p.parse_args(argv)
@@ -300,8 +307,9 @@ def main(argv=None) -> dict:
                      "hashed_weights": args.hashed_weights, "base_quant": args.base_quant},
         "compile_cache": "fresh" if not args.cache_dir else "given"})
 
+    args.hashed_weights = args.hashed_weights or bool(args.pair)
     if (args.hashed_weights or args.numerics) and spec.model.family != "llada":
-        p.error("--hashed-weights, --numerics: LLaDA presets only")
+        p.error("--hashed-weights, --numerics, --pair: LLaDA presets only")
     if args.init == "leaves" and args.base_quant != "none":
         p.error("--init leaves draws float weights: a quantised base needs --init model")
     if args.numerics:
@@ -313,11 +321,20 @@ def main(argv=None) -> dict:
         params = leafwise_params(model)
     if args.hashed_weights:
         params = hashed_llada_params(mcfg, params, spec.model.param_dtype)
+    if args.pair:
+        params = scale_pair.hashed_adapters(params, hashed, mcfg.n_layers)
     state = steps.init(params)
     del params
     jax.block_until_ready(state)
     rec.put("init_s", round(time.perf_counter() - t0, 2))
     rec.put("state_gib", round(sum(x.nbytes for x in jax.tree.leaves(state)) / 2 ** 30, 3))
+    synthetic = scale_pair.pair_batch(rows, prompt, scfg.gen_length, mu,
+                                      min(mcfg.mask_token_id, mcfg.eos_token_id) - 1,
+                                      mcfg.eos_token_id)
+    if args.pair:
+        rec.put("pair", scale_pair.run(args.pair, steps, state, synthetic,
+                                       c.grpo.p_mask_prompt, mcfg.mask_token_id))
+        return rec.data
 
     peak, peak_how = peak_flops()
     rec.put("peak_flops", {"bf16_per_s": peak, "how": peak_how})
@@ -328,7 +345,8 @@ def main(argv=None) -> dict:
 
     samplers = {name: scfg if name == "exact" else dataclasses.replace(
         scfg, **(smp.FAST_DEFAULTS if name == "fast" else FAST_DLLM))
-        for name in args.samplers.split(",") + (["fast_dllm"] if args.fast_dllm else [])}
+        for name in [n for n in args.samplers.split(",") if n != "none"]
+        + (["fast_dllm"] if args.fast_dllm else [])}
     rng = jax.random.key(1)
     prompt_ids = jnp.asarray(np.random.RandomState(0).randint(
         0, min(mcfg.mask_token_id, mcfg.eos_token_id) - 1, (rows, prompt)), jnp.int32)
@@ -347,9 +365,12 @@ def main(argv=None) -> dict:
         flops = fl.sampler(mcfg, cfg, n, prompt, lora, peeled=peeled, shifted=shifted).total
         programs[f"generate_{name}"] = {"compile_cold_s": round(cold, 2), "lower": lower,
                                         "memory": memory(compiled), "flops": flops, "rows": n}
-    out = jax.block_until_ready(gens["exact" if "exact" in gens else next(iter(gens))](
-        policy, prompt_ids, prompt_mask, rng))
-    batch = rollout_batch(out.ids, prompt, mu, mcfg.eos_token_id)
+    if gens:
+        out = jax.block_until_ready(gens["exact" if "exact" in gens else next(iter(gens))](
+            policy, prompt_ids, prompt_mask, rng))
+        batch = rollout_batch(out.ids, prompt, mu, mcfg.eos_token_id)
+    else:  # --samplers none: the updates alone
+        batch = synthetic
     logps_prog = steps.program("rollout_logps", batch)
     lower = (lambda: logps_prog.lower(state, batch))
     compiled, cold = compile_timed(lower, rec, "rollout_logps")
@@ -378,15 +399,19 @@ def main(argv=None) -> dict:
     cycles: dict[str, list[dict]] = {name: [] for name in samplers}
     holder, forwards = {"state": state}, {"fast_dllm": []}
     for r in range(args.rounds + 1):  # round 0: warm-up, not counted
-        for name, gen in gens.items():
-            out, t_gen = timed(lambda gen=gen, x=prompts[name]: gen(
-                holder["state"].policy_params(), *x, jax.random.key(2 + r)))
+        for name, gen in (gens or {"none": None}).items():
+            if gen is None:  # the generated batch: no rollout
+                out, t_gen = None, 0.0
+            else:
+                out, t_gen = timed(lambda gen=gen, x=prompts[name]: gen(
+                    holder["state"].policy_params(), *x, jax.random.key(2 + r)))
             if name == "fast_dllm":  # not a training sampler: tokens/s only
                 if r:
                     times[f"generate_{name}"].append(t_gen)
                     forwards["fast_dllm"].append(int(np.asarray(out.block_steps).sum()))
                 continue
-            b = rollout_batch(out.ids, prompt, mu, mcfg.eos_token_id, seed=r)
+            b = (synthetic if out is None
+                 else rollout_batch(out.ids, prompt, mu, mcfg.eos_token_id, seed=r))
             lp, t_lp = timed(lambda b=b: holder["state"] and steps.rollout_logps(holder["state"], b))
             b = b.replace(**jax.device_get(lp))
             t_up = []
@@ -397,7 +422,10 @@ def main(argv=None) -> dict:
                     return m
                 metrics, t = timed(one)
                 t_up.append(t)
-            if r:
+            if r and out is None:
+                times["rollout_logps"].append(t_lp)
+                times["grpo_update"].extend(t_up)
+            elif r:
                 times[f"generate_{name}"].append(t_gen)
                 times["rollout_logps"].append(t_lp)
                 times["grpo_update"].extend(t_up)

@@ -3,14 +3,20 @@
 # side (bench/scale.py) and the PyTorch reference's (bench/reference/scale.py) in one sitting,
 # one process at a time, each under its own time limit, every JSON written as it goes.
 #
-#   bench/scale_gpu.sh OUT_DIR REF_DIR [PARTS]     # PARTS: llada,quant,profile,dream (default: llada,dream)
+#   bench/scale_gpu.sh OUT_DIR REF_DIR [PARTS]
+#
+# PARTS (comma-separated, run in the order given; default llada,dream): llada (numerics, the
+# cycle, the reference's), profile (the updates alone, layers unrolled, traced), pair (one
+# update's loss and gradient norm, d1jax's and d1's, on shared inputs), dream, quant (an NF4
+# base: logits and the updates' memory; QUANTS=int8,nf4 for both), profile_loop (the updates
+# alone with the layers in a loop, traced).
 #
 # REF_DIR: what bench/reference/setup.sh built (its sources; the venv is not needed when
 # REF_PYTHONPATH holds the reference's packages over a machine's own torch).
 # Environment: PY (python with jax[cuda]; default python3), REF_PY (the reference's python:
 # default PY, which then needs torch), D1JAX_PYTHONPATH and
 # REF_PYTHONPATH (prepended for each side), SCALE_ARGS (extra bench/scale.py arguments,
-# e.g. --tiny --model bench-tiny on a CPU), T_NUMERICS/T_LLADA/T_REFERENCE/T_DREAM (seconds).
+# e.g. --tiny on a CPU), T_NUMERICS/T_LLADA/T_REFERENCE/T_DREAM/T_UPDATE (seconds).
 set -uo pipefail
 OUT=${1:?OUT_DIR}; REF=${2:?REF_DIR}; PARTS=${3:-llada,dream}
 PY=${PY:-python3}
@@ -31,34 +37,51 @@ step() {  # step NAME SECONDS CMD...: one part, its log in OUT, its exit status 
 cat "$OUT/device.txt"
 MODEL_L=llada-8b; MODEL_D=dream-7b; EXTRA=${SCALE_ARGS:-}
 case " $EXTRA " in *" --tiny "*) MODEL_L=bench-tiny; MODEL_D=dream-test-tiny; RT=--tiny;; *) RT=;; esac
-if [[ $PARTS == *llada* ]]; then
+part_llada() {
   step numerics "${T_NUMERICS:-100}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_L $EXTRA \
     --numerics "$OUT/numerics" --out "$OUT/numerics_d1jax.json"
   step llada "${T_LLADA:-270}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_L $EXTRA --fast-dllm \
     --rounds 1 --layers loop --out "$OUT/scale_llada.json"
   step reference "${T_REFERENCE:-200}" "${REFSIDE[@]}" "$HERE/reference/scale.py" --ref-dir "$REF" \
-    --device "$( [ -n "$RT" ] && echo cpu || echo cuda )" $RT --numerics "$OUT/numerics" \
-    --out "$OUT/reference_llada.json"
+    --device $DEV $RT --numerics "$OUT/numerics" --out "$OUT/reference_llada.json"
   rm -rf "$OUT/numerics"  # the logits (large): the JSONs hold the comparison
-fi
-if [[ $PARTS == *quant* ]]; then  # d1's NF4 base (and int8): memory, logits, the cycle
-  for q in int8 nf4; do
+}
+part_profile() {  # the updates alone (a generated batch), traced; $1: unroll or loop
+  local layers=${1:-unroll}
+  step profile_$layers "${T_UPDATE:-120}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_L $EXTRA \
+    --samplers none --rounds 2 --layers $layers --profile "$OUT/trace_$layers" \
+    --out "$OUT/profile_$layers.json"
+  rm -rf "$OUT/trace_$layers"
+}
+part_pair() {  # one update on shared hashed weights, adapters, batch and prompt mask
+  step pair_d1jax "${T_UPDATE:-120}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_L $EXTRA \
+    --pair "$OUT/pair" --out "$OUT/pair_d1jax.json"
+  step pair_reference "${T_REFERENCE:-200}" "${REFSIDE[@]}" "$HERE/reference/scale.py" \
+    --ref-dir "$REF" --device $DEV $RT --sections none --pair "$OUT/pair" \
+    --out "$OUT/pair_reference.json"
+  rm -rf "$OUT/pair"
+}
+part_dream() {
+  step dream "${T_DREAM:-240}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_D $EXTRA --rounds 1 \
+    --init leaves --layers loop --out "$OUT/scale_dream.json"
+}
+part_quant() {  # d1's NF4 base (QUANTS: int8 too): logits on the shared weights, the updates' memory
+  local q
+  for q in ${QUANTS//,/ }; do
     step numerics_$q "${T_NUMERICS:-100}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_L $EXTRA \
       --numerics "$OUT/numerics_$q" --base-quant $q --out "$OUT/numerics_$q.json"
     rm -rf "$OUT/numerics_$q"
+    step update_$q "${T_UPDATE:-120}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_L $EXTRA \
+      --base-quant $q --samplers none --rounds 2 --layers unroll --out "$OUT/update_$q.json"
   done
-  step llada_nf4 "${T_LLADA:-270}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_L $EXTRA \
-    --base-quant nf4 --rounds 1 --layers loop --out "$OUT/scale_llada_nf4.json"
-fi
-if [[ $PARTS == *profile* ]]; then  # the update with its layers unrolled (the config's) and in a loop, traced
-  for layers in unroll loop; do
-    step profile_$layers "${T_LLADA:-270}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_L $EXTRA \
-      --samplers exact --rounds 1 --layers $layers --profile "$OUT/trace_$layers" \
-      --out "$OUT/profile_$layers.json"
-    rm -rf "$OUT/trace_$layers"
-  done
-fi
-if [[ $PARTS == *dream* ]]; then
-  step dream "${T_DREAM:-240}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_D $EXTRA --rounds 1 --init leaves --layers loop \
-    --out "$OUT/scale_dream.json"
-fi
+}
+QUANTS=${QUANTS:-nf4}
+DEV=$( [ -n "$RT" ] && echo cpu || echo cuda )
+for part in ${PARTS//,/ }; do
+  case $part in
+    llada|pair|dream|quant) part_$part;;
+    profile) part_profile unroll;;
+    profile_loop) part_profile loop;;
+    *) echo "[scale_gpu] unknown part $part (llada, profile, pair, dream, quant, profile_loop)"; exit 2;;
+  esac
+done

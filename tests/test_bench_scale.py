@@ -97,3 +97,40 @@ def test_docs_tables_come_from_the_stored_gpu_run():
     for line in text.splitlines():
         if line.startswith("| **cycle**") or line.startswith("| grpo_update"):
             assert line in docs, line
+
+
+def test_updates_alone_time_every_update_on_a_generated_batch(tmp_path):
+    res = scale.main(["--model", "test-tiny", "--tiny", "--rounds", "1", "--samplers", "none",
+                      "--out", str(tmp_path / "u.json")])
+    progs = res["programs"]
+    assert set(progs) == {"rollout_logps", "grpo_update"} and "cycles" not in res or \
+        not res["cycles"]
+    assert progs["grpo_update"]["calls"] == scale.TINY["mu"]
+    assert np.isfinite(res["last_update_metrics"]["loss"])
+
+
+def test_pair_adapters_follow_peft_layout_and_inputs_are_saved(tmp_path):
+    """The adapters d1jax holds are PEFT's A [r, in] / B [out, r] transposed, and the pair's
+    saved batch is what d1's compute_loss reads (a completion mask up to the first EOS)."""
+    from bench import scale_pair
+    torch = pytest.importorskip("torch")
+    shapes = {"blocks": {"q_proj": {"kernel": jnp.zeros((2, 8, 8)),
+                                    "lora_a": jnp.zeros((2, 8, 4)),
+                                    "lora_b": jnp.zeros((2, 4, 6))}}}
+    out = scale_pair.hashed_adapters(shapes, scale.hashed, 2)["blocks"]["q_proj"]
+    ref = _reference_scale()
+    for which, name, shape in (("A", "lora_a", (4, 8)), ("B", "lora_b", (6, 4))):
+        seed = zlib.crc32(scale_pair.adapter_key(1, "q_proj", which).encode())
+        theirs = ref.hashed(shape, seed, "cpu").to(torch.float32).numpy()
+        np.testing.assert_array_equal(np.asarray(out[name][1]), theirs.T)
+    assert np.all(np.asarray(out["kernel"]) == 0)  # the base is left to hashed_llada_params
+    res = scale.main(["--model", "bench-tiny", "--tiny", "--pair", str(tmp_path / "pair")])
+    z = np.load(tmp_path / "pair" / "pair.npz")
+    comp, cm = z["completion_ids"], z["completion_mask"]
+    eos = scale.family_of("bench-tiny").make_config("bench-tiny").eos_token_id
+    for row, mask in zip(comp, cm):
+        first = int(np.argmax(row == eos))
+        assert (row == eos).any() and mask.sum() == first + 1 and mask[first] == 1
+    assert z["prompt_masked"].shape == z["prompt_ids"].shape and z["prompt_masked"].any()
+    assert float(z["loss"]) == pytest.approx(res["pair"]["loss"])
+    assert res["pair"]["grad_norm"] > 0 and res["pair"]["kl"] > 0  # the adapters are live

@@ -24,6 +24,9 @@ source file is checked against its pinned commit first (``run.verified_sources``
   log-probs of all mu = 12 seeds, then 12 updates: d1's ``compute_loss``, backward,
   clipping at 0.2, AdamW (d1's settings) on the adapters. The base stays bf16: d1 loads
   it in 4-bit NF4 (bitsandbytes, not on this machine), which costs more time, not less.
+- ``pair`` (with --pair DIR, where ``bench/scale.py --pair`` saved its inputs): d1's first
+  update's loss and adapter gradient norm on d1jax's batch, hashed adapters and prompt mask
+  (``pair``), beside d1jax's.
 - ``fast_dllm``: Fast-dLLM's own ``generate_with_dual_cache`` (its modeling code, threshold
   0.9) on one prompt (its loop is written for batch 1), gen 256, block 32.
 
@@ -246,6 +249,70 @@ def cycle(model, ref_dir: str, config: dict, w: dict, device, rounds: int, sync)
             "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad)}
 
 
+def pair(model, ref_dir: str, config: dict, w: dict, device, pdir: str) -> dict:
+    """d1's first update (``compute_loss``, backward, the adapters' gradient norm before
+    clipping) on ``bench/scale.py --pair``'s inputs: the same hashed adapters (dropout 0),
+    batch and prompt mask (handed to d1's ``forward_process`` in place of its draw)."""
+    import numpy as np
+    import torch
+    from peft import LoraConfig, get_peft_model
+    z = np.load(os.path.join(pdir, "pair.npz"))
+    trainer = ref.d1_trainer(ref_dir, w["mu"])
+    trainer.args.mask_id = config["mask_token_id"]
+    seed = int(z["mask_seed"])
+    masked = torch.as_tensor(z["prompt_masked"], device=device)
+
+    def forward_process(batch, prompt_index, mask_id, seed=None, _own=seed):
+        if seed != _own:
+            raise ValueError(f"mask seed {seed}: the pair holds {_own}'s mask only")
+        b, l = batch.shape
+        is_mask = torch.zeros((b, l), dtype=torch.bool, device=batch.device)
+        is_mask[:, :masked.shape[1]] = masked
+        is_mask |= ~prompt_index
+        return torch.where(is_mask, mask_id, batch), None  # p_mask: unread by the estimator
+    trainer.forward_process = forward_process
+    lora = dict(LORA, r=8, lora_alpha=16) if w is TINY else dict(LORA)
+    lora["lora_dropout"] = 0.0
+    pm = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if ".lora_A." in name or ".lora_B." in name:
+                key = name.removeprefix("base_model.model.").removesuffix(".default.weight")
+                p.copy_(hashed(tuple(p.shape), zlib.crc32(key.encode()), p.device).to(p.dtype))
+    t = {k: torch.as_tensor(z[k], device=device) for k in
+         ("prompt_ids", "completion_ids", "completion_mask", "advantages")}
+    t["prompt_ids"], t["completion_ids"] = t["prompt_ids"].long(), t["completion_ids"].long()
+    x = torch.cat([t["prompt_ids"], t["completion_ids"]], 1).unsqueeze(0)
+    gen = t["completion_ids"].shape[1]
+    pm.eval()
+    with torch.no_grad():
+        old = trainer._get_per_token_logps(pm, x, gen, [seed])
+        with pm.disable_adapter():
+            reflp = trainer._get_per_token_logps(pm, x, gen, [seed])
+    inputs = {"prompt_ids": t["prompt_ids"], "prompt_mask": torch.ones_like(t["prompt_ids"]),
+              "completion_ids": t["completion_ids"], "completion_mask": t["completion_mask"],
+              "old_per_token_logps": old, "ref_per_token_logps": reflp,
+              "advantages": t["advantages"], "mask_seeds": [seed]}
+    pm.train()
+    trainer._step = 0
+    loss = trainer.compute_loss(pm, inputs)
+    loss.backward()
+    params = [p for p in pm.parameters() if p.requires_grad]
+    norm = float(torch.nn.utils.clip_grad_norm_(params, ref.D1["max_grad_norm"]))
+    cm = z["completion_mask"].astype(bool)
+    d = np.abs(reflp[0].float().cpu().numpy() - z["ref_logps"])[cm]
+    out = {"mask_seed": seed, "trainable_params": sum(p.numel() for p in params),
+           "reference": {"loss": float(loss.detach()), "grad_norm": norm},
+           "d1jax": {"loss": float(z["loss"]), "grad_norm": float(z["grad_norm"])},
+           "ref_logps_abs_diff": {"max": float(d.max()), "mean": float(d.mean())},
+           "ref_logps_mean": float(reflp[0].float().cpu().numpy()[cm].mean())}
+    out["rel_diff"] = {k: abs(out["d1jax"][k] - out["reference"][k])
+                       / max(abs(out["reference"][k]), 1e-12) for k in ("loss", "grad_norm")}
+    pm.zero_grad(set_to_none=True)
+    pm.unload()
+    return out
+
+
 def fast_dllm(model, ref_dir: str, config: dict, w: dict, device, rounds: int, sync) -> dict:
     import torch
     fd = load_module(os.path.join(ref_dir, "fastdllm", "llada", "generate.py"),
@@ -279,6 +346,8 @@ def main(argv=None) -> dict:
     p.add_argument("--rounds", type=int, default=1, help="timed cycles after a warm-up")
     p.add_argument("--sections", default="numerics,cycle,fast_dllm")
     p.add_argument("--numerics", metavar="DIR", help="where bench/scale.py saved its logits")
+    p.add_argument("--pair", metavar="DIR", help="where bench/scale.py --pair saved its inputs "
+                   "(the pair section runs when given)")
     p.add_argument("--out", help="JSON, rewritten after every section")
     a = p.parse_args(argv)
     out_dir = os.path.join(a.ref_dir, "out")
@@ -297,6 +366,8 @@ def main(argv=None) -> dict:
     res.put("init_s", round(time.perf_counter() - t0, 2))
     if "numerics" in sections and a.numerics:
         res.put("numerics", numerics(model, config, device, a.numerics))
+    if a.pair:
+        res.put("pair", pair(model, a.ref_dir, config, w, device, a.pair))
     if "cycle" in sections:
         res.put("cycle", cycle(model, a.ref_dir, config, w, device, a.rounds, sync))
     if "fast_dllm" in sections:
