@@ -315,7 +315,9 @@ def main(argv=None) -> dict:
     if args.numerics:
         return numerics(args, rec, mcfg)
     t0 = time.perf_counter()
-    if args.init == "model":
+    if args.pair:  # every leaf is hashed: shapes only
+        params = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+    elif args.init == "model":
         params = init_params(model, jax.random.key(0), mesh, spec.mesh.rules)
     else:  # one small jitted draw per leaf (Dream-7B's model init took 173 s on an H100)
         params = leafwise_params(model)

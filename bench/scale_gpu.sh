@@ -6,10 +6,10 @@
 #   bench/scale_gpu.sh OUT_DIR REF_DIR [PARTS]
 #
 # PARTS (comma-separated, run in the order given; default llada,dream): llada (numerics, the
-# cycle, the reference's), profile (the updates alone, layers unrolled, traced), pair (one
-# update's loss and gradient norm, d1jax's and d1's, on shared inputs), dream, quant (an NF4
-# base: logits and the updates' memory; QUANTS=int8,nf4 for both), profile_loop (the updates
-# alone with the layers in a loop, traced).
+# cycle, the reference's), profile (the updates alone, the layers in a loop, traced), pair
+# (one update's loss and gradient norm, d1jax's and d1's, on shared inputs), dream, quant (an
+# NF4 base: logits and the updates' memory; QUANTS=int8,nf4 for both), profile_unroll (the
+# updates with the layers unrolled: on an H100 their compile ran past 3 minutes).
 #
 # REF_DIR: what bench/reference/setup.sh built (its sources; the venv is not needed when
 # REF_PYTHONPATH holds the reference's packages over a machine's own torch).
@@ -46,16 +46,16 @@ part_llada() {
     --device $DEV $RT --numerics "$OUT/numerics" --out "$OUT/reference_llada.json"
   rm -rf "$OUT/numerics"  # the logits (large): the JSONs hold the comparison
 }
-part_profile() {  # the updates alone (a generated batch), traced; $1: unroll or loop
-  local layers=${1:-unroll}
+part_profile() {  # the updates alone (a generated batch), traced; $1: loop or unroll
+  local layers=${1:-loop}
   step profile_$layers "${T_UPDATE:-120}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_L $EXTRA \
-    --samplers none --rounds 2 --layers $layers --profile "$OUT/trace_$layers" \
+    --samplers none --rounds 2 --init leaves --layers $layers --profile "$OUT/trace_$layers" \
     --out "$OUT/profile_$layers.json"
   rm -rf "$OUT/trace_$layers"
 }
 part_pair() {  # one update on shared hashed weights, adapters, batch and prompt mask
   step pair_d1jax "${T_UPDATE:-120}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_L $EXTRA \
-    --pair "$OUT/pair" --out "$OUT/pair_d1jax.json"
+    --pair "$OUT/pair" --layers loop --out "$OUT/pair_d1jax.json"
   step pair_reference "${T_REFERENCE:-200}" "${REFSIDE[@]}" "$HERE/reference/scale.py" \
     --ref-dir "$REF" --device $DEV $RT --sections none --pair "$OUT/pair" \
     --out "$OUT/pair_reference.json"
@@ -72,7 +72,7 @@ part_quant() {  # d1's NF4 base (QUANTS: int8 too): logits on the shared weights
       --numerics "$OUT/numerics_$q" --base-quant $q --out "$OUT/numerics_$q.json"
     rm -rf "$OUT/numerics_$q"
     step update_$q "${T_UPDATE:-120}" "${JAXSIDE[@]}" "$HERE/scale.py" --model $MODEL_L $EXTRA \
-      --base-quant $q --samplers none --rounds 2 --layers unroll --out "$OUT/update_$q.json"
+      --base-quant $q --samplers none --rounds 2 --layers loop --out "$OUT/update_$q.json"
   done
 }
 QUANTS=${QUANTS:-nf4}
@@ -80,8 +80,8 @@ DEV=$( [ -n "$RT" ] && echo cpu || echo cuda )
 for part in ${PARTS//,/ }; do
   case $part in
     llada|pair|dream|quant) part_$part;;
-    profile) part_profile unroll;;
-    profile_loop) part_profile loop;;
-    *) echo "[scale_gpu] unknown part $part (llada, profile, pair, dream, quant, profile_loop)"; exit 2;;
+    profile) part_profile loop;;
+    profile_unroll) part_profile unroll;;
+    *) echo "[scale_gpu] unknown part $part (llada, profile, pair, dream, quant, profile_unroll)"; exit 2;;
   esac
 done
