@@ -126,7 +126,7 @@ EVAL_TINY = "--config=configs/eval.py:sudoku-tiny"
      "error: config.task: unknown task 'sudokuu': choose one of gsm8k, math500, sudoku, "
      "countdown"),
     ("d1jax.main", [TINY, "--config.train.if_incompatible=x"],
-     "error: train.if_incompatible='x': refuse or move_aside"),
+     "error: train.if_incompatible='x': choose one of refuse, move_aside"),
     ("d1jax.eval", [EVAL_TINY, "--config.model.path=/nope", "--config.model.random_init="],
      "error: config.model.path='/nope' is not a directory"),
     ("d1jax.eval", ["--config=configs/eval.py:sudokuu-tiny"],
