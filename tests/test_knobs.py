@@ -131,3 +131,14 @@ def test_group_refuses_an_unknown_knob():
     with pytest.raises(TypeError, match="no knobs"):
         knobs.group(groups.LoopSpec, False, save_evry=3)
     assert knobs.describe(groups.GRPOKnobs)["spg.num_t"].startswith("J:")
+
+
+def test_the_knob_reference_in_docs_is_the_one_the_code_prints():
+    """docs/configs.md is `python -m d1jax.config`'s output: every knob, its type, defaults
+    and meaning as declared; regenerate it after changing a declaration."""
+    from pathlib import Path
+
+    from d1jax.config.__main__ import GROUPS as DOC_GROUPS, reference
+    doc = Path(__file__).resolve().parents[1] / "docs" / "configs.md"
+    assert doc.read_text() == reference(), "run: python -m d1jax.config > docs/configs.md"
+    assert [name for name, _ in DOC_GROUPS] == list(GROUPS)  # every group documented

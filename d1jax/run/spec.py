@@ -3,7 +3,8 @@
 ``from_config(config)`` is the one translation of the ConfigDict: it returns a ``RunSpec``
 of frozen dataclasses (model, LoRA, mesh, task, loop, optimizer, rollout sampler, GRPO,
 SFT, evaluation) and fails before any compute with one ``ConfigError`` line naming the
-bad field. Everything downstream takes the spec; before it, only the commands read the
+bad field. Each group is read by ``config.knobs.translate`` from its declaration in
+``config.groups`` (the spec classes here are those declarations, with methods added). Everything downstream takes the spec; before it, only the commands read the
 ConfigDict (its stage, workdir and compile cache: ``d1jax.cli``) and the input checks
 (``d1jax.config.check_inputs``). ``tests/structure.py --reach`` measures how far it goes.
 """
@@ -179,22 +180,23 @@ def sampler_config(group, prefix: str, gen_length: int, steps: int) -> smp.Sampl
 
 def _model(c, weights: bool = True) -> ModelSpec:
     m = knobs.translate(ModelSpec, c.model, "model")
-    if m.path and not Path(m.path).is_dir():  # a path wins over random_init: it must exist
-        raise ConfigError(f"config.model.path={m.path!r} is not a directory; download "
-                          "a LLaDA checkpoint there (see README) or fix the path")
+    lo = knobs.translate(groups.LoraKnobs, c.lora, "lora")
     if m.tokenizer_path and not Path(m.tokenizer_path).is_dir():
         raise ConfigError(f"config.model.tokenizer_path={m.tokenizer_path!r} is not a directory")
-    if not m.random_init and weights:
-        if not m.path:
-            raise ConfigError(
-                "config.model.path is not set: point it (or $LLADA_PATH) at a local Hugging Face "
-                "LLaDA directory, e.g. `hf download GSAI-ML/LLaDA-8B-Instruct "
-                "--local-dir ~/llada-8b-instruct`, or use a :tiny config")
+    fam = _family(m)
+    if m.path and not Path(m.path).is_dir():  # a path wins over random_init: it must exist
+        raise ConfigError(f"config.model.path={m.path!r} is not a directory; download "
+                          f"a {fam.title} checkpoint there (see README) or fix the path")
+    if not m.random_init and not m.path and weights:
+        envs = " or ".join(f"${env}" for env, _ in fam.checkpoints.values())
+        example = (f", e.g. `hf download {fam.published[0]} --local-dir "
+                   f"~/{fam.published[0].split('/')[-1].lower()}`" if fam.published else "")
+        raise ConfigError(
+            f"config.model.path is not set: point it (or {envs}) at a local Hugging Face "
+            f"{fam.title} directory (README, docs/models.md){example}, or use a :tiny config")
     if m.layers_per_loop < 1:
         raise ConfigError(f"model.layers_per_loop={m.layers_per_loop!r} must be an int >= 1")
-    fam = _family(m)
-    _base_quant(m, c.lora.enabled)
-    lo = knobs.translate(groups.LoraKnobs, c.lora, "lora")
+    _base_quant(m, lo.enabled)
     return dataclasses.replace(m, lora=_lora(lo, fam, m.base_quant) if lo.enabled else None)
 
 
