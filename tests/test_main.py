@@ -28,6 +28,17 @@ def test_forward_demo_runs(tmp_path):
         "error: config.stage='forward' is not one of ['eval', 'grpo', 'sft']"), r.stderr[-2000:]
 
 
+@pytest.mark.parametrize("module", ["d1jax.main", "d1jax.plan"])
+def test_commands_share_the_stage_runner(module, tmp_path):
+    """d1jax.main and d1jax.plan (d1jax.eval too, after its own eval-only line) run through
+    cli.run_stage: a stage no command runs is its one line, before anything else."""
+    workdir = [f"--workdir={tmp_path / 'x'}"] if module == "d1jax.main" else []  # plan: none
+    r = run_main("--config=configs/forward_demo.py", *workdir, module=module)
+    assert r.returncode == 1 and r.stderr.strip() == (
+        "error: config.stage='forward' is not one of ['eval', 'grpo', 'sft']"), r.stderr[-2000:]
+    assert not (tmp_path / "x").exists()
+
+
 @pytest.mark.parametrize("module", ["d1jax.main", "examples.demo"])
 def test_unknown_config_key_fails_in_one_line_naming_the_closest_keys(tmp_path, module):
     r = run_main("--config=configs/forward_demo.py", f"--workdir={tmp_path}",
