@@ -23,8 +23,8 @@ GROUPS = {
     "task": (groups.TaskKnobs, spec_lib.TaskSpec),
     "mesh": (groups.MeshKnobs, spec_lib.MeshSpec),
     "sampler": (groups.SamplerKnobs, None),  # the spec holds a sampling.SamplerConfig
-    "grpo": (groups.GRPOKnobs, spec_lib.GRPORun),
-    "sft": (groups.SFTKnobs, spec_lib.SFTRun),
+    "grpo": (groups.GRPOKnobs, spec_lib.GRPOSpec),
+    "sft": (groups.SFTKnobs, spec_lib.SFTSpec),
     "eval": (groups.EvalKnobs, spec_lib.EvalSpec),
 }
 

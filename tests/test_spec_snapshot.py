@@ -22,6 +22,17 @@ REWORDED: dict[str, str] = {
 }
 
 
+# Spec classes renamed on purpose since the snapshot: old name -> new (the config groups'
+# specs are all ...Spec; "run" names the package, the stage entry points and RunSpec).
+RENAMED = {"GRPORun": "GRPOSpec", "SFTRun": "SFTSpec"}
+
+
+def renamed(value):
+    if isinstance(value, dict) and set(value) == {"class"}:
+        return {"class": RENAMED.get(value["class"], value["class"])}
+    return value
+
+
 @pytest.fixture(scope="module")
 def recorded():
     return spec_snapshot.read()
@@ -62,7 +73,7 @@ def test_every_config_translates_to_the_recorded_spec(recorded, today):
         spec = spec_lib.from_config(c, weights=False)
         for path, value in want.items():
             got = spec_snapshot.flatten(spec_snapshot.read_path(spec, path), path)[path]
-            assert got == value, f"{name}: {path} was {value}, now {got}"
+            assert got == renamed(value), f"{name}: {path} was {value}, now {got}"
             checked += 1
     assert checked > 5000  # the comparison ran over every field, not an empty record
 

@@ -91,7 +91,7 @@ class OptimSpec(groups.OptimKnobs):
 
 
 @dataclasses.dataclass(frozen=True)
-class GRPORun(groups.GRPOKnobs):
+class GRPOSpec(groups.GRPOKnobs):
     """config.grpo (the rollout side and the objectives' own knobs), around the update's
     ``GRPOConfig``."""
 
@@ -106,7 +106,7 @@ class GRPORun(groups.GRPOKnobs):
 
 
 @dataclasses.dataclass(frozen=True)
-class SFTRun(groups.SFTKnobs):
+class SFTSpec(groups.SFTKnobs):
     """config.sft, around the update's ``SFTConfig``."""
 
     @property
@@ -138,9 +138,9 @@ class RunSpec:
     optim: OptimSpec
     sampler: smp.SamplerConfig | None = None  # rollouts (grpo)
     grpo: GRPOConfig | None = None
-    grpo_run: GRPORun | None = None
+    grpo_run: GRPOSpec | None = None
     sft: SFTConfig | None = None
-    sft_run: SFTRun | None = None
+    sft_run: SFTSpec | None = None
     eval: EvalSpec | None = None
 
     @property
@@ -250,7 +250,7 @@ def _optim(c) -> OptimSpec:
                                                      schedule=o.lr_schedule))
 
 
-def _hparams(g: GRPORun, s: smp.SamplerConfig) -> Any:
+def _hparams(g: GRPOSpec, s: smp.SamplerConfig) -> Any:
     """The objective's own config from config.grpo.<objective>; shared knobs (G, prompt
     noise, attention mask, block length, beta, epsilon) from the fields the loop uses."""
     mask = s.use_attention_mask
@@ -275,8 +275,8 @@ def _hparams(g: GRPORun, s: smp.SamplerConfig) -> Any:
 
 
 def _grpo(c, sampler: smp.SamplerConfig, o: OptimSpec, lora: LoraConfig | None
-          ) -> tuple[GRPOConfig, GRPORun]:
-    g = knobs.translate(GRPORun, c.grpo, "grpo")
+          ) -> tuple[GRPOConfig, GRPOSpec]:
+    g = knobs.translate(GRPOSpec, c.grpo, "grpo")
     try:
         cfg = knobs.shared(
             GRPOConfig, g, cfg_scale=sampler.cfg_scale,
@@ -291,8 +291,8 @@ def _grpo(c, sampler: smp.SamplerConfig, o: OptimSpec, lora: LoraConfig | None
     return cfg, g
 
 
-def _sft(c, o: OptimSpec, lora: LoraConfig | None) -> tuple[SFTConfig, SFTRun]:
-    s = knobs.translate(SFTRun, c.sft, "sft")
+def _sft(c, o: OptimSpec, lora: LoraConfig | None) -> tuple[SFTConfig, SFTSpec]:
+    s = knobs.translate(SFTSpec, c.sft, "sft")
     cfg = knobs.shared(SFTConfig, s, grad_accum=o.grad_accum,
                        lora_dropout=lora is not None and lora.dropout > 0)
     return cfg, s
