@@ -6,7 +6,8 @@ Every other knob is d1's (configs/grpo_sudoku.py), so runs compare with diffu-GR
       --config.model.path=/path/to/LLaDA-8B-Instruct
   python -m d1jax.main --config=configs/coupled_grpo_sudoku.py:tiny --workdir=/tmp/coupled_grpo_sudoku_tiny  # CPU
 
-Fields and their meaning: d1jax/config/defaults.py (grpo; config.grpo.coupled_grpo for its own knobs).
+Fields and their meaning: docs/configs.md; builder d1jax/config/defaults.py (grpo;
+config.grpo.coupled_grpo for its own knobs).
 """
 
 from d1jax import config

@@ -5,7 +5,7 @@
   python -m d1jax.eval --config=configs/eval.py:sudoku-tiny --workdir=/tmp/eval_tiny  # CPU smoke run
 
 The argument is the task (gsm8k, math500, sudoku, countdown), optionally with "-tiny".
-Fields and their meaning: d1jax/config/defaults.py (eval_config).
+Fields and their meaning: docs/configs.md; builder d1jax/config/defaults.py (eval_config).
 """
 
 from d1jax import config

@@ -5,7 +5,7 @@ on d1's three-number Countdown rows; ``:generated`` trains on generated instance
       --config.model.path=/path/to/LLaDA-8B-Instruct
   python -m d1jax.main --config=configs/grpo_countdown.py:tiny --workdir=/tmp/grpo_countdown_tiny  # CPU, ~1 min
 
-Fields and their meaning: d1jax/config/defaults.py (grpo).
+Fields and their meaning: docs/configs.md; builder d1jax/config/defaults.py (grpo).
 """
 
 from d1jax import config

@@ -4,7 +4,7 @@
       --config.model.path=/path/to/LLaDA-8B-Instruct
   python -m d1jax.main --config=configs/grpo_gsm8k.py:tiny --workdir=/tmp/grpo_gsm8k_tiny  # CPU, ~1 min
 
-Fields and their meaning: d1jax/config/defaults.py (grpo).
+Fields and their meaning: docs/configs.md; builder d1jax/config/defaults.py (grpo).
 """
 
 from d1jax import config

@@ -11,7 +11,8 @@ d1jax/tasks/sandbox.py's subprocesses) and its code format (0.5).
       --config.model.path=runs/grpo_humaneval/hf                     # pass@1 at 256 and 512
 
 ``:tiny`` trains on generated one-line function problems (``task.source="toy"``), offline.
-Fields and their meaning: d1jax/config/defaults.py (grpo); the task: d1jax/tasks/humaneval.py.
+Fields and their meaning: docs/configs.md; builder d1jax/config/defaults.py (grpo); the task:
+d1jax/tasks/humaneval.py.
 """
 
 from d1jax import config

@@ -7,7 +7,7 @@
 rises from about 0.44 to about 0.5 on screen. d1's tasks need a trained model: on a random one
 their rewards stay at 0 (``configs/grpo_sudoku.py:tiny`` runs that pipeline in miniature).
 
-Fields and their meaning: d1jax/config/defaults.py (grpo).
+Fields and their meaning: docs/configs.md; builder d1jax/config/defaults.py (grpo).
 """
 
 from d1jax import config

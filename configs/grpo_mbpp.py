@@ -10,7 +10,8 @@ d1jax/tasks/sandbox.py's subprocesses) and its code format (0.5).
       --config.model.path=runs/grpo_mbpp/hf                          # pass@1 at 256 and 512
 
 ``:tiny`` trains on generated one-line function problems (``task.source="toy"``), offline.
-Fields and their meaning: d1jax/config/defaults.py (grpo); the task: d1jax/tasks/mbpp.py.
+Fields and their meaning: docs/configs.md; builder d1jax/config/defaults.py (grpo); the task:
+d1jax/tasks/mbpp.py.
 """
 
 from d1jax import config

@@ -5,7 +5,7 @@ d1's training puzzles; ``:generated`` trains on d1jax's generated puzzles instea
       --config.model.path=/path/to/LLaDA-8B-Instruct
   python -m d1jax.main --config=configs/grpo_sudoku.py:tiny --workdir=/tmp/grpo_sudoku_tiny  # CPU, ~1 min
 
-Fields and their meaning: d1jax/config/defaults.py (grpo).
+Fields and their meaning: docs/configs.md; builder d1jax/config/defaults.py (grpo).
 """
 
 from d1jax import config

@@ -18,8 +18,8 @@ boxed answer (data/math.py).
       --config.model.path=/path/to/LLaDA-8B-Instruct
   python -m d1jax.main --config=configs/justgrpo_gsm8k.py:tiny --workdir=/tmp/jg  # CPU, ~30 s
 
-Fields and their meaning: d1jax/config/defaults.py (grpo; config.grpo.justgrpo for its own
-knobs); docs/objectives.md (JustGRPO).
+Fields and their meaning: docs/configs.md; builder d1jax/config/defaults.py (grpo;
+config.grpo.justgrpo for its own knobs); docs/objectives.md (JustGRPO).
 """
 
 from d1jax import config

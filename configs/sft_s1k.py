@@ -4,7 +4,7 @@
       --config.model.path=/path/to/LLaDA-8B-Instruct
   python -m d1jax.main --config=configs/sft_s1k.py:tiny --workdir=/tmp/sft_tiny  # CPU, ~1 min
 
-Fields and their meaning: d1jax/config/defaults.py (sft).
+Fields and their meaning: docs/configs.md; builder d1jax/config/defaults.py (sft).
 """
 
 from d1jax import config

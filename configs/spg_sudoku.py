@@ -8,7 +8,8 @@ with its 3-shot prompt, prompt length 1500, temperature 0.3, mu 4, EUBO beta 1.0
       --config.model.path=/path/to/LLaDA-8B-Instruct
   python -m d1jax.main --config=configs/spg_sudoku.py:tiny --workdir=/tmp/spg_sudoku_tiny  # CPU
 
-Fields and their meaning: d1jax/config/defaults.py (grpo; config.grpo.spg for its own knobs).
+Fields and their meaning: docs/configs.md; builder d1jax/config/defaults.py (grpo;
+config.grpo.spg for its own knobs).
 """
 
 from d1jax import config

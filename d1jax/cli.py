@@ -246,10 +246,12 @@ def use_compile_cache(config, workdir: str) -> str | None:
     return jax.config.jax_compilation_cache_dir
 
 
-def run_stage(config, workdir: str | None, stages: Mapping[str, str],
-              before: Callable[[Any], None] | None = None) -> None:
+def run_stage(config, workdir: str | None, stages: Mapping[str, str | Callable[[Any, Any], Any]],
+              before: Callable[[Any], None] | None = None, needs_workdir: bool = True) -> None:
     """The commands' shared body: ``run(config, workdir)`` of the module ``stages`` maps the
-    config's ``stage`` to, in ``workdir`` (default ``config.workdir``), after ``before(config)``.
+    config's ``stage`` to (or the function it maps it to), in ``workdir`` (default
+    ``config.workdir``), after ``before(config)``. ``needs_workdir=False``: a command that
+    writes no run (``d1jax.plan``) may have none.
 
     Compiled programs go to the persistent cache ``train.compile_cache`` names, so a rerun
     loads them. A mistake in the config or a file, or a program out of device memory
@@ -266,17 +268,21 @@ def run_stage(config, workdir: str | None, stages: Mapping[str, str],
     if stage not in stages:
         sys.exit(f"error: config.stage={stage!r} is not one of {sorted(stages)}")
     workdir = workdir or config.get("workdir")
-    if not workdir:
+    if not workdir and needs_workdir:
         sys.exit("error: no workdir: pass --workdir=DIR or set config.workdir")
-    if stage in ("sft", "grpo"):  # what Ctrl-C's line names before the loop starts
+    if workdir and stage in ("sft", "grpo"):  # what Ctrl-C's line names before the loop starts
         interrupt.expect_checkpoints(Path(workdir).expanduser() / "checkpoints")
+    run = stages[stage]
     try:
-        use_compile_cache(config, workdir)
+        if workdir:
+            use_compile_cache(config, workdir)
         if before is not None:
             before(config)
+        if isinstance(run, str):
+            run = importlib.import_module(run).run
         # An OOM outside the named programs: loading the weights, creating or restoring the state.
         with oom.named("model setup", lambda: oom.hint(from_config(config), "model setup")):
-            importlib.import_module(stages[stage]).run(config, workdir)
+            run(config, workdir)
     except user_errors() as e:  # a mistake in a config or a file: one clear line
         sys.exit(f"error: {e}")
     except RunStopped as e:  # saved and stopped early: "rerun me", not "done" (docs/training.md)

@@ -1,49 +1,144 @@
-"""Config groups declared once (d1jax/config/knobs.py): the ConfigDict group and the typed
-spec come from the same dataclass fields."""
+"""Config groups declared once (d1jax/config/groups.py, the mechanism d1jax/config/knobs.py):
+the ConfigDict group, the typed spec and the translation between them come from the same
+dataclass fields."""
 
 import dataclasses
 
+import jax.numpy as jnp
 import pytest
 
-from d1jax.config import ConfigError, knobs
+from d1jax import config as config_lib
+from d1jax import sampling as smp
+from d1jax.config import ConfigError, groups, knobs
+from d1jax.model import LoraConfig
+from d1jax.run import spec as spec_lib
 from d1jax.run.spec import from_config
 
+# config group -> (its declaration, the spec class holding it)
+GROUPS = {
+    "model": (groups.ModelKnobs, spec_lib.ModelSpec),
+    "lora": (groups.LoraKnobs, None),  # the spec holds a model.LoraConfig
+    "optim": (groups.OptimKnobs, spec_lib.OptimSpec),
+    "train": (groups.LoopSpec, groups.LoopSpec),
+    "task": (groups.TaskKnobs, spec_lib.TaskSpec),
+    "mesh": (groups.MeshKnobs, spec_lib.MeshSpec),
+    "sampler": (groups.SamplerKnobs, None),  # the spec holds a sampling.SamplerConfig
+    "grpo": (groups.GRPOKnobs, spec_lib.GRPOSpec),
+    "sft": (groups.SFTKnobs, spec_lib.SFTSpec),
+    "eval": (groups.EvalKnobs, spec_lib.EvalSpec),
+}
 
-def test_train_group_and_loop_spec_come_from_one_declaration():
-    fields = {f.name: f for f in dataclasses.fields(knobs.LoopSpec)}
+
+def names(cls) -> set[str]:
+    return {f.name for f in knobs.fields(cls)}
+
+
+@pytest.mark.parametrize("name", sorted(GROUPS))
+def test_each_group_and_its_spec_come_from_one_declaration(name):
+    cls, spec_cls = GROUPS[name]
     for tiny in (False, True):
-        group = knobs.group(knobs.LoopSpec, tiny)
-        assert set(group) == set(fields)  # every knob in the config, nothing else
-        spec = knobs.translate(knobs.LoopSpec, group, "train", accept_changes=())
-        for name, f in fields.items():
-            want = f.metadata["tiny"] if tiny else f.default
-            assert getattr(spec, name) == want, name
-            assert f.metadata["doc"].strip(), f"train.{name} has no meaning written"
-    # the CPU-sized defaults differ where declared, e.g. checkpoints every 2 steps
-    assert knobs.group(knobs.LoopSpec, True).save_every == 2
-    assert knobs.group(knobs.LoopSpec, False).save_every == 100
+        group = knobs.group(cls, tiny)
+        assert set(group) == names(cls)  # every knob in the config, nothing else
+        spec = knobs.translate(cls, group, name)
+        for f in knobs.fields(cls):
+            assert f.metadata["doc"].strip(), f"{name}.{f.name} has no meaning written"
+            if "group" in f.metadata:
+                continue
+            want = f.metadata["tiny"] if tiny else f.metadata["default"]
+            parse = f.metadata["parse"]
+            assert getattr(spec, f.name) == (parse(want) if parse else want), f.name
+    if spec_cls is not None:  # the spec adds methods and computed fields, never a knob
+        assert issubclass(spec_cls, cls) and names(spec_cls) == names(cls)
 
 
-def test_a_run_config_carries_the_declared_train_group_into_its_spec():
-    from d1jax import config as config_lib
+def test_every_run_config_group_holds_exactly_the_declared_knobs():
+    configs = [config_lib.grpo("sudoku", "tiny"), config_lib.grpo("gsm8k", None, "spg"),
+               config_lib.sft("tiny"), config_lib.sft(None, checkpoint="dream"),
+               config_lib.eval_config("gsm8k"), config_lib.eval_config("mbpp-tiny")]
+    for c in configs:
+        for name, (cls, _) in GROUPS.items():
+            if name not in c:
+                continue
+            keys = set(c[name])
+            if c.stage == "eval" and name == "sampler":  # lengths from eval.gen_lengths
+                keys |= {"gen_length", "steps"}
+            assert keys == names(cls), (c.stage, name)
+        for sub in ("wd1", "spg", "coupled_grpo", "justgrpo"):
+            if "grpo" in c:
+                field = {f.name: f for f in knobs.fields(groups.GRPOKnobs)}[sub]
+                assert set(c.grpo[sub]) == names(field.metadata["group"])
+
+
+def test_library_types_take_every_knob_of_their_group_by_name():
+    """knobs.shared passes knobs by name: a knob the library type has no field for would be
+    dropped, so each is either a field there or consumed by the spec (lora.enabled)."""
+    fields = lambda cls: {f.name for f in dataclasses.fields(cls)}  # noqa: E731
+    assert names(groups.SamplerKnobs) <= fields(smp.SamplerConfig)
+    assert names(groups.LoraKnobs) - fields(LoraConfig) == {"enabled"}
+
+
+def test_a_run_config_carries_its_groups_into_the_spec():
     c = config_lib.grpo("sudoku", "tiny")
     with c.unlocked():
         c.train.save_every, c.train.accept_changes = 7, "optim.learning_rate, seed"
+        c.model.dtype, c.grpo.spg.num_t, c.sampler.top_k = "bfloat16", 1, 5
+        c.lora.targets, c.task.source = ("q_proj",), ""
     spec = from_config(c)
     assert spec.train.save_every == 7
     assert spec.train.accept_changes == ("optim.learning_rate", "seed")  # parsed once
-    assert spec.train == knobs.LoopSpec(**{**dict(c.train), "accept_changes": (
-        "optim.learning_rate", "seed")})
+    assert spec.model.dtype is jnp.bfloat16 and spec.model.param_dtype is jnp.float32
+    assert spec.grpo_run.spg.num_t == 1 and spec.sampler.top_k == 5
+    assert spec.model.lora.targets == ("q_proj",) and spec.task.source is None
+    assert spec.grpo.epsilon == spec.grpo_run.epsilon == c.grpo.epsilon  # one value, two views
+    assert isinstance(spec.grpo_run, groups.GRPOKnobs)
+    assert spec.train == knobs.translate(groups.LoopSpec, c.train, "train")
 
 
-def test_a_value_of_the_wrong_type_names_the_knob():
-    """A ConfigDict keeps its fields' types on override; a group a config file builds by
-    hand (a plain mapping) is checked on translation."""
-    group = dict(knobs.group(knobs.LoopSpec, True), save_every="often")
-    with pytest.raises(ConfigError, match=r"train.save_every='often': expected int"):
-        knobs.translate(knobs.LoopSpec, group, "train", accept_changes=())
-    group = dict(knobs.group(knobs.LoopSpec, True), export_hf=1)  # ints are not flags
-    with pytest.raises(ConfigError, match="train.export_hf=1: expected bool"):
-        knobs.translate(knobs.LoopSpec, group, "train", accept_changes=())
+@pytest.mark.parametrize("key,value,message", [
+    ("train.save_every", "often", r"^train.save_every='often': expected int$"),
+    ("train.export_hf", 1, r"^train.export_hf=1: expected bool$"),  # ints are not flags
+    ("grpo.spg.num_t", 1.5, r"^grpo.spg.num_t=1.5: expected int$"),
+    ("model.unroll_layers", "yes", r"^model.unroll_layers='yes': expected bool or None$"),
+    ("eval.gen_lengths", (32, "64"), r"^eval.gen_lengths=\(32, '64'\): expected a tuple of int$"),
+    ("mesh.shape", 8, r"^mesh.shape=8: expected a tuple of int$"),
+    ("grpo.token_mean", "batch", r"^grpo.token_mean='batch': choose one of group, step$"),
+    ("model.param_dtype", "int8",
+     r"^model.param_dtype='int8': choose one of float32, bfloat16, float16$"),
+])
+def test_a_bad_value_is_refused_naming_the_knob_the_value_and_what_is_allowed(key, value,
+                                                                              message):
+    """A ConfigDict keeps its fields' types on override; a group a config file builds by hand
+    (a plain mapping) is checked on translation."""
+    c = config_lib.eval_config("sudoku-tiny") if key.startswith("eval") else \
+        config_lib.grpo("sudoku", "tiny")
+    group, knob_name = key.rsplit(".", 1)
+    with c.unlocked():
+        node = c
+        for part in group.split("."):
+            node = node[part]
+        as_dict = node.to_dict()
+        as_dict[knob_name] = value
+        *path, last = group.split(".")
+        parent = c
+        for part in path:
+            parent = parent[part]
+        parent[last] = as_dict  # a plain dict: no ConfigDict type check on the way in
+    with pytest.raises(ConfigError, match=message):
+        from_config(c)
+
+
+def test_group_refuses_an_unknown_knob():
     with pytest.raises(TypeError, match="no knobs"):
-        knobs.group(knobs.LoopSpec, False, save_evry=3)
+        knobs.group(groups.LoopSpec, False, save_evry=3)
+    assert knobs.describe(groups.GRPOKnobs)["spg.num_t"].startswith("J:")
+
+
+def test_the_knob_reference_in_docs_is_the_one_the_code_prints():
+    """docs/configs.md is `python -m d1jax.config`'s output: every knob, its type, defaults
+    and meaning as declared; regenerate it after changing a declaration."""
+    from pathlib import Path
+
+    from d1jax.config.__main__ import GROUPS as DOC_GROUPS, reference
+    doc = Path(__file__).resolve().parents[1] / "docs" / "configs.md"
+    assert doc.read_text() == reference(), "run: python -m d1jax.config > docs/configs.md"
+    assert [name for name, _ in DOC_GROUPS] == list(GROUPS)  # every group documented

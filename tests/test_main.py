@@ -28,6 +28,17 @@ def test_forward_demo_runs(tmp_path):
         "error: config.stage='forward' is not one of ['eval', 'grpo', 'sft']"), r.stderr[-2000:]
 
 
+@pytest.mark.parametrize("module", ["d1jax.main", "d1jax.plan"])
+def test_commands_share_the_stage_runner(module, tmp_path):
+    """d1jax.main and d1jax.plan (d1jax.eval too, after its own eval-only line) run through
+    cli.run_stage: a stage no command runs is its one line, before anything else."""
+    workdir = [f"--workdir={tmp_path / 'x'}"] if module == "d1jax.main" else []  # plan: none
+    r = run_main("--config=configs/forward_demo.py", *workdir, module=module)
+    assert r.returncode == 1 and r.stderr.strip() == (
+        "error: config.stage='forward' is not one of ['eval', 'grpo', 'sft']"), r.stderr[-2000:]
+    assert not (tmp_path / "x").exists()
+
+
 @pytest.mark.parametrize("module", ["d1jax.main", "examples.demo"])
 def test_unknown_config_key_fails_in_one_line_naming_the_closest_keys(tmp_path, module):
     r = run_main("--config=configs/forward_demo.py", f"--workdir={tmp_path}",
@@ -126,7 +137,7 @@ EVAL_TINY = "--config=configs/eval.py:sudoku-tiny"
      "error: config.task: unknown task 'sudokuu': choose one of gsm8k, math500, sudoku, "
      "countdown"),
     ("d1jax.main", [TINY, "--config.train.if_incompatible=x"],
-     "error: train.if_incompatible='x': refuse or move_aside"),
+     "error: train.if_incompatible='x': choose one of refuse, move_aside"),
     ("d1jax.eval", [EVAL_TINY, "--config.model.path=/nope", "--config.model.random_init="],
      "error: config.model.path='/nope' is not a directory"),
     ("d1jax.eval", ["--config=configs/eval.py:sudokuu-tiny"],

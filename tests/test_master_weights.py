@@ -176,7 +176,7 @@ def test_master_weights_knob():
     assert spec_lib.from_config(c).optim.master_dtype is None
     c.optim.master_weights = "bfloat16"
     with pytest.raises(config_lib.ConfigError, match=r"^optim.master_weights='bfloat16': "
-                                                     r"float32 or none$"):
+                                                     r"choose one of float32, none$"):
         spec_lib.from_config(c)
     assert "optim.master_weights" in spec_lib.RESUME_FIELDS
 

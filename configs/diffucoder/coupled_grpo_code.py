@@ -14,7 +14,8 @@ code_format (0.5), the task's (d1jax/tasks/code.py).
   python -m d1jax.main --config=configs/diffucoder/coupled_grpo_code.py:authors,tiny \
       --workdir=/tmp/diffucoder_code_tiny  # CPU, generated problems
 
-Fields: d1jax/config/defaults.py (grpo; config.grpo.coupled_grpo for its own knobs).
+Fields: docs/configs.md; builder d1jax/config/defaults.py (grpo; config.grpo.coupled_grpo for
+its own knobs).
 """
 
 from d1jax import config

@@ -12,7 +12,8 @@ blocks).
   python -m d1jax.main --config=configs/diffucoder/coupled_grpo_sudoku.py:authors,tiny \
       --workdir=/tmp/diffucoder_tiny  # CPU
 
-Fields: d1jax/config/defaults.py (grpo; config.grpo.coupled_grpo for its own knobs).
+Fields: docs/configs.md; builder d1jax/config/defaults.py (grpo; config.grpo.coupled_grpo for
+its own knobs).
 """
 
 from d1jax import config

@@ -6,7 +6,7 @@ d1's LoRA list (q, k, v, o, up, down, gate) lands on all seven of Dream's projec
       --config.model.path=/path/to/Dream-v0-Instruct-7B
   python -m d1jax.main --config=configs/dream/grpo_gsm8k.py:tiny --workdir=/tmp/dream_grpo_tiny  # CPU
 
-Fields and their meaning: d1jax/config/defaults.py (grpo).
+Fields and their meaning: docs/configs.md; builder d1jax/config/defaults.py (grpo).
 """
 
 from d1jax import config

@@ -5,7 +5,8 @@
   python -m d1jax.main --config=configs/dream/grpo_sudoku.py:tiny --workdir=/tmp/dream_sudoku_tiny  # CPU
 
 ``--config.grpo.objective=wd1`` (with ``--config.grpo.beta=0``), ``spg`` (beta 0) or
-``coupled_grpo`` runs a successor on the same loop. Fields: d1jax/config/defaults.py (grpo).
+``coupled_grpo`` runs a successor on the same loop. Fields: docs/configs.md; builder
+d1jax/config/defaults.py (grpo).
 """
 
 from d1jax import config

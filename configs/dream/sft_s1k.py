@@ -4,7 +4,7 @@
       --config.model.path=/path/to/Dream-v0-Base-7B
   python -m d1jax.main --config=configs/dream/sft_s1k.py:tiny --workdir=/tmp/dream_sft_tiny  # CPU
 
-Fields and their meaning: d1jax/config/defaults.py (sft).
+Fields and their meaning: docs/configs.md; builder d1jax/config/defaults.py (sft).
 """
 
 from d1jax import config

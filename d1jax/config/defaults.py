@@ -1,8 +1,10 @@
 """Config builders shared by ``configs/*.py`` and their validation.
 
-Every field carries a comment; symbols in brackets are the paper's (d1, arXiv 2504.12216).
-Defaults are d1's ``diffu-grpo/slurm_scripts/train.yaml`` and ``DiffuGRPOConfig``.
-A ``tiny`` variant shrinks everything to a random width-64 model and a tokenizer trained
+Each group's knobs (model, lora, optim, train, task, mesh, sampler, grpo, sft, eval) are
+declared once, with their defaults, types and meaning, in ``d1jax.config.groups``; the
+builders here assemble them and set what depends on the task, objective or checkpoint
+(each with the source it follows). Defaults are d1's ``diffu-grpo/slurm_scripts/train.yaml``
+and ``DiffuGRPOConfig``. A ``tiny`` variant shrinks everything to a random width-64 model and a tokenizer trained
 on the task's text, so the same code runs on a laptop CPU in about a minute.
 """
 
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import ml_collections as mlc
 
-from d1jax.config import knobs
+from d1jax.config import groups, knobs
 
 
 class ConfigError(ValueError):
@@ -32,26 +34,15 @@ def checkpoints() -> dict[str, tuple[str, str, str]]:
 
 
 def _model(tiny: bool, checkpoint: str = "llada") -> mlc.ConfigDict:
+    """config.model of ``checkpoint``'s family: its path from the checkpoint's environment
+    variable, or with ``tiny`` random weights of the family's tiny preset."""
     kinds = checkpoints()
     if checkpoint not in kinds:
         raise ConfigError(f"unknown checkpoint kind {checkpoint!r}: one of {', '.join(kinds)}")
     family, env, tiny_preset = kinds[checkpoint]
-    m = mlc.ConfigDict()
-    m.family = family  # Model family (d1jax.model.family): "llada" (LLaDA-8B), "dream" (Dream-v0-7B, DiffuCoder-7B) or "sdar" (SDAR, TraDo; block diffusion, model only so far); must match model.path's config.json.
-    m.path = "" if tiny else os.environ.get(env, "")  # Local HF checkpoint dir (config.json, *.safetensors, tokenizer); $LLADA_PATH ($DREAM_PATH, $DIFFUCODER_PATH) by default.
-    m.tokenizer_path = ""  # Tokenizer dir; None: model.path (or a tiny one trained on the task text when random_init).
-    m.random_init = tiny_preset if tiny else ""  # Preset name: random weights of that shape when model.path is empty (tests, CPU smoke runs).
-    m.width = 64 if tiny else 0  # For random_init: d_model override (0 keeps the preset's).
-    m.n_layers = 2 if tiny else 0  # For random_init: layer count override (0 keeps the preset's).
-    m.tokenizer_vocab = 1024  # For random_init: vocabulary size of the trained tiny tokenizer.
-    m.vocab_size = 0  # For random_init: model vocabulary (embedding rows); 0: the tokenizer's, rounded up to 64.
-    m.dtype = "float32" if tiny else "bfloat16"  # Compute dtype of matmuls.
-    m.param_dtype = "float32" if tiny else "bfloat16"  # Storage dtype of the params.
-    m.remat = not tiny  # Rematerialise each block in the backward pass.
-    m.unroll_layers = mlc.config_dict.placeholder(bool)  # Layers as straight-line code (True) or a compiled loop over the middle ones (False); None: unrolled up to 8 layers.
-    m.layers_per_loop = 1  # Middle layers per iteration of that loop (compile time grows with it).
-    m.base_quant = "none"  # Frozen base under LoRA: "none" (param_dtype), "int8" (per-channel absmax) or "nf4" (d1's bitsandbytes 4-bit NormalFloat) storage of the block projections (d1jax.model.quant).
-    return m
+    return knobs.group(groups.ModelKnobs, tiny, family=family,
+                       path="" if tiny else os.environ.get(env, ""),
+                       random_init=tiny_preset if tiny else "")
 
 
 # d1's LoRA targets. GRPO: diffu-grpo/diffu_grpo_train.py target_modules [q, k, v, o, up,
@@ -67,60 +58,13 @@ def grpo_targets(family: str) -> tuple[str, ...]:
     return family_lib.get(family).grpo_targets
 
 
-def _lora(tiny: bool) -> mlc.ConfigDict:
-    lo = mlc.ConfigDict()
-    lo.enabled = True  # Train LoRA adapters (d1); False: full fine-tuning with a frozen reference copy.
-    lo.rank = 8 if tiny else 128  # r.
-    lo.alpha = 16.0 if tiny else 64.0  # alpha; adapters scale by alpha / r.
-    lo.dropout = 0.0 if tiny else 0.05  # Dropout on the adapter input.
-    lo.targets = grpo_targets("llada")  # Projections that get adapters, by the family's module names: LLaDA's q_proj, k_proj, v_proj, attn_out, ff_proj, up_proj, ff_out; Dream's q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.
-    return lo
-
-
-def _optim(tiny: bool) -> mlc.ConfigDict:
-    o = mlc.ConfigDict()
-    o.learning_rate = 1e-3 if tiny else 3e-6  # Peak learning rate.
-    o.b1 = 0.9  # Adam beta1.
-    o.b2 = 0.99  # Adam beta2.
-    o.eps = 1e-8  # Adam epsilon (torch default).
-    o.weight_decay = 0.1  # AdamW decoupled weight decay.
-    o.max_grad_norm = 0.2  # Global-norm gradient clipping.
-    o.warmup_ratio = 0.0001  # Linear warmup over this fraction of the steps.
-    o.lr_schedule = "constant_with_warmup"  # After the warmup: "constant_with_warmup" (d1 GRPO), "linear" decay to 0 at the last step (HF Trainer's default, d1 SFT) or "cosine_with_min_lr" (DiffuCoder's coupled-GRPO).
-    o.min_lr_rate = 0.0  # With "cosine_with_min_lr": the final learning rate as a share of the peak (DiffuCoder: 0.1).
-    o.grad_accum = 1 if tiny else 2  # Micro-batches accumulated per optimizer step.
-    o.master_weights = "float32"  # Full fine-tuning with a bfloat16 model.param_dtype: "float32" keeps float32 master weights and AdamW moments, cast to bfloat16 for each forward (DeepSpeed, MaxText); "none" stores and updates them in bfloat16, where an update below half a bfloat16 step (lr 1e-6) rounds away. LoRA: no effect (adapters are float32).
-    return o
-
-
 def sampler_fields(tiny: bool, rollout: bool = True) -> mlc.ConfigDict:
-    """The sampler's fields: rollouts (GRPO) or, with ``rollout=False``, evaluation, whose
-    lengths come from eval.gen_lengths with steps = length / 2 (d1's protocol)."""
-    s = mlc.ConfigDict()
+    """The sampler's fields (``groups.SamplerKnobs``): rollouts (GRPO) or, with
+    ``rollout=False``, evaluation, whose lengths come from eval.gen_lengths with steps =
+    length / 2 and whose decoding is greedy (d1's protocol)."""
     if rollout:
-        s.gen_length = 32 if tiny else 256  # Completion length (max_completion_length).
-        s.steps = 16 if tiny else 128  # Diffusion steps over the whole completion (diffusion_steps).
-    s.block_length = 16 if tiny else 32  # Semi-autoregressive block length (d1: 32).
-    s.temperature = 0.9 if rollout else 0.0  # Rollouts: d1's DiffuGRPOConfig default; eval: greedy (d1).
-    s.cfg_scale = 0.0  # Classifier-free guidance scale.
-    s.remasking = "low_confidence"  # "low_confidence" or "random".
-    s.use_attention_mask = True  # Honour prompt padding; False attends to padding like d1.
-    s.kv_cache = "none"  # "none" (exact, d1's protocol), "prefix" or "dual" block KV cache (Fast-dLLM).
-    s.threshold = 1.0  # Parallel decoding: also unmask every token with confidence > tau (>= 1: off).
-    s.parallel_rule = "budget"  # With threshold < 1: "budget" unmasks at least the exact schedule's tokens per step; "fast_dllm" at least one (Fast-dLLM, no step cap).
-    s.recompute = "block"  # Dual cache steps recompute the whole block (Fast-dLLM) or only "masked" positions.
-    s.cache_refresh = 0  # With kv_cache: refresh it once this many block tokens were decoded (0: at block starts only).
-    s.first_position = False  # With parallel_rule "fast_dllm": a block's first step unmasks its first position alone (Fast-dLLM's Dream loop).
-    s.loop = "llada"  # "llada": LLaDA's semi-autoregressive blocks (d1); "dream": Dream's diffusion_generate over the whole completion (DiffuCoder's rollouts; block_length = gen_length).
-    s.alg = "entropy"  # loop "dream": which positions a step decodes (origin, maskgit_plus, topk_margin, entropy).
-    s.top_p = 1.0  # loop "dream": nucleus filter of the token draw (< 1 applies it).
-    s.top_k = 50  # loop "dream": keep the k largest logits (0: none; 50: diffusion_generate's value when the call names none).
-    return s
-
-
-def _train(tiny: bool, steps: int) -> mlc.ConfigDict:
-    """config.train: the knobs of ``knobs.LoopSpec`` (each declared there once)."""
-    return knobs.group(knobs.LoopSpec, tiny, num_steps=4 if tiny else steps)
+        return knobs.group(groups.SamplerKnobs, tiny)
+    return knobs.group(groups.SamplerKnobs, tiny, omit=("gen_length", "steps"), temperature=0.0)
 
 
 def base(stage: str, task: str, tiny: bool, steps: int = 1000,
@@ -130,19 +74,11 @@ def base(stage: str, task: str, tiny: bool, steps: int = 1000,
     c.workdir = ""  # Run directory (--workdir overrides): checkpoints, metrics, export.
     c.seed = 42  # Seed of data order, init, rollouts and mask seeds.
     c.model = _model(tiny, checkpoint)
-    c.lora = _lora(tiny)
-    c.lora.targets = grpo_targets(c.model.family)
-    c.optim = _optim(tiny)
-    c.train = _train(tiny, steps)
-    c.task = mlc.ConfigDict()
-    c.task.name = task  # gsm8k, math500, sudoku, countdown (or s1k for SFT).
-    c.task.source = ""  # "d1": d1's training data (sudoku, countdown); "spg": SPG's Sudoku split with its 3-shot prompt; a local data file/dir in the Hugging Face schema or a Hub id; "": the public data (gsm8k, math500, s1k), generated puzzles (sudoku, countdown).
-    c.task.num_train = 256 if tiny else 0  # Use only the first N training examples (0: all).
-    c.mesh = mlc.ConfigDict()
-    # (data, fsdp, tensor); one -1 takes the remaining devices. 8B: weights sharded over all
-    # chips (replicated bf16 weights alone are 16 GB a chip; docs/tpu_plan.md).
-    c.mesh.shape = (-1, 1, 1) if tiny else (1, -1, 1)
-    c.mesh.rules = ()  # Logical-axis rule overrides, e.g. (("embed", None),); () keeps the defaults.
+    c.lora = knobs.group(groups.LoraKnobs, tiny, targets=grpo_targets(c.model.family))
+    c.optim = knobs.group(groups.OptimKnobs, tiny)
+    c.train = knobs.group(groups.LoopSpec, tiny, num_steps=4 if tiny else steps)
+    c.task = knobs.group(groups.TaskKnobs, tiny, name=task)
+    c.mesh = knobs.group(groups.MeshKnobs, tiny)
     c.max_prompt_length = 192 if tiny else 200  # Prompts are left-truncated to this many tokens.
     return c
 
@@ -250,38 +186,10 @@ def grpo(task: str, arg: str | None, objective: str = "diffu_grpo",
         # HBM need remat (the planner says so).
         c.model.remat, c.model.unroll_layers = False, True
     c.sampler = sampler_fields(tiny)
-    g = c.grpo = mlc.ConfigDict()
-    g.num_generations = 4 if tiny else 6  # G: completions per prompt.
-    g.prompts_per_step = 2 if tiny else 16  # Prompts per optimizer step, all hosts (8 GPUs x 6 x 2 accum / G in d1).
-    g.num_iterations = 2 if tiny else _MU.get(task, 12)  # mu: inner updates per rollout, each with a fresh mask seed.
-    g.beta = 0.0 if objective in _RATIO_FREE else 0.04  # beta: weight of the k3 KL to the reference policy (wd1, spg: 0, they have none).
-    g.epsilon = 0.5  # epsilon: PPO ratio clipping.
-    g.p_mask_prompt = 0.15  # Probability of masking each prompt token in the log-prob estimator.
-    g.random_masking = True  # Fresh random mask seed per inner iteration (False: seed 42 for all, as d1).
-    g.advantage = "group_mean"  # group_mean (d1), grpo (std-normalised), dr_grpo or leave_one_out (DiffuCoder's coupled-GRPO).
-    g.token_mean = "group"  # Token mean of the diffu-/coupled-GRPO loss: "group" (d1) within each prompt's G completions, then the mean over groups, as d1's GPU micro-batch holds one group; "step": one token mean over all rows of each micro-batch (d1jax before; docs/objectives.md).
-    g.num_epochs = 0 if tiny else 10  # Passes over the training prompts (d1: num_train_epochs 10); the run's optimizer steps are then epochs x (prompts // prompts_per_step) x mu (TRL's count), printed at the start; 0: train.num_steps.
-    g.objective = objective  # Policy loss: diffu_grpo, wd1, spg, coupled_grpo or justgrpo (d1jax.objectives.table.OBJECTIVES); knobs of each below.
-    g.wd1 = mlc.ConfigDict()  # wd1 (arXiv 2507.08838); its group is G = num_generations.
-    g.wd1.negative = True  # Keep the negative-advantage term - sum w- log pi (False: the authors' positive-only variant).
-    g.spg = mlc.ConfigDict()  # SPG (arXiv 2510.09541); block masks use sampler.block_length.
-    g.spg.num_t = 2  # J: block-masked noisy copies per sequence (Monte Carlo samples of the bounds).
-    g.spg.min_t = 0.0  # Masked share of the chosen block lies in [min_t, max_t].
-    g.spg.max_t = 1.0  # Upper end of that share.
-    g.spg.eubo_beta = 1.5  # beta: power of the upper bound (EUBO).
-    g.spg.mix_weight = 0.5  # omega: EUBO share of the negative-advantage estimate (1: pure EUBO).
-    g.coupled_grpo = mlc.ConfigDict()  # coupled-GRPO (DiffuCoder, arXiv 2506.20639); beta and epsilon above.
-    g.coupled_grpo.t_min = 0.2  # t ~ U(t_min, t_max): mask ratio of the set M of the complementary pair.
-    g.coupled_grpo.t_max = 0.8  # Upper end of t.
-    g.justgrpo = mlc.ConfigDict()  # JustGRPO (arXiv 2601.15165): exact AR likelihood, one forward per completion position (objectives.justgrpo).
-    g.justgrpo.gain = 8.0  # Loss multiplier: its logprob_loss gain 1.0 x its 8 summed accumulation steps (train.py).
-    g.justgrpo.position_chunk = 0  # K: completion positions per batched, rematerialised forward of the likelihood (0: auto by a token budget).
-    # The reference of the KL term. False (d1): under LoRA the base model with the adapters off,
-    # at every step (d1 scores it under PEFT's disable_adapter(); its train.yaml's
-    # sync_ref_model: True acts on no model there); full fine-tuning: a frozen copy of the start.
-    g.sync_ref_model = False  # True: keep a reference copy (of the adapters under LoRA) mixed toward the policy every ref_model_sync_steps (TRL's SyncRefModelCallback without PEFT).
-    g.ref_model_sync_steps = 4 if tiny else 64  # With sync_ref_model: optimizer steps between reference syncs.
-    g.ref_model_mixup_alpha = 0.6  # With sync_ref_model: ref <- alpha * policy + (1 - alpha) * ref.
+    g = c.grpo = knobs.group(
+        groups.GRPOKnobs, tiny, objective=objective,
+        num_iterations=2 if tiny else _MU.get(task, 12),  # d1's mu of the task
+        beta=0.0 if objective in _RATIO_FREE else 0.04)
     if authors:
         _authors(c, objective, tiny)
     c.lock()
@@ -352,12 +260,7 @@ def sft(arg: str | None, checkpoint: str = "llada") -> mlc.ConfigDict:
     c.optim.max_grad_norm = 1.0  # d1 SFT: the Trainer's default 1.0.
     c.optim.warmup_ratio = 0.0  # d1 SFT: no warmup (the Trainer's default).
     c.optim.lr_schedule = "linear"  # d1 SFT: the Trainer's default, linear decay to 0.
-    c.sft = mlc.ConfigDict()
-    c.sft.batch_size = 8 if tiny else 16  # Sequences per optimizer step, all hosts (d1: 1 per GPU x 4 accumulation x 4 GPUs).
-    c.sft.max_length = 256 if tiny else 4096  # Prompt + completion tokens (longer are cut).
-    c.sft.num_epochs = 0 if tiny else 20  # Epochs (d1: 20); 0: run train.num_steps.
-    c.sft.eps = 1e-3  # Lower bound of the mask ratio t ~ U(eps, 1).
-    c.sft.tokenize = "joint"  # "joint": template the whole conversation (d1); "split": prompt and completion apart, as generation sees them.
+    c.sft = knobs.group(groups.SFTKnobs, tiny)
     c.lock()
     return c
 
@@ -387,10 +290,9 @@ def eval_config(arg: str | None, checkpoint: str = "llada") -> mlc.ConfigDict:
     c = base("eval", task, tiny, checkpoint=checkpoint)
     c.lora.enabled = False  # Evaluate plain weights (export LoRA runs first: <workdir>/hf).
     c.sampler = sampler_fields(tiny, rollout=False)
-    c.eval = mlc.ConfigDict()
-    c.eval.gen_lengths = (32,) if tiny else (256, 512) if task in CODE_TASKS else (128, 256, 512)  # d1: 128, 256, 512; code: 256, 512 (DiffuCoder, JustGRPO); steps = length / 2.
-    c.eval.batch_size = 8  # Prompts per generate call, all hosts.
-    c.eval.num_examples = 16 if tiny else {"sudoku": 256, "countdown": 256}.get(task, 0)  # d1: 256 for sudoku/countdown, all otherwise (0).
-    c.eval.model_name = "d1jax"  # Model name in the output file names.
+    c.eval = knobs.group(
+        groups.EvalKnobs, tiny, gen_lengths=(32,) if tiny else (256, 512) if task in CODE_TASKS
+        else (128, 256, 512), num_examples=16 if tiny else {"sudoku": 256, "countdown": 256}.get(
+            task, 0))  # d1: 256 for sudoku/countdown, all otherwise (0)
     c.lock()
     return c

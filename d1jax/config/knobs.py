@@ -1,115 +1,167 @@
 """Config groups declared once: each knob's default, type and meaning are one dataclass field.
 
-A group declared here is a frozen dataclass whose fields are the config's knobs, made with
-``knob(default, doc, tiny=...)``. ``group(cls, tiny)`` builds the run config's ConfigDict
-group from it (the defaults, the CPU-sized ones with ``tiny``); ``translate(cls, group)``
-reads it back into the typed dataclass the run uses (``d1jax.run.spec``), each value checked
-against the field's type, so a knob is written in one place and read in one place.
+A group (``d1jax.config.groups``) is a frozen dataclass whose fields are the config's knobs,
+made with ``knob(default, doc, tiny=...)``. ``group(cls, tiny)`` builds the run config's
+ConfigDict group from it (the defaults, the CPU-sized ones with ``tiny``);
+``translate(cls, group, prefix)`` reads it back into the typed dataclass the run uses
+(``d1jax.run.spec``, whose spec classes are these groups or subclasses of them that add
+methods), each value checked against the field's type and allowed values, so a knob is
+written in one place and read in one place.
 
     @dataclasses.dataclass(frozen=True)
     class LoopSpec:
         save_every: int = knob(100, "Checkpoint every N optimizer steps.", tiny=2)
 
-    c.train = group(LoopSpec, tiny)        # d1jax.config.defaults
-    spec = translate(LoopSpec, c.train)    # d1jax.run.spec
+    c.train = group(LoopSpec, tiny)               # d1jax.config.defaults
+    spec = translate(LoopSpec, c.train, "train")  # d1jax.run.spec
 
-``knob(..., config=TEXT)`` gives a knob whose config value is text the translation parses
-(``train.accept_changes``: comma-separated names in the config, a tuple in the spec).
-``describe(cls)`` lists the knobs with their meaning (what ``defaults.py``'s comments say
-for the groups not declared here yet).
+A knob's default is the config's value. ``choices`` lists the values allowed (the error
+names them); ``parse`` turns the config's value into the spec's (``model.dtype``: a name in
+the config, a dtype in the spec), checked against ``kind`` (default: the default's type)
+instead of the field's type. ``subgroup(cls, doc)`` nests a group (``grpo.wd1``).
+``shared(target, spec)`` passes a translated group's knobs to a library type with fields of
+the same names (``grpo`` -> ``objectives.GRPOConfig``), so no knob is copied by hand.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
-from typing import Any
+from typing import Any, Callable
 
 import ml_collections as mlc
 
 _MISSING = object()
 
 
-def knob(default: Any, doc: str, *, tiny: Any = _MISSING, config: Any = _MISSING) -> Any:
-    """A dataclass field with its default, meaning, CPU-sized default and, where the config
-    holds text the translation parses, the config's default."""
-    return dataclasses.field(default=default, metadata={
-        "doc": doc, "tiny": default if tiny is _MISSING else tiny,
-        "config": default if config is _MISSING else config, "parsed": config is not _MISSING})
+def knob(default: Any, doc: str, *, tiny: Any = _MISSING, choices: tuple = (),
+         parse: Callable[[Any], Any] | None = None, kind: Any = None) -> Any:
+    """A dataclass field: the config's default, the knob's meaning, its CPU-sized default,
+    the values allowed, and where the spec holds another form, the function that makes it
+    (the config's value then checked against ``kind``, default the default's type)."""
+    meta = {"doc": doc, "default": default, "tiny": default if tiny is _MISSING else tiny,
+            "choices": tuple(choices), "parse": parse,
+            "kind": kind if kind is not None or parse is None else type(default)}
+    if parse is None:
+        return dataclasses.field(default=default, metadata=meta)
+    return dataclasses.field(default_factory=lambda: parse(default), metadata=meta)
+
+
+def subgroup(cls, doc: str) -> Any:
+    """A nested group of knobs (its own ConfigDict inside the parent's)."""
+    return dataclasses.field(default_factory=cls, metadata={"doc": doc, "group": cls})
 
 
 def fields(cls) -> list[dataclasses.Field]:
+    """The knobs (and nested groups) of ``cls``, in declaration order."""
     return [f for f in dataclasses.fields(cls) if "doc" in f.metadata]
 
 
-def group(cls, tiny: bool, **overrides: Any) -> mlc.ConfigDict:
-    """The ConfigDict group of ``cls``: every knob's default (its tiny one with ``tiny``),
-    then ``overrides``."""
-    values = {f.name: f.metadata["config"] if f.metadata["parsed"] else
-              f.metadata["tiny"] if tiny else f.default for f in fields(cls)}
-    unknown = set(overrides) - set(values)
+def _optional(kind) -> tuple[Any, bool]:
+    """(the type inside ``X | None``, True) or (kind, False)."""
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(kind)) == 2:
+            return args[0], True
+    return kind, False
+
+
+def group(cls, tiny: bool, omit: tuple[str, ...] = (), **overrides: Any) -> mlc.ConfigDict:
+    """The ConfigDict group of ``cls``: every knob's default (its tiny one with ``tiny``)
+    but those in ``omit``, then ``overrides``. A knob typed ``X | None`` whose value is
+    None becomes a placeholder of type X (a command-line override still parses as X)."""
+    names = {f.name for f in fields(cls)}
+    unknown = (set(overrides) | set(omit)) - names
     if unknown:
         raise TypeError(f"{cls.__name__} has no knobs {sorted(unknown)}")
-    return mlc.ConfigDict({**values, **overrides})
+    values = {}
+    for f in fields(cls):
+        if f.name in omit:
+            continue
+        if "group" in f.metadata:
+            values[f.name] = overrides.get(f.name, group(f.metadata["group"], tiny))
+            continue
+        value = overrides.get(f.name, f.metadata["tiny"] if tiny else f.metadata["default"])
+        inner, optional = _optional(f.type)
+        if value is None and optional and f.metadata["parse"] is None:
+            value = mlc.config_dict.placeholder(inner)
+        values[f.name] = value
+    return mlc.ConfigDict(values)
+
+
+def _name(kind) -> str:
+    if isinstance(kind, tuple):
+        return " or ".join(map(_name, kind))
+    return getattr(kind, "__name__", str(kind))
+
+
+def _checked(f: dataclasses.Field, value: Any, where: str) -> Any:
+    """``value`` if it has the knob's type (ints pass as floats, lists as tuples), else a
+    ConfigError naming the knob, the value and the type expected."""
+    from d1jax.config.defaults import ConfigError
+    kind = f.metadata["kind"] or f.type
+    inner, optional = _optional(kind)
+    if value is None and optional:
+        return None
+    origin = typing.get_origin(inner)
+    if origin is tuple and isinstance(value, (tuple, list)):
+        item = typing.get_args(inner)[0] if typing.get_args(inner) else object
+        value = tuple(value)
+        if all(_is(x, item) for x in value):
+            return tuple(float(x) if item is float else x for x in value)
+        raise ConfigError(f"{where}={value!r}: expected a tuple of {_name(item)}")
+    if origin is None and _is(value, inner):
+        return float(value) if inner is float else value
+    want = f"a tuple of {_name(typing.get_args(inner)[0])}" if origin is tuple else _name(inner)
+    raise ConfigError(f"{where}={value!r}: expected {want}{' or None' if optional else ''}")
+
+
+def _is(value: Any, kind: Any) -> bool:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool):
+        return bool in kinds or object in kinds
+    if float in kinds and isinstance(value, int):
+        return True
+    return isinstance(value, kinds)
 
 
 def translate(cls, config_group, prefix: str, **derived: Any):
-    """``cls`` from a config group: each spec knob read once and checked against its
-    field's type (``ConfigError`` naming ``prefix.field`` otherwise); ``derived`` gives
-    fields whose value the caller computed from the group (e.g. parsed text)."""
+    """``cls`` from a config group (a ConfigDict or a mapping): each knob read once, checked
+    against its type and allowed values (``ConfigError`` naming ``prefix.knob``, the value
+    and what is allowed), parsed where declared; a knob missing from the group takes its
+    default. ``derived`` gives fields the caller computed (e.g. from other groups)."""
     from d1jax.config.defaults import ConfigError
-    hints = typing.get_type_hints(cls)
     values = {}
     for f in fields(cls):
         if f.name in derived:
             continue
-        if f.metadata["parsed"]:
-            raise TypeError(f"{prefix}.{f.name} is parsed text: pass its value as derived")
-        value = config_group.get(f.name, f.default)
-        kind = hints[f.name]
-        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value, ok = float(value), True
-        if not ok:
-            raise ConfigError(f"{prefix}.{f.name}={value!r}: expected {kind.__name__}")
-        values[f.name] = value
+        where = f"{prefix}.{f.name}"
+        if "group" in f.metadata:
+            values[f.name] = translate(f.metadata["group"], config_group.get(f.name) or {}, where)
+            continue
+        value = _checked(f, config_group.get(f.name, f.metadata["default"]), where)
+        choices = f.metadata["choices"]
+        if choices and value not in choices:
+            raise ConfigError(f"{where}={value!r}: choose one of {', '.join(map(str, choices))}")
+        values[f.name] = f.metadata["parse"](value) if f.metadata["parse"] else value
     return cls(**values, **derived)
 
 
-def describe(cls) -> dict[str, str]:
-    """knob name -> its meaning."""
-    return {f.name: f.metadata["doc"] for f in fields(cls)}
+def shared(target, spec, **extra: Any) -> Any:
+    """``target`` (a library dataclass) built from the knobs of the translated group
+    ``spec`` that it has a field of the same name for, then ``extra``."""
+    names = {f.name for f in fields(type(spec))}
+    values = {f.name: getattr(spec, f.name) for f in dataclasses.fields(target)
+              if f.name in names}
+    return target(**{**values, **extra})
 
 
-@dataclasses.dataclass(frozen=True)
-class LoopSpec:
-    """Checkpointing, logging, stopping and export of a training loop: ``config.train``."""
-
-    num_steps: int = knob(1000, "Optimizer steps in the whole run.", tiny=4)
-    log_every: int = knob(1, "Metrics every N optimizer steps.")
-    sample_every: int = knob(20, "Sample completions as text every N steps.", tiny=2)
-    save_every: int = knob(100, "Checkpoint every N optimizer steps.", tiny=2)
-    max_to_keep: int = knob(5, "Newest checkpoints kept.", tiny=2)
-    keep_best_metric: str = knob(
-        "", 'Also keep the best checkpoint by this logged metric ("" off).')
-    async_checkpoints: bool = knob(True, "Save in the background.")
-    export_hf: bool = knob(
-        True, "Write the final model in the Hugging Face layout to <workdir>/hf.")
-    stop_after: int = knob(
-        0, "Stop (as if preempted, with a save) after this many steps; 0 off.")
-    if_incompatible: str = knob(
-        "refuse", 'Workdir checkpoints from another config, or none restores: "refuse" (exit '
-        '1, nothing changed) or "move_aside" (old run moved to <workdir>/previous/<time>, '
-        "start at step 0).")
-    accept_changes: tuple[str, ...] = knob(
-        (), 'Comma-separated resume fields whose change is accepted on resume, e.g. '
-        '"optim.learning_rate" (d1jax.run.resume.RESUME_FIELDS); the spec holds them parsed.',
-        config="")
-    compile_cache: str = knob(
-        "workdir", "Persistent XLA compilation cache of `python -m d1jax.main`, so a rerun "
-        'after preemption loads its programs instead of compiling them: "workdir" '
-        '(<workdir>/compile_cache), a path (one cache for many runs), or "" (off). '
-        "JAX_COMPILATION_CACHE_DIR, when set, wins. Read by the commands (d1jax.cli).")
-    stopped_exit_code: int = knob(
-        75, "Exit code after a save on SIGTERM or stop_after, so a scheduler reruns the job "
-        "(75: EX_TEMPFAIL); 0 if it must read as success.")
+def describe(cls, prefix: str = "") -> dict[str, str]:
+    """knob name (nested groups' as ``group.knob``) -> its meaning."""
+    out = {}
+    for f in fields(cls):
+        out[prefix + f.name] = f.metadata["doc"]
+        if "group" in f.metadata:
+            out.update(describe(f.metadata["group"], f"{prefix}{f.name}."))
+    return out

@@ -14,7 +14,7 @@ from ml_collections import config_flags
 from d1jax.cli import parse_flags, run_stage
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/eval.py:TASK[-tiny].")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory; default config.workdir.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (generations, accuracy); default config.workdir.")
 
 
 def main(argv) -> None:

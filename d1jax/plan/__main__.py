@@ -17,7 +17,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from d1jax.cli import parse_flags, user_errors
+from d1jax.cli import parse_flags, run_stage
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config (.py), ':variant' allowed.")
 _TOPOLOGY = flags.DEFINE_string("topology", "v5p:2x2x1",
@@ -52,18 +52,32 @@ def _progress(e) -> None:
 def main(argv):
     del argv
     from d1jax.config import check_inputs
-    from d1jax.plan import compile as plan_lib, report
+    from d1jax.run.spec import STAGES
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config is required, e.g. --config=configs/grpo_gsm8k.py")
+    # Through the stage runner d1jax.main and d1jax.eval use (one error: line for a mistake);
+    # a model path that is set must exist, checked before libtpu loads. No workdir: a plan
+    # writes only its --json and its own cache.
+    run_stage(config, None, {stage: _plan for stage in STAGES},
+              before=lambda c: check_inputs(c, data=False), needs_workdir=False)
+
+
+def _plan(config, workdir: None) -> None:
+    """Plans ``config``'s programs on --topology, prints the table; exit 1 naming each
+    program that does not fit."""
+    from d1jax.config import ConfigError
+    from d1jax.plan import compile as plan_lib, report
+    del workdir
+    run = plan_lib.as_spec(config)  # the one translation of the config
+    plan_lib.require_libtpu()
     try:
-        check_inputs(config, data=False)  # a model path that is set must exist: before libtpu
-        run = plan_lib.as_spec(config)  # the one translation of the config
-        plan_lib.require_libtpu()
         estimates = plan_lib.plan(run, _TOPOLOGY.value, _mesh_shape(_MESH.value),
                                   on_estimate=_progress, cache_dir=_CACHE.value)
-    except (ValueError, ImportError, *user_errors()) as e:
-        sys.exit(f"error: {e}")
+    except (ValueError, ImportError) as e:  # a topology or mesh the planner cannot use
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(str(e)) from None
     print(report.table(estimates))
     if _JSON.value:
         with open(_JSON.value, "w") as f:

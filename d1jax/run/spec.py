@@ -3,7 +3,8 @@
 ``from_config(config)`` is the one translation of the ConfigDict: it returns a ``RunSpec``
 of frozen dataclasses (model, LoRA, mesh, task, loop, optimizer, rollout sampler, GRPO,
 SFT, evaluation) and fails before any compute with one ``ConfigError`` line naming the
-bad field. Everything downstream takes the spec; before it, only the commands read the
+bad field. Each group is read by ``config.knobs.translate`` from its declaration in
+``config.groups`` (the spec classes here are those declarations, with methods added). Everything downstream takes the spec; before it, only the commands read the
 ConfigDict (its stage, workdir and compile cache: ``d1jax.cli``) and the input checks
 (``d1jax.config.check_inputs``). ``tests/structure.py --reach`` measures how far it goes.
 """
@@ -19,8 +20,8 @@ import jax.numpy as jnp
 
 from d1jax import sampling as smp
 from d1jax import sharding
-from d1jax.config import ConfigError, knobs
-from d1jax.config.knobs import LoopSpec
+from d1jax.config import ConfigError, groups, knobs
+from d1jax.config.groups import LoopSpec
 from d1jax.model import LoraConfig
 from d1jax.model import family as family_lib
 from d1jax.model import lora as lora_lib
@@ -32,28 +33,18 @@ from d1jax.run import optim
 from d1jax.tasks import Task, get_task
 
 STAGES = ("sft", "grpo", "eval")
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _MASTER = {"float32": jnp.float32, "none": None}  # optim.master_weights
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    """Where the model comes from and how it computes (fields: config/defaults.py _model)."""
+# The spec of each config group is its declaration (d1jax.config.groups: each knob's default,
+# type and meaning written once) or a subclass of it that adds what the run computes from it.
 
-    path: str
-    tokenizer_path: str
-    random_init: str
-    width: int
-    n_layers: int
-    vocab_size: int
-    tokenizer_vocab: int
-    dtype: Any
-    param_dtype: Any
-    remat: bool
-    lora: LoraConfig | None
-    unroll_layers: bool | None = None  # None: LLaDA's default (unrolled up to 8 layers)
-    layers_per_loop: int = 1  # middle layers per loop iteration when not unrolled
-    family: str = "llada"  # d1jax.model.family: "llada" or "dream" (Dream, DiffuCoder)
+@dataclasses.dataclass(frozen=True)
+class ModelSpec(groups.ModelKnobs):
+    """Where the model comes from and how it computes (config.model), with the adapters of
+    config.lora (None: full fine-tuning)."""
+
+    lora: LoraConfig | None = None
 
     @property
     def random(self) -> bool:
@@ -62,9 +53,8 @@ class ModelSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class MeshSpec:
-    shape: tuple[int, ...]  # (data, fsdp, tensor); one -1 takes the remaining devices.
-    rules: tuple  # logical axis -> mesh axes, the defaults updated by the config's.
+class MeshSpec(groups.MeshKnobs):
+    """config.mesh; ``rules``: logical axis -> mesh axes, the defaults updated by the config's."""
 
     def build(self, devices=None):
         """The mesh over ``devices`` (default: all), e.g. a TPU topology's when planning."""
@@ -75,21 +65,24 @@ class MeshSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskSpec:
-    name: str
-    source: str | None  # local data; None: the task's default
-    num_train: int
+class TaskSpec(groups.TaskKnobs):
+    """config.task; ``source`` None: the task's default data."""
 
     def build(self) -> Task:
         return get_task(self.name)
 
 
 @dataclasses.dataclass(frozen=True)
-class OptimSpec:
-    adamw: optim.OptimConfig  # warmup_steps filled in by ``build``
-    warmup_ratio: float
-    grad_accum: int
-    master_dtype: Any = jnp.float32  # optim.master_weights; None: "none"
+class OptimSpec(groups.OptimKnobs):
+    """config.optim, with its AdamW (``run.optim.OptimConfig``, warmup_steps filled in by
+    ``build``)."""
+
+    adamw: optim.OptimConfig | None = None
+
+    @property
+    def master_dtype(self) -> Any:
+        """optim.master_weights as a dtype; None: "none"."""
+        return _MASTER[self.master_weights]
 
     def build(self, total_steps: int) -> optim.OptimConfig:
         """HF's warmup: ceil(ratio x total optimizer steps); the schedule's length."""
@@ -98,17 +91,9 @@ class OptimSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class GRPORun:
-    """Rollout-side GRPO knobs (config.grpo), around the update's ``GRPOConfig``."""
-
-    num_generations: int
-    prompts_per_step: int
-    random_masking: bool
-    advantage: str
-    sync_ref_model: bool
-    ref_model_sync_steps: int
-    ref_model_mixup_alpha: float
-    num_epochs: int = 0  # passes over the training prompts; 0: train.num_steps
+class GRPOSpec(groups.GRPOKnobs):
+    """config.grpo (the rollout side and the objectives' own knobs), around the update's
+    ``GRPOConfig``."""
 
     def num_steps(self, n_examples: int, mu: int, default: int) -> int:
         """Optimizer steps of the run on ``n_examples`` training prompts. With num_epochs,
@@ -121,22 +106,22 @@ class GRPORun:
 
 
 @dataclasses.dataclass(frozen=True)
-class SFTRun:
-    batch_size: int
-    max_length: int
-    num_epochs: int
-    split_tokenize: bool  # sft.tokenize == "split"
+class SFTSpec(groups.SFTKnobs):
+    """config.sft, around the update's ``SFTConfig``."""
+
+    @property
+    def split_tokenize(self) -> bool:
+        return self.tokenize == "split"
 
     def num_steps(self, n_examples: int, default: int) -> int:
         return self.num_epochs * (n_examples // self.batch_size) if self.num_epochs else default
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalSpec:
-    samplers: tuple[smp.SamplerConfig, ...]  # one per gen length, steps = length / 2 (d1)
-    batch_size: int
-    num_examples: int
-    model_name: str
+class EvalSpec(groups.EvalKnobs):
+    """config.eval, with one sampler per gen length, steps = length / 2 (d1)."""
+
+    samplers: tuple[smp.SamplerConfig, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,9 +138,9 @@ class RunSpec:
     optim: OptimSpec
     sampler: smp.SamplerConfig | None = None  # rollouts (grpo)
     grpo: GRPOConfig | None = None
-    grpo_run: GRPORun | None = None
+    grpo_run: GRPOSpec | None = None
     sft: SFTConfig | None = None
-    sft_run: SFTRun | None = None
+    sft_run: SFTSpec | None = None
     eval: EvalSpec | None = None
 
     @property
@@ -179,60 +164,45 @@ def with_tokens(sampler: smp.SamplerConfig, ids: dict) -> smp.SamplerConfig:
 def sampler_config(group, prefix: str, gen_length: int, steps: int) -> smp.SamplerConfig:
     """The one place a SamplerConfig is built from config fields (token ids are bound
     later, ``with_tokens``); a bad field is one ConfigError named ``prefix + field``."""
-    if gen_length % group.block_length:
-        raise ConfigError(f"{prefix}block_length={group.block_length} does not divide "
+    s = knobs.translate(groups.SamplerKnobs, group, prefix.rstrip("."), gen_length=gen_length,
+                        steps=steps)
+    if gen_length % s.block_length:
+        raise ConfigError(f"{prefix}block_length={s.block_length} does not divide "
                           f"gen_length={gen_length}")
-    if steps % (gen_length // group.block_length):
+    if steps % (gen_length // s.block_length):
         raise ConfigError(f"{prefix}steps={steps} is not a multiple of the "
-                          f"{gen_length // group.block_length} blocks (gen_length / block_length)")
+                          f"{gen_length // s.block_length} blocks (gen_length / block_length)")
     try:
-        return smp.SamplerConfig(
-            gen_length=gen_length, block_length=group.block_length, steps=steps,
-            temperature=group.temperature, cfg_scale=group.cfg_scale,
-            remasking=group.remasking, use_attention_mask=group.use_attention_mask,
-            kv_cache=group.kv_cache, threshold=group.threshold, recompute=group.recompute,
-            cache_refresh=group.cache_refresh, parallel_rule=group.parallel_rule,
-            first_position=group.get("first_position", False),
-            loop=group.get("loop", "llada"), alg=group.get("alg", "entropy"),
-            top_p=group.get("top_p", 1.0), top_k=group.get("top_k", 50))
+        return knobs.shared(smp.SamplerConfig, s)
     except ValueError as e:
         raise ConfigError(f"{prefix}{e}") from None
 
 
 def _model(c, weights: bool = True) -> ModelSpec:
-    m = c.model
-    if m.path and not Path(m.path).is_dir():  # a path wins over random_init: it must exist
-        raise ConfigError(f"config.model.path={m.path!r} is not a directory; download "
-                          "a LLaDA checkpoint there (see README) or fix the path")
+    m = knobs.translate(ModelSpec, c.model, "model")
+    lo = knobs.translate(groups.LoraKnobs, c.lora, "lora")
     if m.tokenizer_path and not Path(m.tokenizer_path).is_dir():
         raise ConfigError(f"config.model.tokenizer_path={m.tokenizer_path!r} is not a directory")
-    if not m.random_init and weights:
-        if not m.path:
-            raise ConfigError(
-                "config.model.path is not set: point it (or $LLADA_PATH) at a local Hugging Face "
-                "LLaDA directory, e.g. `hf download GSAI-ML/LLaDA-8B-Instruct "
-                "--local-dir ~/llada-8b-instruct`, or use a :tiny config")
-        if not Path(m.path).is_dir():
-            raise ConfigError(f"config.model.path={m.path!r} is not a directory; download "
-                              "a LLaDA checkpoint there (see README) or fix the path")
-    for name in ("dtype", "param_dtype"):
-        if getattr(m, name) not in _DTYPES:
-            raise ConfigError(f"model.{name}={getattr(m, name)!r}: one of {sorted(_DTYPES)}")
-    layers_per_loop = m.get("layers_per_loop", 1)
-    if isinstance(layers_per_loop, bool) or not isinstance(layers_per_loop, int) \
-            or layers_per_loop < 1:
-        raise ConfigError(f"model.layers_per_loop={layers_per_loop!r} must be an int >= 1")
     fam = _family(m)
-    base_quant = _base_quant(m, c.lora.enabled)
-    lora = _lora(c.lora, fam, base_quant) if c.lora.enabled else None
-    return ModelSpec(m.path, m.tokenizer_path, m.random_init, m.width, m.n_layers, m.vocab_size,
-                     m.tokenizer_vocab, _DTYPES[m.dtype], _DTYPES[m.param_dtype],
-                     bool(m.remat), lora, m.get("unroll_layers"), layers_per_loop, fam.name)
+    if m.path and not Path(m.path).is_dir():  # a path wins over random_init: it must exist
+        raise ConfigError(f"config.model.path={m.path!r} is not a directory; download "
+                          f"a {fam.title} checkpoint there (see README) or fix the path")
+    if not m.random_init and not m.path and weights:
+        envs = " or ".join(f"${env}" for env, _ in fam.checkpoints.values())
+        example = (f", e.g. `hf download {fam.published[0]} --local-dir "
+                   f"~/{fam.published[0].split('/')[-1].lower()}`" if fam.published else "")
+        raise ConfigError(
+            f"config.model.path is not set: point it (or {envs}) at a local Hugging Face "
+            f"{fam.title} directory (README, docs/models.md){example}, or use a :tiny config")
+    if m.layers_per_loop < 1:
+        raise ConfigError(f"model.layers_per_loop={m.layers_per_loop!r} must be an int >= 1")
+    _base_quant(m, lo.enabled)
+    return dataclasses.replace(m, lora=_lora(lo, fam, m.base_quant) if lo.enabled else None)
 
 
 def _family(m) -> family_lib.Family:
     """config.model.family, checked against the checkpoint's config.json and the preset."""
-    name = m.get("family", "llada")
+    name = m.family
     try:
         fam = family_lib.get(name)
     except ValueError as e:
@@ -250,7 +220,7 @@ def _family(m) -> family_lib.Family:
 
 def _base_quant(m, lora: bool) -> str:
     """config.model.base_quant, which needs LoRA: a quantised base is never trained."""
-    scheme = m.get("base_quant", "none")
+    scheme = m.base_quant
     if scheme not in quant.SCHEMES:
         raise ConfigError(f"model.base_quant={scheme!r}: choose one of {', '.join(quant.SCHEMES)}")
     if scheme != "none" and not lora:
@@ -260,97 +230,78 @@ def _base_quant(m, lora: bool) -> str:
     return scheme
 
 
-def _lora(lo, fam: family_lib.Family, base_quant: str = "none") -> LoraConfig:
+def _lora(lo: groups.LoraKnobs, fam: family_lib.Family, base_quant: str) -> LoraConfig:
     """The adapters of config.lora, on the family's projections that ``lora.targets`` names."""
     try:
-        targets = lora_lib.check_targets(lo.get("targets", fam.lora_targets), fam.lora_targets,
-                                         fam.title)
+        targets = lora_lib.check_targets(lo.targets, fam.lora_targets, fam.title)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    return LoraConfig(rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout, targets=targets,
-                      base_quant=base_quant)
+    return knobs.shared(LoraConfig, lo, targets=targets, base_quant=base_quant)
 
 
-def _optim(o) -> OptimSpec:
+def _optim(c) -> OptimSpec:
+    o = knobs.translate(OptimSpec, c.optim, "optim")
     if o.learning_rate <= 0:
         raise ConfigError(f"optim.learning_rate={o.learning_rate} must be positive")
-    schedule = o.get("lr_schedule", "constant_with_warmup")
-    if schedule not in optim.SCHEDULES:
-        raise ConfigError(f"optim.lr_schedule={schedule!r}: choose one of "
+    if o.lr_schedule not in optim.SCHEDULES:
+        raise ConfigError(f"optim.lr_schedule={o.lr_schedule!r}: choose one of "
                           f"{', '.join(optim.SCHEDULES)}")
-    adamw = optim.OptimConfig(learning_rate=o.learning_rate, b1=o.b1, b2=o.b2, eps=o.eps,
-                              weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm,
-                              schedule=schedule, min_lr_rate=o.get("min_lr_rate", 0.0))
-    master = o.get("master_weights", "float32")
-    if master not in _MASTER:
-        raise ConfigError(f"optim.master_weights={master!r}: float32 or none")
-    return OptimSpec(adamw, o.warmup_ratio, o.grad_accum, _MASTER[master])
+    return dataclasses.replace(o, adamw=knobs.shared(optim.OptimConfig, o,
+                                                     schedule=o.lr_schedule))
 
 
-def _hparams(c) -> Any:
+def _hparams(g: GRPOSpec, s: smp.SamplerConfig) -> Any:
     """The objective's own config from config.grpo.<objective>; shared knobs (G, prompt
     noise, attention mask, block length, beta, epsilon) from the fields the loop uses."""
-    g, s = c.grpo, c.sampler
+    mask = s.use_attention_mask
     if g.objective == "wd1":
-        return wd1.WD1Config(group_size=g.num_generations, negative=g.wd1.negative,
-                             use_attention_mask=s.use_attention_mask)
+        return knobs.shared(wd1.WD1Config, g.wd1, group_size=g.num_generations,
+                            use_attention_mask=mask)
     if g.objective == "spg":
         blocks = s.gen_length // s.block_length
         if not 1 <= g.spg.num_t <= blocks:
             raise ValueError(f"spg.num_t={g.spg.num_t} must be in [1, {blocks}] (the blocks of "
                              "sampler.gen_length / sampler.block_length)")
-        return spg.SPGConfig(block_length=s.block_length, num_t=g.spg.num_t, min_t=g.spg.min_t,
-                             max_t=g.spg.max_t, p_mask_prompt=g.p_mask_prompt,
-                             eubo_beta=g.spg.eubo_beta, mix_weight=g.spg.mix_weight,
-                             use_attention_mask=s.use_attention_mask)
+        return knobs.shared(spg.SPGConfig, g.spg, block_length=s.block_length,
+                            p_mask_prompt=g.p_mask_prompt, use_attention_mask=mask)
     if g.objective == "coupled_grpo":
-        return coupled_grpo.CoupledGRPOConfig(
-            epsilon=g.epsilon, beta=g.beta, t_min=g.coupled_grpo.t_min,
-            t_max=g.coupled_grpo.t_max, use_attention_mask=s.use_attention_mask)
+        return knobs.shared(coupled_grpo.CoupledGRPOConfig, g.coupled_grpo, epsilon=g.epsilon,
+                            beta=g.beta, use_attention_mask=mask)
     if g.objective == "justgrpo":
-        return justgrpo.JustGRPOConfig(gain=g.justgrpo.gain,
-                                       position_chunk=g.justgrpo.position_chunk or None,
-                                       use_attention_mask=s.use_attention_mask)
+        return knobs.shared(justgrpo.JustGRPOConfig, g.justgrpo,
+                            position_chunk=g.justgrpo.position_chunk or None,
+                            use_attention_mask=mask)
     return None
 
 
-def _grpo(c, lora: bool) -> tuple[GRPOConfig, GRPORun]:
-    g = c.grpo
-    token_mean = g.get("token_mean", "step")
-    if token_mean not in ("group", "step"):
-        raise ConfigError(f"grpo.token_mean={token_mean!r}: group (d1) or step")
+def _grpo(c, sampler: smp.SamplerConfig, o: OptimSpec, lora: LoraConfig | None
+          ) -> tuple[GRPOConfig, GRPOSpec]:
+    g = knobs.translate(GRPOSpec, c.grpo, "grpo")
     try:
-        cfg = GRPOConfig(num_iterations=g.num_iterations, beta=g.beta, epsilon=g.epsilon,
-                         p_mask_prompt=g.p_mask_prompt, cfg_scale=c.sampler.cfg_scale,
-                         use_attention_mask=c.sampler.use_attention_mask,
-                         grad_accum=c.optim.grad_accum, objective=g.objective,
-                         hparams=_hparams(c), lora_dropout=lora and c.lora.dropout > 0,
-                         norm_group=g.num_generations if token_mean == "group" else None)
+        cfg = knobs.shared(
+            GRPOConfig, g, cfg_scale=sampler.cfg_scale,
+            use_attention_mask=sampler.use_attention_mask, grad_accum=o.grad_accum,
+            hparams=_hparams(g, sampler), lora_dropout=lora is not None and lora.dropout > 0,
+            norm_group=g.num_generations if g.token_mean == "group" else None)
     except ValueError as e:
         raise ConfigError(f"grpo: {e}") from None
     if g.advantage not in adv_lib.ESTIMATORS:
         raise ConfigError(f"grpo.advantage={g.advantage!r}: choose one of "
                           f"{', '.join(adv_lib.ESTIMATORS)}")
-    run = GRPORun(g.num_generations, g.prompts_per_step, g.random_masking, g.advantage,
-                  g.sync_ref_model, g.ref_model_sync_steps, g.ref_model_mixup_alpha,
-                  int(g.get("num_epochs") or 0))
-    return cfg, run
+    return cfg, g
 
 
-def _sft(c, lora: bool) -> tuple[SFTConfig, SFTRun]:
-    s = c.sft
-    if s.tokenize not in ("joint", "split"):
-        raise ConfigError(f"sft.tokenize={s.tokenize!r}: joint or split")
-    cfg = SFTConfig(eps=s.eps, grad_accum=c.optim.grad_accum,
-                    lora_dropout=lora and c.lora.dropout > 0)
-    return cfg, SFTRun(s.batch_size, s.max_length, s.num_epochs, s.tokenize == "split")
+def _sft(c, o: OptimSpec, lora: LoraConfig | None) -> tuple[SFTConfig, SFTSpec]:
+    s = knobs.translate(SFTSpec, c.sft, "sft")
+    cfg = knobs.shared(SFTConfig, s, grad_accum=o.grad_accum,
+                       lora_dropout=lora is not None and lora.dropout > 0)
+    return cfg, s
 
 
 def _eval(c) -> EvalSpec:
-    e = c.eval
-    samplers = tuple(sampler_config(c.sampler, "sampler.", int(gl), int(gl) // 2)
-                     for gl in e.gen_lengths)
-    return EvalSpec(samplers, e.batch_size, e.num_examples, e.model_name)
+    e = knobs.translate(EvalSpec, c.eval, "eval")
+    return dataclasses.replace(e, samplers=tuple(
+        sampler_config(c.sampler, "sampler.", gl, gl // 2) for gl in e.gen_lengths))
 
 
 # What a checkpoint's state and data order depend on: architecture, LoRA, optimizer,
@@ -387,15 +338,13 @@ def resume_identity(c) -> tuple[tuple[str, Any], ...]:
     return tuple(out)
 
 
-def _loop(t) -> LoopSpec:
-    if t.get("if_incompatible", "refuse") not in ("refuse", "move_aside"):
-        raise ConfigError(f"train.if_incompatible={t.if_incompatible!r}: refuse or move_aside")
-    accept = tuple(f.strip() for f in str(t.get("accept_changes", "")).split(",") if f.strip())
-    unknown = [f for f in accept if f not in RESUME_FIELDS]
+def _loop(c) -> LoopSpec:
+    t = knobs.translate(LoopSpec, c.train, "train")
+    unknown = [f for f in t.accept_changes if f not in RESUME_FIELDS]
     if unknown:
         raise ConfigError(f"train.accept_changes names {', '.join(unknown)}, not resume fields; "
                           f"choose from {', '.join(RESUME_FIELDS)}")
-    return knobs.translate(LoopSpec, t, "train", accept_changes=accept)
+    return t
 
 
 def from_config(c, *, weights: bool = True) -> RunSpec:
@@ -406,24 +355,22 @@ def from_config(c, *, weights: bool = True) -> RunSpec:
     if c.stage not in STAGES:
         raise ConfigError(f"stage={c.stage!r}: must be one of {', '.join(STAGES)}")
     model = _model(c, weights)
-    lora = model.lora is not None
-    rules = dict(sharding.DEFAULT_RULES)
-    rules.update(dict(c.mesh.rules))
-    t = c.train
+    mesh = knobs.translate(MeshSpec, c.mesh, "mesh")
+    rules = {**dict(sharding.DEFAULT_RULES), **dict(mesh.rules)}
+    o = _optim(c)
     spec = RunSpec(
         stage=c.stage, seed=c.seed, max_prompt_length=c.max_prompt_length,
         config_json=c.to_json_best_effort(indent=2), model=model,
-        mesh=MeshSpec(tuple(c.mesh.shape), tuple(rules.items())),
-        task=TaskSpec(c.task.name, c.task.source or None, c.task.num_train),
-        identity=resume_identity(c), train=_loop(t),
-        optim=_optim(c.optim))
+        mesh=dataclasses.replace(mesh, rules=tuple(rules.items())),
+        task=knobs.translate(TaskSpec, c.task, "task"),
+        identity=resume_identity(c), train=_loop(c), optim=o)
     if c.stage == "grpo":
         s = c.sampler
-        grpo, run = _grpo(c, lora)
-        spec = dataclasses.replace(spec, grpo=grpo, grpo_run=run,
-                                   sampler=sampler_config(s, "sampler.", s.gen_length, s.steps))
+        sampler = sampler_config(s, "sampler.", s.gen_length, s.steps)
+        grpo, run = _grpo(c, sampler, o, model.lora)
+        spec = dataclasses.replace(spec, grpo=grpo, grpo_run=run, sampler=sampler)
     elif c.stage == "sft":
-        sft, run = _sft(c, lora)
+        sft, run = _sft(c, o, model.lora)
         spec = dataclasses.replace(spec, sft=sft, sft_run=run)
     else:
         spec = dataclasses.replace(spec, eval=_eval(c))

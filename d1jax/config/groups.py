@@ -1,0 +1,328 @@
+"""The run config's groups, each knob declared once (``d1jax.config.knobs``): its default,
+its CPU-sized default (``tiny``), its type, what it means and what it allows. The ConfigDict
+groups of ``d1jax.config.defaults`` and the typed spec of ``d1jax.run.spec`` (these classes,
+or subclasses that add methods) are both made from these fields.
+
+Symbols in brackets are the paper's (d1, arXiv 2504.12216). Defaults are d1's
+``diffu-grpo/slurm_scripts/train.yaml`` and ``DiffuGRPOConfig`` (GRPO), ``SFT/sft_train.py``
+(SFT, set by ``defaults.sft``) and its evaluation protocol. Where a builder in defaults.py
+sets a knob per task, objective or checkpoint, its default here says so.
+"""
+
+import dataclasses
+from typing import Any
+
+from d1jax.config.knobs import knob, subgroup
+
+frozen = dataclasses.dataclass(frozen=True)
+
+
+def _dtype(name: str) -> Any:
+    import jax.numpy as jnp
+    return getattr(jnp, name)
+
+
+def _names(value) -> tuple[str, ...]:
+    """One name or several: a tuple."""
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _comma_list(text: str) -> tuple[str, ...]:
+    return tuple(f.strip() for f in str(text).split(",") if f.strip())
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@frozen
+class ModelKnobs:
+    """Where the model comes from and how it computes: ``config.model``."""
+
+    family: str = knob(
+        "llada", 'Model family (d1jax.model.family): "llada" (LLaDA-8B), "dream" (Dream-v0-7B, '
+        'DiffuCoder-7B) or "sdar" (SDAR, TraDo; block diffusion, model only so far); must match '
+        "model.path's config.json. Set by the builders' checkpoint kind.")
+    path: str = knob(
+        "", "Local HF checkpoint dir (config.json, *.safetensors, tokenizer); $LLADA_PATH "
+        "($DREAM_PATH, $DIFFUCODER_PATH) by default, \"\" in the tiny configs.")
+    tokenizer_path: str = knob(
+        "", 'Tokenizer dir; "": model.path (or a tiny one trained on the task text when '
+        "random_init).")
+    random_init: str = knob(
+        "", "Preset name: random weights of that shape when model.path is empty (tests, CPU "
+        "smoke runs); the tiny configs name the family's tiny preset.")
+    width: int = knob(0, "For random_init: d_model override (0 keeps the preset's).", tiny=64)
+    n_layers: int = knob(
+        0, "For random_init: layer count override (0 keeps the preset's).", tiny=2)
+    tokenizer_vocab: int = knob(1024, "For random_init: vocabulary size of the trained tiny "
+                                "tokenizer.")
+    vocab_size: int = knob(0, "For random_init: model vocabulary (embedding rows); 0: the "
+                           "tokenizer's, rounded up to 64.")
+    dtype: Any = knob("bfloat16", "Compute dtype of matmuls.", tiny="float32", choices=DTYPES,
+                      parse=_dtype)
+    param_dtype: Any = knob("bfloat16", "Storage dtype of the params.", tiny="float32",
+                            choices=DTYPES, parse=_dtype)
+    remat: bool = knob(True, "Rematerialise each block in the backward pass.", tiny=False)
+    unroll_layers: bool | None = knob(
+        None, "Layers as straight-line code (True) or a compiled loop over the middle ones "
+        "(False); None: unrolled up to 8 layers.")
+    layers_per_loop: int = knob(
+        1, "Middle layers per iteration of that loop (compile time grows with it); >= 1.")
+    base_quant: str = knob(
+        "none", 'Frozen base under LoRA: "none" (param_dtype), "int8" (per-channel absmax) or '
+        '"nf4" (d1\'s bitsandbytes 4-bit NormalFloat) storage of the block projections '
+        "(d1jax.model.quant).")
+
+
+@frozen
+class LoraKnobs:
+    """LoRA adapters: ``config.lora`` (the spec holds a ``d1jax.model.LoraConfig``)."""
+
+    enabled: bool = knob(True, "Train LoRA adapters (d1); False: full fine-tuning with a "
+                         "frozen reference copy.")
+    rank: int = knob(128, "r.", tiny=8)
+    alpha: float = knob(64.0, "alpha; adapters scale by alpha / r (d1 SFT: 256).", tiny=16.0)
+    dropout: float = knob(0.05, "Dropout on the adapter input.", tiny=0.0)
+    targets: tuple[str, ...] = knob(
+        (), "Projections that get adapters, by the family's module names: LLaDA's q_proj, "
+        "k_proj, v_proj, attn_out, ff_proj, up_proj, ff_out; Dream's q_proj, k_proj, v_proj, "
+        "o_proj, gate_proj, up_proj, down_proj. The builders set d1's: GRPO's on the family's "
+        "names (its record's grpo_targets), SFT's q_proj, k_proj, v_proj.",
+        kind=(tuple, list, str), parse=_names)
+
+
+@frozen
+class OptimKnobs:
+    """AdamW and its schedule: ``config.optim``."""
+
+    learning_rate: float = knob(3e-6, "Peak learning rate; > 0.", tiny=1e-3)
+    b1: float = knob(0.9, "Adam beta1.")
+    b2: float = knob(0.99, "Adam beta2.")
+    eps: float = knob(1e-8, "Adam epsilon (torch default).")
+    weight_decay: float = knob(0.1, "AdamW decoupled weight decay.")
+    max_grad_norm: float = knob(0.2, "Global-norm gradient clipping.")
+    warmup_ratio: float = knob(0.0001, "Linear warmup over this fraction of the steps.")
+    lr_schedule: str = knob(
+        "constant_with_warmup", 'After the warmup: "constant_with_warmup" (d1 GRPO), "linear" '
+        "decay to 0 at the last step (HF Trainer's default, d1 SFT) or \"cosine_with_min_lr\" "
+        "(DiffuCoder's coupled-GRPO).")
+    min_lr_rate: float = knob(0.0, 'With "cosine_with_min_lr": the final learning rate as a '
+                              "share of the peak (DiffuCoder: 0.1).")
+    grad_accum: int = knob(2, "Micro-batches accumulated per optimizer step.", tiny=1)
+    master_weights: str = knob(
+        "float32", 'Full fine-tuning with a bfloat16 model.param_dtype: "float32" keeps float32 '
+        "master weights and AdamW moments, cast to bfloat16 for each forward (DeepSpeed, "
+        'MaxText); "none" stores and updates them in bfloat16, where an update below half a '
+        "bfloat16 step (lr 1e-6) rounds away. LoRA: no effect (adapters are float32).",
+        choices=("float32", "none"))
+
+
+@frozen
+class TaskKnobs:
+    """The task and its data: ``config.task``."""
+
+    name: str = knob("", "gsm8k, math500, sudoku, countdown, humaneval, mbpp (or s1k for SFT); "
+                     "set by the builders.")
+    source: str | None = knob(
+        "", '"d1": d1\'s training data (sudoku, countdown); "spg": SPG\'s Sudoku split with its '
+        '3-shot prompt; "toy": generated code problems (humaneval, mbpp); a local data file/dir '
+        'in the Hugging Face schema or a Hub id; "": the public data (gsm8k, math500, s1k), '
+        "generated puzzles (sudoku, countdown).", parse=lambda s: s or None,
+        kind=(str, type(None)))
+    num_train: int = knob(0, "Use only the first N training examples (0: all).", tiny=256)
+
+
+@frozen
+class MeshKnobs:
+    """The device mesh: ``config.mesh``."""
+
+    shape: tuple[int, ...] = knob(
+        (1, -1, 1), "(data, fsdp, tensor); one -1 takes the remaining devices. 8B: weights "
+        "sharded over all chips (replicated bf16 weights alone are 16 GB a chip; "
+        "docs/tpu_plan.md).", tiny=(-1, 1, 1))
+    rules: tuple[tuple, ...] = knob(
+        (), 'Logical-axis rule overrides, e.g. (("embed", None),); () keeps the defaults.')
+
+
+@frozen
+class SamplerKnobs:
+    """The sampler: ``config.sampler`` (the spec holds a ``d1jax.sampling.SamplerConfig``).
+    Evaluation configs have no gen_length or steps: eval.gen_lengths, steps = length / 2."""
+
+    gen_length: int = knob(256, "Completion length (max_completion_length).", tiny=32)
+    steps: int = knob(128, "Diffusion steps over the whole completion (diffusion_steps).",
+                      tiny=16)
+    block_length: int = knob(32, "Semi-autoregressive block length (d1: 32).", tiny=16)
+    temperature: float = knob(0.9, "Rollouts: d1's DiffuGRPOConfig default; eval: 0, greedy "
+                              "(d1).")
+    cfg_scale: float = knob(0.0, "Classifier-free guidance scale.")
+    remasking: str = knob("low_confidence", '"low_confidence" or "random".')
+    use_attention_mask: bool = knob(True, "Honour prompt padding; False attends to padding "
+                                    "like d1.")
+    kv_cache: str = knob("none", '"none" (exact, d1\'s protocol), "prefix" or "dual" block KV '
+                         "cache (Fast-dLLM).")
+    threshold: float = knob(1.0, "Parallel decoding: also unmask every token with confidence "
+                            "> tau (>= 1: off).")
+    parallel_rule: str = knob(
+        "budget", 'With threshold < 1: "budget" unmasks at least the exact schedule\'s tokens '
+        'per step; "fast_dllm" at least one (Fast-dLLM, no step cap).')
+    recompute: str = knob("block", "Dual cache steps recompute the whole block (Fast-dLLM) or "
+                          'only "masked" positions.')
+    cache_refresh: int = knob(0, "With kv_cache: refresh it once this many block tokens were "
+                              "decoded (0: at block starts only).")
+    first_position: bool = knob(
+        False, 'With parallel_rule "fast_dllm": a block\'s first step unmasks its first '
+        "position alone (Fast-dLLM's Dream loop).")
+    loop: str = knob(
+        "llada", '"llada": LLaDA\'s semi-autoregressive blocks (d1); "dream": Dream\'s '
+        "diffusion_generate over the whole completion (DiffuCoder's rollouts; block_length = "
+        "gen_length).")
+    alg: str = knob("entropy", 'loop "dream": which positions a step decodes (origin, '
+                    "maskgit_plus, topk_margin, entropy).")
+    top_p: float = knob(1.0, 'loop "dream": nucleus filter of the token draw (< 1 applies it).')
+    top_k: int = knob(50, 'loop "dream": keep the k largest logits (0: none; 50: '
+                      "diffusion_generate's value when the call names none).")
+
+
+@frozen
+class WD1Knobs:
+    negative: bool = knob(True, "Keep the negative-advantage term - sum w- log pi (False: the "
+                          "authors' positive-only variant).")
+
+
+@frozen
+class SPGKnobs:
+    num_t: int = knob(2, "J: block-masked noisy copies per sequence (Monte Carlo samples of the "
+                      "bounds); in [1, gen_length / block_length].")
+    min_t: float = knob(0.0, "Masked share of the chosen block lies in [min_t, max_t].")
+    max_t: float = knob(1.0, "Upper end of that share.")
+    eubo_beta: float = knob(1.5, "beta: power of the upper bound (EUBO).")
+    mix_weight: float = knob(0.5, "omega: EUBO share of the negative-advantage estimate (1: "
+                             "pure EUBO).")
+
+
+@frozen
+class CoupledGRPOKnobs:
+    t_min: float = knob(0.2, "t ~ U(t_min, t_max): mask ratio of the set M of the "
+                        "complementary pair.")
+    t_max: float = knob(0.8, "Upper end of t.")
+
+
+@frozen
+class JustGRPOKnobs:
+    gain: float = knob(8.0, "Loss multiplier: its logprob_loss gain 1.0 x its 8 summed "
+                       "accumulation steps (train.py).")
+    position_chunk: int = knob(0, "K: completion positions per batched, rematerialised forward "
+                               "of the likelihood (0: auto by a token budget).")
+
+
+@frozen
+class GRPOKnobs:
+    """GRPO-style RL: ``config.grpo`` (the update's share becomes an
+    ``objectives.GRPOConfig``)."""
+
+    num_generations: int = knob(6, "G: completions per prompt.", tiny=4)
+    prompts_per_step: int = knob(16, "Prompts per optimizer step, all hosts (8 GPUs x 6 x 2 "
+                                 "accum / G in d1).", tiny=2)
+    num_iterations: int = knob(12, "mu: inner updates per rollout, each with a fresh mask seed "
+                               "(d1: 12 gsm8k, math500; 8 sudoku, countdown).", tiny=2)
+    beta: float = knob(0.04, "beta: weight of the k3 KL to the reference policy (wd1, spg: 0, "
+                       "they have none).")
+    epsilon: float = knob(0.5, "epsilon: PPO ratio clipping.")
+    p_mask_prompt: float = knob(0.15, "Probability of masking each prompt token in the "
+                                "log-prob estimator.")
+    random_masking: bool = knob(True, "Fresh random mask seed per inner iteration (False: seed "
+                                "42 for all, as d1).")
+    advantage: str = knob("group_mean", "group_mean (d1), grpo (std-normalised), dr_grpo or "
+                          "leave_one_out (DiffuCoder's coupled-GRPO).")
+    token_mean: str = knob(
+        "group", 'Token mean of the diffu-/coupled-GRPO loss: "group" (d1) within each prompt\'s '
+        "G completions, then the mean over groups, as d1's GPU micro-batch holds one group; "
+        '"step": one token mean over all rows of each micro-batch (d1jax before; '
+        "docs/objectives.md).", choices=("group", "step"))
+    num_epochs: int = knob(
+        10, "Passes over the training prompts (d1: num_train_epochs 10); the run's optimizer "
+        "steps are then epochs x (prompts // prompts_per_step) x mu (TRL's count), printed at "
+        "the start; 0: train.num_steps.", tiny=0)
+    objective: str = knob("diffu_grpo", "Policy loss: diffu_grpo, wd1, spg, coupled_grpo or "
+                          "justgrpo (d1jax.objectives.table.OBJECTIVES); knobs of each below.")
+    wd1: WD1Knobs = subgroup(WD1Knobs, "wd1 (arXiv 2507.08838); its group is G = "
+                             "num_generations.")
+    spg: SPGKnobs = subgroup(SPGKnobs, "SPG (arXiv 2510.09541); block masks use "
+                             "sampler.block_length.")
+    coupled_grpo: CoupledGRPOKnobs = subgroup(
+        CoupledGRPOKnobs, "coupled-GRPO (DiffuCoder, arXiv 2506.20639); beta and epsilon above.")
+    justgrpo: JustGRPOKnobs = subgroup(
+        JustGRPOKnobs, "JustGRPO (arXiv 2601.15165): exact AR likelihood, one forward per "
+        "completion position (objectives.justgrpo).")
+    # The reference of the KL term. False (d1): under LoRA the base model with the adapters
+    # off, at every step (d1 scores it under PEFT's disable_adapter(); its train.yaml's
+    # sync_ref_model: True acts on no model there); full fine-tuning: a frozen copy.
+    sync_ref_model: bool = knob(
+        False, "True: keep a reference copy (of the adapters under LoRA) mixed toward the "
+        "policy every ref_model_sync_steps (TRL's SyncRefModelCallback without PEFT).")
+    ref_model_sync_steps: int = knob(64, "With sync_ref_model: optimizer steps between "
+                                     "reference syncs.", tiny=4)
+    ref_model_mixup_alpha: float = knob(0.6, "With sync_ref_model: ref <- alpha * policy + "
+                                        "(1 - alpha) * ref.")
+
+
+@frozen
+class SFTKnobs:
+    """Masked SFT (d1's stage 1): ``config.sft``."""
+
+    batch_size: int = knob(16, "Sequences per optimizer step, all hosts (d1: 1 per GPU x 4 "
+                           "accumulation x 4 GPUs).", tiny=8)
+    max_length: int = knob(4096, "Prompt + completion tokens (longer are cut).", tiny=256)
+    num_epochs: int = knob(20, "Epochs (d1: 20); 0: run train.num_steps.", tiny=0)
+    eps: float = knob(1e-3, "Lower bound of the mask ratio t ~ U(eps, 1).")
+    tokenize: str = knob(
+        "joint", '"joint": template the whole conversation (d1); "split": prompt and completion '
+        "apart, as generation sees them.", choices=("joint", "split"))
+
+
+@frozen
+class EvalKnobs:
+    """d1's evaluation protocol: ``config.eval``."""
+
+    gen_lengths: tuple[int, ...] = knob(
+        (128, 256, 512), "d1: 128, 256, 512; code: 256, 512 (DiffuCoder, JustGRPO); steps = "
+        "length / 2.", tiny=(32,))
+    batch_size: int = knob(8, "Prompts per generate call, all hosts.")
+    num_examples: int = knob(0, "Examples scored (0: all; d1: 256 for sudoku and countdown, "
+                             "all otherwise).", tiny=16)
+    model_name: str = knob("d1jax", "Model name in the output file names.")
+
+
+@frozen
+class LoopSpec:
+    """Checkpointing, logging, stopping and export of a training loop: ``config.train``."""
+
+    num_steps: int = knob(1000, "Optimizer steps in the whole run.", tiny=4)
+    log_every: int = knob(1, "Metrics every N optimizer steps.")
+    sample_every: int = knob(20, "Sample completions as text every N steps.", tiny=2)
+    save_every: int = knob(100, "Checkpoint every N optimizer steps.", tiny=2)
+    max_to_keep: int = knob(5, "Newest checkpoints kept.", tiny=2)
+    keep_best_metric: str = knob(
+        "", 'Also keep the best checkpoint by this logged metric ("" off).')
+    async_checkpoints: bool = knob(True, "Save in the background.")
+    export_hf: bool = knob(
+        True, "Write the final model in the Hugging Face layout to <workdir>/hf.")
+    stop_after: int = knob(
+        0, "Stop (as if preempted, with a save) after this many steps; 0 off.")
+    if_incompatible: str = knob(
+        "refuse", 'Workdir checkpoints from another config, or none restores: "refuse" (exit '
+        '1, nothing changed) or "move_aside" (old run moved to <workdir>/previous/<time>, '
+        "start at step 0).", choices=("refuse", "move_aside"))
+    accept_changes: tuple[str, ...] = knob(
+        "", 'Comma-separated resume fields whose change is accepted on resume, e.g. '
+        '"optim.learning_rate" (d1jax.run.spec.RESUME_FIELDS); the spec holds them parsed.',
+        parse=_comma_list)
+    compile_cache: str = knob(
+        "workdir", "Persistent XLA compilation cache of `python -m d1jax.main`, so a rerun "
+        'after preemption loads its programs instead of compiling them: "workdir" '
+        '(<workdir>/compile_cache), a path (one cache for many runs), or "" (off). '
+        "JAX_COMPILATION_CACHE_DIR, when set, wins. Read by the commands (d1jax.cli).")
+    stopped_exit_code: int = knob(
+        75, "Exit code after a save on SIGTERM or stop_after, so a scheduler reruns the job "
+        "(75: EX_TEMPFAIL); 0 if it must read as success.")
