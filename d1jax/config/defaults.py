@@ -103,7 +103,7 @@ def sampler_fields(tiny: bool, rollout: bool = True) -> mlc.ConfigDict:
     s.block_length = 16 if tiny else 32  # Semi-autoregressive block length (d1: 32).
     s.temperature = 0.9 if rollout else 0.0  # Rollouts: d1's DiffuGRPOConfig default; eval: greedy (d1).
     s.cfg_scale = 0.0  # Classifier-free guidance scale.
-    s.remasking = "low_confidence"  # "low_confidence" or "random".
+    s.remasking = "low_confidence"  # "low_confidence" or "random"; loop "sdar": "low_confidence_static" or "low_confidence_dynamic" (threshold).
     s.use_attention_mask = True  # Honour prompt padding; False attends to padding like d1.
     s.kv_cache = "none"  # "none" (exact, d1's protocol), "prefix" or "dual" block KV cache (Fast-dLLM).
     s.threshold = 1.0  # Parallel decoding: also unmask every token with confidence > tau (>= 1: off).
@@ -111,7 +111,7 @@ def sampler_fields(tiny: bool, rollout: bool = True) -> mlc.ConfigDict:
     s.recompute = "block"  # Dual cache steps recompute the whole block (Fast-dLLM) or only "masked" positions.
     s.cache_refresh = 0  # With kv_cache: refresh it once this many block tokens were decoded (0: at block starts only).
     s.first_position = False  # With parallel_rule "fast_dllm": a block's first step unmasks its first position alone (Fast-dLLM's Dream loop).
-    s.loop = "llada"  # "llada": LLaDA's semi-autoregressive blocks (d1); "dream": Dream's diffusion_generate over the whole completion (DiffuCoder's rollouts; block_length = gen_length).
+    s.loop = "llada"  # "llada": LLaDA's semi-autoregressive blocks (d1); "dream": Dream's diffusion_generate over the whole completion (DiffuCoder's rollouts; block_length = gen_length); "sdar": block diffusion (SDAR, TraDo; block_length = the model's block_size, kv_cache "prefix" or "none").
     s.alg = "entropy"  # loop "dream": which positions a step decodes (origin, maskgit_plus, topk_margin, entropy).
     s.top_p = 1.0  # loop "dream": nucleus filter of the token draw (< 1 applies it).
     s.top_k = 50  # loop "dream": keep the k largest logits (0: none; 50: diffusion_generate's value when the call names none).

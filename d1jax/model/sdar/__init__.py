@@ -2,8 +2,9 @@
 under a block-causal mask): the module, its config and presets, the Hugging Face key map
 with load and save, and its record (``FAMILY``).
 
-Not yet here (issue 44 items 2-4): a sampler with the committed-block KV cache (the cache
-entry points raise NotImplementedError), block SFT, TraceRL.
+Its sampler is block diffusion's (``d1jax.sampling.block_diffusion``, ``loop="sdar"``), over
+the cache entry points of ``SDAR`` (the committed blocks' exact cache). Not yet here (issue
+44 items 3-4): block SFT, TraceRL.
 """
 
 from d1jax.model.family import Family
