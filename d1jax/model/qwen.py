@@ -338,6 +338,20 @@ class QwenStack(nn.Module):
         """(the output head as [D, V], logit scale or None) for chunked log-softmax."""
         return head_weight(params, config), None
 
+    def full_with_cache(self, input_ids: Array, attention_mask: Array | None, mask: Array | None,
+                        slice_start: Array | int, slice_len: int | None, use_lora: bool,
+                        rows=None) -> tuple[Array, KVCache]:
+        """``prefill``'s body: one forward under ``mask`` at ``token_positions`` of the padding
+        mask; (logits [B, S, V] of rows slice_start:+slice_len, all when slice_len is None,
+        after ``rows`` maps the hidden states (Dream's shift); every layer's keys/values)."""
+        h, cache = self.cached_stack(input_ids,
+                                     token_positions(attention_mask, input_ids.shape[1]), mask,
+                                     use_lora, return_kv=True)
+        h = h if rows is None else rows(h)
+        if slice_len is not None:
+            h = jax.lax.dynamic_slice_in_dim(h, slice_start, slice_len, axis=1)
+        return self.logits(h), cache
+
     def cached_stack(self, ids_br: Array, positions_br: Array, key_mask_bl: Array | None,
                      use_lora: bool, cache: KVCache | None = None,
                      window: KVCache | None = None, q_start: Array | int = 0,

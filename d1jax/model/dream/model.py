@@ -112,13 +112,8 @@ class Dream(QwenStack):
                 use_lora: bool = True) -> tuple[Array, KVCache]:
         """One full forward: logits [B, S, V] of positions slice_start:+slice_len (all when
         slice_len is None) and every layer's keys/values of the whole sequence."""
-        b, l = input_ids.shape
-        h, cache = self.cached_stack(input_ids, token_positions(attention_mask, l),
-                                     attention_mask, use_lora, return_kv=True)
-        h = shift_rows(h)
-        if slice_len is not None:
-            h = jax.lax.dynamic_slice_in_dim(h, slice_start, slice_len, axis=1)
-        return self.logits(h), cache
+        return self.full_with_cache(input_ids, attention_mask, attention_mask, slice_start,
+                                    slice_len, use_lora, rows=shift_rows)
 
     def decode_hidden(self, input_ids: Array, cache: KVCache, slice_start: Array | int,
                       attention_mask: Array | None = None, *, slice_len: int,

@@ -114,14 +114,11 @@ class SDAR(QwenStack):
                 use_lora: bool = True) -> tuple[Array, KVCache]:
         """One block-causal forward: logits [B, S, V] of positions slice_start:+slice_len (all
         when slice_len is None) and every layer's keys/values [n_layers, B, L, K, H]."""
-        b, l = input_ids.shape
         c = self.config
-        mask = block_causal_mask(attention_mask, l, c.block_size, c.block_align)
-        h, cache = self.cached_stack(input_ids, token_positions(attention_mask, l), mask,
-                                     use_lora, return_kv=True)
-        if slice_len is not None:
-            h = jax.lax.dynamic_slice_in_dim(h, slice_start, slice_len, axis=1)
-        return self.logits(h), cache
+        mask = block_causal_mask(attention_mask, input_ids.shape[1], c.block_size,
+                                 c.block_align)
+        return self.full_with_cache(input_ids, attention_mask, mask, slice_start, slice_len,
+                                    use_lora)
 
     def decode_hidden(self, input_ids: Array, cache: KVCache, slice_start: Array | int,
                       attention_mask: Array | None = None, *, slice_len: int,
