@@ -308,5 +308,4 @@ def test_family_record_and_interface():
     assert set(fam.lora_targets) == set(CFG.projections)
     small = fam.sized_config("sdar-tiny", vocab=300, mask=299, eos=298, pad=298, width=16)
     assert (small.vocab_size, small.hidden_size, small.intermediate_size) == (300, 16, 48)
-    with pytest.raises(NotImplementedError, match="committed-block"):
-        sdar.SDAR(CFG).prefill(jnp.zeros((1, 8), jnp.int32))
+    # the cache entry points (the committed-block cache): tests/test_block_diffusion.py

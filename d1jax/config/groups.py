@@ -156,7 +156,8 @@ class SamplerKnobs:
     temperature: float = knob(0.9, "Rollouts: d1's DiffuGRPOConfig default; eval: 0, greedy "
                               "(d1).")
     cfg_scale: float = knob(0.0, "Classifier-free guidance scale.")
-    remasking: str = knob("low_confidence", '"low_confidence" or "random".')
+    remasking: str = knob("low_confidence", '"low_confidence" or "random"; loop "sdar": '
+                          '"low_confidence_static" or "low_confidence_dynamic" (threshold).')
     use_attention_mask: bool = knob(True, "Honour prompt padding; False attends to padding "
                                     "like d1.")
     kv_cache: str = knob("none", '"none" (exact, d1\'s protocol), "prefix" or "dual" block KV '
@@ -176,7 +177,8 @@ class SamplerKnobs:
     loop: str = knob(
         "llada", '"llada": LLaDA\'s semi-autoregressive blocks (d1); "dream": Dream\'s '
         "diffusion_generate over the whole completion (DiffuCoder's rollouts; block_length = "
-        "gen_length).")
+        'gen_length); "sdar": block diffusion (SDAR, TraDo; block_length = the model\'s '
+        'block_size, kv_cache "prefix" or "none").')
     alg: str = knob("entropy", 'loop "dream": which positions a step decodes (origin, '
                     "maskgit_plus, topk_margin, entropy).")
     top_p: float = knob(1.0, 'loop "dream": nucleus filter of the token draw (< 1 applies it).')

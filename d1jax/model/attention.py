@@ -27,12 +27,18 @@ def _queries(q_bqnh: Array, k: int) -> Array:
     return q_bqnh.reshape(b, q, k, n // k, h).transpose(0, 2, 3, 1, 4).reshape(b, k, -1, h)
 
 
-def _scores(q_bkmh: Array, k_blkh: Array, mask_bl: Array | None, scale: float) -> Array:
-    """float32 scores [B, K, G*Q, L], -inf where ``mask_bl`` is 0."""
+def _scores(q_bkmh: Array, k_blkh: Array, mask: Array | None, scale: float) -> Array:
+    """float32 scores [B, K, G*Q, L], -inf where ``mask`` is 0: a key mask [B, L], or a
+    per-query one [B or 1, Q, L] (each of a kv head's G query heads reads its query's row)."""
     s = jnp.matmul(q_bkmh, k_blkh.transpose(0, 2, 3, 1), preferred_element_type=F32) * scale
-    if mask_bl is None:
+    if mask is None:
         return s
-    return jnp.where(mask_bl[:, None, None, :].astype(bool), s, -jnp.inf)
+    if mask.ndim == 2:
+        return jnp.where(mask[:, None, None, :].astype(bool), s, -jnp.inf)
+    b, q, l = mask.shape
+    g = s.shape[2] // q
+    rows = jnp.broadcast_to(mask.astype(bool)[:, None, None], (b, 1, g, q, l))
+    return jnp.where(rows.reshape(b, 1, g * q, l), s, -jnp.inf)
 
 
 def _values(p_bkml: Array, v_blkh: Array) -> Array:
@@ -57,11 +63,12 @@ def _row_max(*scores: Array) -> Array:
     return jnp.where(jnp.isfinite(top), top, 0.0)
 
 
-def attention(q_bqnh: Array, k_blkh: Array, v_blkh: Array, key_mask_bl: Array | None,
+def attention(q_bqnh: Array, k_blkh: Array, v_blkh: Array, mask: Array | None,
               scale: float) -> Array:
-    """Bidirectional softmax attention [B, Q, N, H] over keys [B, L, K, H]; padding keys
-    (``key_mask`` 0) ignored."""
-    s = _scores(_queries(q_bqnh, k_blkh.shape[2]), k_blkh, key_mask_bl, scale)
+    """Softmax attention [B, Q, N, H] over keys [B, L, K, H]: bidirectional with padding
+    keys ignored (``mask`` a key mask [B, L], 0 at padding), or under a per-query mask
+    [B or 1, Q, L] (block-causal, SDAR's)."""
+    s = _scores(_queries(q_bqnh, k_blkh.shape[2]), k_blkh, mask, scale)
     p = jnp.exp(s - _row_max(s))
     den = jnp.maximum(jnp.sum(p, axis=-1, keepdims=True), 1e-30)
     return _output(_values(p, v_blkh) / den, q_bqnh)

@@ -1,4 +1,5 @@
-"""The layers of a LLaDA block: RMSNorm, the (LoRA-capable) projection, RoPE.
+"""The layers of every family's blocks: RMSNorm, the (LoRA-capable) projection, the SwiGLU
+MLP, RoPE.
 
 Kernels are [in, out] (the transpose of torch's Linear weight); names follow the Hugging
 Face ``modeling_llada.py``. Shape letters: B batch, L sequence, N heads, H head dim.
@@ -106,6 +107,19 @@ class Proj(nn.Module):
         h = nn.Dropout(self.lora.dropout)(x, deterministic=deterministic)
         h = token_matmul(h.astype(self.dtype), a.astype(self.dtype))
         return y + self.lora.scale * token_matmul(h, b.astype(self.dtype))
+
+
+def swiglu(proj, x_bld: Array, hidden: int, width: int, names: tuple[str, str, str],
+           **kw: Any) -> Array:
+    """The SwiGLU MLP ``down(silu(gate(x)) * up(x))`` [B, L, width] of a block, whose
+    ``proj(name, features, axes)`` makes its named projections (gate, up, down in
+    ``names``: LLaDA's ff_proj/up_proj/ff_out, Qwen's gate_proj/up_proj/down_proj); ``kw``
+    (use_lora, deterministic) goes to each. Called inside the block's compact method, so
+    the projections are the block's own submodules."""
+    gate = proj(names[0], hidden, (shd.EMBED, shd.MLP))(x_bld, **kw)
+    up = proj(names[1], hidden, (shd.EMBED, shd.MLP))(x_bld, **kw)
+    hid = nn.with_logical_constraint(nn.silu(gate) * up, (shd.BATCH, shd.LENGTH, shd.ACT_MLP))
+    return proj(names[2], width, (shd.MLP, shd.EMBED))(hid, **kw)
 
 
 def rope_tables(positions: Array, head_dim: int, theta: float) -> tuple[Array, Array]:

@@ -3,7 +3,8 @@ and Dream.
 
 ``generate`` (the API and the semantics), ``config`` (SamplerConfig), ``step`` (one
 denoising step and the step loop), ``exact`` and ``cached`` (the two block loops),
-``model_fns`` (the model as the sampler sees it).
+``model_fns`` (the model as the sampler sees it); ``block_diffusion`` the block-diffusion
+loop (SDAR, TraDo: ``loop="sdar"``) and ``dream`` Dream's own (``loop="dream"``).
 """
 
 from d1jax.sampling.cached import head_sizes, recompute_sizes

@@ -7,10 +7,12 @@ import dataclasses
 import numpy as np
 
 REMASKING = ("low_confidence", "random")
+# loop="sdar" (block diffusion, ``d1jax.sampling.block_diffusion``): the authors' names.
+BLOCK_REMASKING = ("low_confidence_static", "low_confidence_dynamic")
 KV_CACHES = ("none", "prefix", "dual")
 RECOMPUTE = ("block", "masked")
 PARALLEL_RULES = ("budget", "fast_dllm")
-LOOPS = ("llada", "dream")
+LOOPS = ("llada", "dream", "sdar")
 FAST_DEFAULTS = dict(kv_cache="dual", threshold=0.99, cache_refresh=8)
 
 
@@ -29,7 +31,9 @@ class SamplerConfig:
     steps: int = 64  # Denoising steps in total; steps // num_blocks per block (min 1).
     temperature: float = 0.0  # Gumbel-max temperature T; 0 = argmax.
     cfg_scale: float = 0.0  # Classifier-free guidance w; > 0 adds a prompt-masked pass.
-    remasking: str = "low_confidence"  # "low_confidence" (p of the chosen token) or "random".
+    remasking: str = "low_confidence"  # "low_confidence" (p of the chosen token) or "random";
+    #                                  loop="sdar": "low_confidence_static" or
+    #                                  "low_confidence_dynamic" (BLOCK_REMASKING).
     mask_id: int = 126336  # [MASK] token id.
     use_attention_mask: bool = True  # False attends to left padding, exactly as d1 does.
     logits_eos_inf: bool = False  # LLaDA App. B.4: never sample EOS.
@@ -37,7 +41,8 @@ class SamplerConfig:
     eos_id: int = 126081  # <|endoftext|>.
     eot_id: int = 126348  # <|eot_id|>.
     kv_cache: str = "none"  # "none" (exact), "prefix" or "dual" (Fast-dLLM block KV cache).
-    threshold: float = 1.0  # Parallel decoding tau: also unmask every p above tau.
+    threshold: float = 1.0  # Parallel decoding tau: also unmask every p above tau (loop="sdar":
+    #                        low_confidence_dynamic's threshold; the authors use 0.9).
     parallel_rule: str = "budget"  # How tau acts: "budget" (every p > tau and at least the
     #                               step's budget; tau >= 1 is the exact sampler) or
     #                               "fast_dllm" (every p >= tau and at least one token, no
@@ -54,11 +59,15 @@ class SamplerConfig:
     loop: str = "llada"  # "llada": the block loop above (LLaDA, d1); "dream": Dream's
     #                     diffusion_generate over the whole completion (DiffuCoder's
     #                     rollouts; ``d1jax.sampling.dream``), with steps, temperature,
-    #                     mask_id and the three fields below; needs block_length = gen_length.
+    #                     mask_id and the three fields below; needs block_length = gen_length;
+    #                     "sdar": block diffusion (SDAR, TraDo; ``d1jax.sampling.block_diffusion``)
+    #                     with block_length = the model's block_size, steps_per_block denoising
+    #                     steps a block, temperature, top_p, top_k, threshold and eos_id.
     alg: str = "entropy"  # loop="dream": which positions a step decodes (dream.ALGS).
-    top_p: float = 1.0  # loop="dream": nucleus filter of the token draw (< 1 applies it).
-    top_k: int = 50  # loop="dream": keep the k largest logits (0: none); 50 is what
-    #                 diffusion_generate uses when the call names none (``dream`` module).
+    top_p: float = 1.0  # loop="dream"/"sdar": nucleus filter of the token draw (< 1 applies it).
+    top_k: int = 50  # loop="dream"/"sdar": keep the k largest logits (0: none); 50 is what
+    #                 diffusion_generate uses when the call names none (``dream`` module);
+    #                 the SDAR/TraDo engines' default is 0.
 
     def __post_init__(self):
         for name in ("gen_length", "block_length", "steps"):
@@ -67,8 +76,10 @@ class SamplerConfig:
         if self.gen_length % self.block_length:
             raise ValueError(f"block_length={self.block_length} must divide "
                              f"gen_length={self.gen_length} (LLaDA and d1 assert the same)")
-        if self.remasking not in REMASKING:
-            raise ValueError(f"remasking={self.remasking!r}: use one of {REMASKING}")
+        names = BLOCK_REMASKING if self.loop == "sdar" else REMASKING
+        if self.remasking not in names:
+            raise ValueError(f"remasking={self.remasking!r} with loop={self.loop!r}: use one of "
+                             f"{names}")
         if self.temperature < 0:
             raise ValueError(f"temperature={self.temperature} must be >= 0")
         if self.cfg_scale < 0:
@@ -81,8 +92,20 @@ class SamplerConfig:
 
     def _check_loop(self):
         if self.loop not in LOOPS:
-            raise ValueError(f"loop={self.loop!r}: use 'llada' (LLaDA's blocks) or 'dream' "
-                             "(Dream's diffusion_generate)")
+            raise ValueError(f"loop={self.loop!r}: use 'llada' (LLaDA's blocks), 'dream' "
+                             "(Dream's diffusion_generate) or 'sdar' (block diffusion)")
+        if self.loop == "sdar":
+            if self.kv_cache not in ("none", "prefix") or self.recompute != "block" or \
+                    self.cache_refresh or self.cfg_scale > 0 or self.parallel_rule != "budget":
+                raise ValueError(
+                    "loop='sdar' (block diffusion) runs kv_cache='prefix' (the committed "
+                    "blocks' exact cache) or 'none', with recompute='block', cache_refresh=0, "
+                    "cfg_scale=0 and parallel_rule='budget' (its threshold is "
+                    "low_confidence_dynamic's)")
+            if not 0.0 < self.top_p <= 1.0 or self.top_k < 0:
+                raise ValueError(f"top_p={self.top_p} must be in (0, 1] and top_k={self.top_k} "
+                                 ">= 0 (0: no top-k)")
+            return
         if self.loop != "dream":
             return
         if self.block_length != self.gen_length:

@@ -63,6 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from d1jax.sampling import block_diffusion
 from d1jax.sampling.cached import cached_block
 from d1jax.sampling.config import SamplerConfig
 from d1jax.sampling.exact import exact_block
@@ -75,7 +76,8 @@ Array = jax.Array
 class GenerateOutput(NamedTuple):
     ids: Array  # [B, Lp + gen_length] int32: prompt followed by the completion.
     decoded_at: Array  # [B, gen_length] int32: global step (block * step_stride + i)
-    #                    at which each token was unmasked: the per-step history.
+    #                    at which each token was unmasked: the per-step history (loop
+    #                    "sdar": the row's own step count; -1: not decoded).
     block_steps: Array  # [num_blocks] int32: model evaluations each block took.
 
 
@@ -93,6 +95,12 @@ def _check_call(fns: ModelFns, prompt_ids: Array, prompt_mask: Array | None,
     if config.kv_cache != "none" and (fns.prefill is None or fns.decode is None):
         raise ValueError(f"kv_cache={config.kv_cache!r} needs ModelFns with prefill and decode "
                          "(e.g. sampling.model_fns(model)), got a plain apply_fn")
+    if config.loop == "sdar" and fns.block_size not in (None, config.block_length):
+        raise ValueError(f"loop='sdar' decodes the model's blocks: set block_length="
+                         f"{fns.block_size} (its block_size), got {config.block_length}")
+    if config.loop == "sdar" and config.kv_cache != "none" and fns.decode_at is None:
+        raise ValueError("loop='sdar' with kv_cache='prefix' needs ModelFns with decode_at "
+                         "(the committed block's keys/values; sampling.model_fns(model))")
     if config.recompute == "masked" and None in (fns.decode_at, fns.decode_hidden, fns.head):
         raise ValueError("recompute='masked' needs ModelFns with decode_at, decode_hidden and "
                          "head (e.g. sampling.model_fns(model))")
@@ -120,6 +128,10 @@ def generate(model_fns: ModelFns | ApplyFn, params: Any, prompt_ids: Array,
     _check_call(fns, prompt_ids, prompt_mask, config, max_length)
     if config.loop == "dream":
         return _dream(fns, params, prompt_ids, prompt_mask, rng, config)
+    if config.loop == "sdar":
+        mask = prompt_mask if config.use_attention_mask else None
+        return GenerateOutput(*block_diffusion.generate(fns, params, prompt_ids, mask, rng,
+                                                        config))
     b, lp = prompt_ids.shape
     attn = None
     if config.use_attention_mask and prompt_mask is not None:

@@ -39,6 +39,8 @@ class ModelFns(NamedTuple):
     forward_hidden: optional ``forward`` before the output head: ``(params, ids, mask,
       slice_start, slice_len) -> hidden [B, S, D]``; with it and ``head`` the exact sampler
       runs the head on the block's masked positions only.
+    block_size: a block-diffusion model's block (``config.block_size``; None for the
+      others): ``loop="sdar"`` checks its ``block_length`` against it.
     """
 
     forward: ApplyFn
@@ -49,6 +51,7 @@ class ModelFns(NamedTuple):
     head: Callable[[Any, Array], Array] | None = None
     decode_at: Callable[..., tuple[Array, Any]] | None = None
     forward_hidden: Callable[..., Array] | None = None
+    block_size: int | None = None
 
 
 def model_apply_fn(model: MaskPredictor) -> ApplyFn:
@@ -89,4 +92,5 @@ def model_fns(model: MaskPredictor) -> ModelFns:
         return apply(params, ids, mask, slice_start=slice_start, slice_len=slice_len,
                      method=model.sliced_hidden)
     return ModelFns(model_apply_fn(model), prefill, decode, model.config.max_sequence_length,
-                    decode_hidden, head, decode_at, forward_hidden)
+                    decode_hidden, head, decode_at, forward_hidden,
+                    getattr(model.config, "block_size", None))

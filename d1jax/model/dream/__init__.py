@@ -8,20 +8,12 @@ from d1jax.model.dream.model import Dream, dream_positions, head_weight, shift_l
 from d1jax.model.dream.weights import (EMBEDDING, REMOTE_CODE, key_map, load_hf_checkpoint,
                                        param_shapes, read_config, save_hf_checkpoint)
 from d1jax.model.family import Family
-
-# Dream's (Qwen2's) block projections by their module names (modeling_dream.py: self_attn's
-# q_proj, k_proj, v_proj, o_proj; mlp's gate_proj, up_proj, down_proj).
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# d1's GRPO list on Dream's names, where all seven exist.
-GRPO_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj")
+from d1jax.model.qwen import FIELDS, GRPO_TARGETS, LORA_TARGETS  # all seven projections
 
 FAMILY = Family(
     name="dream", title="Dream", module=Dream, config_class=DreamConfig,
     model_types=("Dream", "dream"), presets=PRESETS, make_config=preset,
-    fields=dict(vocab=("vocab_size",), mask=("mask_token_id",),
-                eos=("eos_token_id", "bos_token_id"), pad=("pad_token_id",),
-                length=("max_position_embeddings",), width=("hidden_size",),
-                mlp=("intermediate_size",), layers=("num_hidden_layers",)),
+    fields=FIELDS,  # Qwen's config.json names
     lora_targets=LORA_TARGETS, grpo_targets=GRPO_TARGETS,
     load=load_hf_checkpoint, save=save_hf_checkpoint, read_config=read_config,
     remote_code=REMOTE_CODE, default_preset="dream-7b", embedding=EMBEDDING,

@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from d1jax.model.hf_checkpoint import UnsupportedConfigError
+from d1jax.model.qwen import ROPE_TYPES, QwenConfig  # noqa: F401 (ROPE_TYPES: its home moved)
 
 # Fields of a Hugging Face Dream config.json that the port reads.
 _HF_FIELDS = (
@@ -25,13 +26,14 @@ _HF_FIELDS = (
 # Fields whose value must be the one given here: the port implements only that variant.
 _REQUIRED_VALUES = {"hidden_act": "silu", "use_sliding_window": False, "attention_dropout": 0.0}
 
-# rope_scaling types implemented: HF's "default" (none) and "linear" (positions / factor).
-ROPE_TYPES = ("default", "linear")
-
 
 @dataclasses.dataclass(frozen=True)
-class DreamConfig:
+class DreamConfig(QwenConfig):
     """Architecture of a Dream model (Qwen2 blocks with q/k/v biases, bidirectional)."""
+
+    HF_FIELDS = _HF_FIELDS
+    REQUIRED_VALUES = _REQUIRED_VALUES
+    RELEASES = "Dream-v0-7B and DiffuCoder-7B"
 
     vocab_size: int = 152064  # Rows of embed_tokens / lm_head (the tokenizer's ids fit below).
     hidden_size: int = 3584  # D.
@@ -52,74 +54,16 @@ class DreamConfig:
     initializer_range: float = 0.02  # std of the random init (HF _init_weights).
 
     def __post_init__(self):
-        if self.num_key_value_heads is None:
-            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
-        if isinstance(self.rope_scaling, Mapping):
-            object.__setattr__(self, "rope_scaling", tuple(sorted(self.rope_scaling.items())))
-        if self.hidden_size % self.num_attention_heads:
+        if self.hidden_size % self.num_attention_heads:  # head_dim is their quotient
             raise UnsupportedConfigError(
                 f"hidden_size={self.hidden_size} is not divisible by "
                 f"num_attention_heads={self.num_attention_heads}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise UnsupportedConfigError(
-                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}")
-        if self.head_dim % 2:
-            raise UnsupportedConfigError(f"head_dim={self.head_dim} must be even for RoPE")
+        self._check()
         self.rope_factor  # validates rope_scaling
-
-    @property
-    def max_sequence_length(self) -> int:
-        """Longest sequence the sampler accepts (the interface name LLaDA's config uses)."""
-        return self.max_position_embeddings
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
-
-    # The shape names every family's config answers (the planner's FLOP counts read these).
-    @property
-    def width(self) -> int:
-        return self.hidden_size
-
-    @property
-    def depth(self) -> int:
-        return self.num_hidden_layers
-
-    @property
-    def query_heads(self) -> int:
-        return self.num_attention_heads
-
-    @property
-    def kv_heads(self) -> int:
-        return self.num_key_value_heads
-
-    @property
-    def output_vocab(self) -> int:
-        """Columns of the output head (the logits' last axis)."""
-        return self.vocab_size
-
-    @property
-    def projections(self) -> dict[str, tuple[int, int]]:
-        """[in, out] of each block projection, by its LoRA target name (q/k/v biases: left
-        out, D + 2 K H additions a token)."""
-        d, q, kv, f = self.hidden_size, self.num_attention_heads * self.head_dim, \
-            self.num_key_value_heads * self.head_dim, self.intermediate_size
-        return {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d),
-                "gate_proj": (d, f), "up_proj": (d, f), "down_proj": (f, d)}
-
-    @property
-    def rope_factor(self) -> float:
-        """Positions are divided by this before RoPE (1 unless rope_scaling is "linear")."""
-        if self.rope_scaling is None:
-            return 1.0
-        scaling = dict(self.rope_scaling)
-        kind = scaling.get("rope_type", scaling.get("type", "default"))
-        if kind not in ROPE_TYPES:
-            raise UnsupportedConfigError(
-                f"rope_scaling type {kind!r} is not supported by d1jax (supported: "
-                f"{ROPE_TYPES}); Dream-v0-7B and DiffuCoder-7B use rope_scaling=null")
-        return float(scaling.get("factor", 1.0)) if kind == "linear" else 1.0
 
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any]) -> "DreamConfig":
@@ -128,33 +72,16 @@ class DreamConfig:
         Raises UnsupportedConfigError naming the field for any variant the port does not
         implement.
         """
-        if d.get("model_type", "Dream") not in ("Dream", "dream"):
-            raise UnsupportedConfigError(
-                f"config.json has model_type={d['model_type']!r}; DreamConfig reads 'Dream' "
-                f"checkpoints (for LLaDA use d1jax.model.llada.load_hf_checkpoint)")
-        for key, want in _REQUIRED_VALUES.items():
-            if d.get(key, want) != want:
-                raise UnsupportedConfigError(
-                    f"config.json has {key}={d[key]!r}; d1jax supports only {key}={want!r}")
-        kw = {k: d[k] for k in _HF_FIELDS if k in d}
-        if isinstance(kw.get("eos_token_id"), list):  # HF allows several; the first ends text
-            kw["eos_token_id"] = kw["eos_token_id"][0]
-        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size",
-                               "num_hidden_layers", "num_attention_heads") if k not in kw]
-        if missing:
-            raise UnsupportedConfigError(f"config.json lacks required fields {missing}")
-        return cls(**kw)
+        return cls(**cls.hf_kwargs(
+            d, model_types=("Dream", "dream"),
+            refusal="DreamConfig reads 'Dream' checkpoints (for LLaDA use "
+                    "d1jax.model.llada.load_hf_checkpoint)"))
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A ``config.json`` dict that HKUNLP's ``configuration_dream.DreamConfig`` reads."""
-        d = {k: getattr(self, k) for k in _HF_FIELDS}
-        d["rope_scaling"] = None if self.rope_scaling is None else dict(self.rope_scaling)
-        d.update(_REQUIRED_VALUES)
-        d.update(architectures=["DreamModel"], model_type="Dream", sliding_window=None,
-                 max_window_layers=self.num_hidden_layers, use_cache=False,
-                 auto_map={"AutoConfig": "configuration_dream.DreamConfig",
-                           "AutoModel": "modeling_dream.DreamModel"})
-        return d
+        return self.hf_dict(architectures=["DreamModel"], model_type="Dream",
+                            auto_map={"AutoConfig": "configuration_dream.DreamConfig",
+                                      "AutoModel": "modeling_dream.DreamModel"})
 
     def num_params(self) -> int:
         d, f, v, h = self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim

@@ -30,15 +30,11 @@ from d1jax import sharding as shd
 from d1jax.model import hf_checkpoint as hf
 from d1jax.model.hf_checkpoint import (  # noqa: F401 (what loading raises, saving writes)
     INDEX_FILE, SINGLE_FILE, CheckpointError)
-from d1jax.model import hf_files
+from d1jax.model import hf_files, qwen
 from d1jax.model.dream.config import DreamConfig
 from d1jax.model.dream.model import Dream
 from d1jax.model.lora import LoraConfig
 
-ATTN_PROJS = ("q_proj", "k_proj", "v_proj", "o_proj")
-BIASED_PROJS = ("q_proj", "k_proj", "v_proj")
-MLP_PROJS = ("gate_proj", "up_proj", "down_proj")
-NORMS = ("input_layernorm", "post_attention_layernorm")
 EMBEDDING = "model.embed_tokens.weight"  # its rows: the vocabulary
 
 # d1jax's own Hugging Face code for Dream (hf_remote/), shipped when the source directory has
@@ -58,21 +54,7 @@ REMOTE_CODE = hf_files.RemoteCode(
 
 def key_map(config: DreamConfig) -> hf.KeyMap:
     """HF key -> (param path, layer index or None, transposed?), in checkpoint order."""
-    out: hf.KeyMap = {EMBEDDING: (("embed_tokens", "embedding"), None, False)}
-    for i in range(config.num_hidden_layers):
-        pre = f"model.layers.{i}."
-        for p in ATTN_PROJS:
-            out[f"{pre}self_attn.{p}.weight"] = (("layers", p, "kernel"), i, True)
-            if p in BIASED_PROJS:
-                out[f"{pre}self_attn.{p}.bias"] = (("layers", p, "bias"), i, False)
-        for p in MLP_PROJS:
-            out[f"{pre}mlp.{p}.weight"] = (("layers", p, "kernel"), i, True)
-        for n in NORMS:
-            out[f"{pre}{n}.weight"] = (("layers", n, "weight"), i, False)
-    out["model.norm.weight"] = (("norm", "weight"), None, False)
-    if not config.tie_word_embeddings:
-        out["lm_head.weight"] = (("lm_head", "kernel"), None, True)
-    return out
+    return qwen.key_map(config, biased=("q_proj", "k_proj", "v_proj"))
 
 
 def param_shapes(config: DreamConfig) -> dict[tuple[str, ...], tuple[int, ...]]:

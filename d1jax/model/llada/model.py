@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from d1jax import sharding as shd
 from d1jax.model.attention import attention
 from d1jax.model.kv_cache import KVCache, attend_cached
-from d1jax.model.layers import Proj, RMSNorm, apply_rope, rope_tables
+from d1jax.model.layers import Proj, RMSNorm, apply_rope, rope_tables, swiglu
 from d1jax.model.llada.config import LLaDAConfig
 from d1jax.model.lora import LoraConfig
 
@@ -89,10 +89,8 @@ class Block(nn.Module):
         x_bqd = x_bqd + self._proj("attn_out", c.d_model, (shd.Q_HEADS, shd.EMBED))(att, **kw)
 
         xn = norm(name="ff_norm")(x_bqd)
-        gate = self._proj("ff_proj", c.mlp_hidden_size, (shd.EMBED, shd.MLP))(xn, **kw)
-        up = self._proj("up_proj", c.mlp_hidden_size, (shd.EMBED, shd.MLP))(xn, **kw)
-        hid = nn.with_logical_constraint(nn.silu(gate) * up, (shd.BATCH, shd.LENGTH, shd.ACT_MLP))
-        x_bqd = x_bqd + self._proj("ff_out", c.d_model, (shd.MLP, shd.EMBED))(hid, **kw)
+        x_bqd = x_bqd + swiglu(self._proj, xn, c.mlp_hidden_size, c.d_model,
+                               ("ff_proj", "up_proj", "ff_out"), **kw)
         return x_bqd, (own if return_kv else None)
 
 

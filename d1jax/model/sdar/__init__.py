@@ -2,30 +2,23 @@
 under a block-causal mask): the module, its config and presets, the Hugging Face key map
 with load and save, and its record (``FAMILY``).
 
-Not yet here (issue 44 items 2-4): a sampler with the committed-block KV cache (the cache
-entry points raise NotImplementedError), block SFT, TraceRL.
+Its sampler is block diffusion's (``d1jax.sampling.block_diffusion``, ``loop="sdar"``), over
+the cache entry points of ``SDAR`` (the committed blocks' exact cache). Not yet here (issue
+44 items 3-4): block SFT, TraceRL.
 """
 
 from d1jax.model.family import Family
+from d1jax.model.qwen import FIELDS, GRPO_TARGETS, LORA_TARGETS  # all seven projections
 from d1jax.model.sdar.config import PRESETS, SDARConfig, preset
 from d1jax.model.sdar.model import (SDAR, block_causal_mask, block_ids, head_weight,
                                     token_positions)
 from d1jax.model.sdar.weights import (EMBEDDING, REMOTE_CODE, key_map, load_hf_checkpoint,
                                       read_config, save_hf_checkpoint)
 
-# Qwen3's block projections by their module names (modeling_sdar.py: self_attn's q_proj,
-# k_proj, v_proj, o_proj; mlp's gate_proj, up_proj, down_proj).
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# d1's GRPO list on SDAR's names, where all seven exist.
-GRPO_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj")
-
 FAMILY = Family(
     name="sdar", title="SDAR", module=SDAR, config_class=SDARConfig,
     model_types=("sdar",), presets=PRESETS, make_config=preset,
-    fields=dict(vocab=("vocab_size",), mask=("mask_token_id",),
-                eos=("eos_token_id", "bos_token_id"), pad=("pad_token_id",),
-                length=("max_position_embeddings",), width=("hidden_size",),
-                mlp=("intermediate_size",), layers=("num_hidden_layers",)),
+    fields=FIELDS,  # Qwen's config.json names
     lora_targets=LORA_TARGETS, grpo_targets=GRPO_TARGETS,
     load=load_hf_checkpoint, save=save_hf_checkpoint, read_config=read_config,
     remote_code=REMOTE_CODE, default_preset="sdar-8b", embedding=EMBEDDING,

@@ -20,6 +20,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from d1jax.model.hf_checkpoint import UnsupportedConfigError
+from d1jax.model.qwen import ROPE_TYPES, QwenConfig  # noqa: F401 (ROPE_TYPES: its home moved)
 
 # Fields of an SDAR config.json that the port reads.
 _HF_FIELDS = (
@@ -34,15 +35,18 @@ _HF_FIELDS = (
 _REQUIRED_VALUES = {"hidden_act": "silu", "use_sliding_window": False, "attention_dropout": 0.0,
                     "attention_bias": False}
 
-ROPE_TYPES = ("default", "linear")
 # "end": blocks counted back from the row's end (dLLM-RL's training mask); "start": from each
 # row's first real token (JetAstra generate.py's block_diffusion_generate).
 BLOCK_ALIGNS = ("end", "start")
 
 
 @dataclasses.dataclass(frozen=True)
-class SDARConfig:
+class SDARConfig(QwenConfig):
     """Architecture of an SDAR/TraDo model (Qwen3 blocks, block-causal attention)."""
+
+    HF_FIELDS = _HF_FIELDS
+    REQUIRED_VALUES = _REQUIRED_VALUES
+    RELEASES = "the SDAR and TraDo releases"
 
     vocab_size: int = 151936  # Rows of embed_tokens / lm_head.
     hidden_size: int = 4096  # D.
@@ -66,103 +70,31 @@ class SDARConfig:
     block_align: str = "end"  # d1jax's: where the block grid starts (BLOCK_ALIGNS).
 
     def __post_init__(self):
-        if self.num_key_value_heads is None:
-            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
-        if isinstance(self.rope_scaling, Mapping):
-            object.__setattr__(self, "rope_scaling", tuple(sorted(self.rope_scaling.items())))
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise UnsupportedConfigError(
-                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}")
-        if self.head_dim % 2:
-            raise UnsupportedConfigError(f"head_dim={self.head_dim} must be even for RoPE")
+        self._check()
         if self.block_size < 1:
             raise UnsupportedConfigError(f"block_size={self.block_size} must be >= 1")
         if self.block_align not in BLOCK_ALIGNS:
             raise ValueError(f"block_align={self.block_align!r}: one of {BLOCK_ALIGNS}")
         self.rope_factor  # validates rope_scaling
 
-    @property
-    def max_sequence_length(self) -> int:
-        return self.max_position_embeddings
-
-    # The shape names every family's config answers (the planner's FLOP counts read these).
-    @property
-    def width(self) -> int:
-        return self.hidden_size
-
-    @property
-    def depth(self) -> int:
-        return self.num_hidden_layers
-
-    @property
-    def query_heads(self) -> int:
-        return self.num_attention_heads
-
-    @property
-    def kv_heads(self) -> int:
-        return self.num_key_value_heads
-
-    @property
-    def output_vocab(self) -> int:
-        return self.vocab_size
-
-    @property
-    def projections(self) -> dict[str, tuple[int, int]]:
-        """[in, out] of each block projection, by its LoRA target name."""
-        d, q, kv, f = self.hidden_size, self.num_attention_heads * self.head_dim, \
-            self.num_key_value_heads * self.head_dim, self.intermediate_size
-        return {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d),
-                "gate_proj": (d, f), "up_proj": (d, f), "down_proj": (f, d)}
-
-    @property
-    def rope_factor(self) -> float:
-        """Positions are divided by this before RoPE (1 unless rope_scaling is "linear")."""
-        if self.rope_scaling is None:
-            return 1.0
-        scaling = dict(self.rope_scaling)
-        kind = scaling.get("rope_type", scaling.get("type", "default"))
-        if kind not in ROPE_TYPES:
-            raise UnsupportedConfigError(
-                f"rope_scaling type {kind!r} is not supported by d1jax (supported: "
-                f"{ROPE_TYPES}); the SDAR and TraDo releases use rope_scaling=null")
-        return float(scaling.get("factor", 1.0)) if kind == "linear" else 1.0
-
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any]) -> "SDARConfig":
         """Builds the config from a ``config.json`` dict (model_type "sdar"); raises
         UnsupportedConfigError naming the field for a variant the port does not implement."""
-        if d.get("model_type", "sdar") != "sdar":
-            raise UnsupportedConfigError(
-                f"config.json has model_type={d['model_type']!r}; SDARConfig reads 'sdar' "
-                f"checkpoints (SDAR-*-Chat, TraDo-*-Instruct)")
-        for key, want in _REQUIRED_VALUES.items():
-            if d.get(key, want) not in (want, None):
-                raise UnsupportedConfigError(
-                    f"config.json has {key}={d[key]!r}; d1jax supports only {key}={want!r}")
-        kw = {k: d[k] for k in _HF_FIELDS if k in d}
-        if isinstance(kw.get("eos_token_id"), list):  # HF allows several; the first ends text
-            kw["eos_token_id"] = kw["eos_token_id"][0]
-        if kw.get("head_dim") is None and "hidden_size" in kw and "num_attention_heads" in kw:
+        kw = cls.hf_kwargs(d, model_types=("sdar",), none_ok=True,
+                           refusal="SDARConfig reads 'sdar' checkpoints (SDAR-*-Chat, "
+                                   "TraDo-*-Instruct)")
+        if kw.get("head_dim") is None:
             kw["head_dim"] = kw["hidden_size"] // kw["num_attention_heads"]  # HF's fallback
-        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size",
-                               "num_hidden_layers", "num_attention_heads") if k not in kw]
-        if missing:
-            raise UnsupportedConfigError(f"config.json lacks required fields {missing}")
         return cls(**kw)
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A ``config.json`` dict with the released files' fields (SDAR-4B-Chat's order of
         facts; ``block_align`` is d1jax's and left out)."""
-        d = {k: getattr(self, k) for k in _HF_FIELDS}
-        d["rope_scaling"] = None if self.rope_scaling is None else dict(self.rope_scaling)
-        d.update(_REQUIRED_VALUES)
-        d.update(architectures=["SDARForCausalLM"], model_type="sdar", sliding_window=None,
-                 max_window_layers=self.num_hidden_layers, use_cache=False,
-                 auto_map={"AutoConfig": "configuration_sdar.SDARConfig",
-                           "AutoModel": "modeling_sdar.SDARModel",
-                           "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"})
-        return d
+        return self.hf_dict(architectures=["SDARForCausalLM"], model_type="sdar",
+                            auto_map={"AutoConfig": "configuration_sdar.SDARConfig",
+                                      "AutoModel": "modeling_sdar.SDARModel",
+                                      "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"})
 
     def num_params(self) -> int:
         d, f, v, h = self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim

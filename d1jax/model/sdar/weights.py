@@ -32,15 +32,11 @@ from jax.sharding import Mesh
 
 from d1jax import sharding as shd
 from d1jax.model import hf_checkpoint as hf
-from d1jax.model import hf_files
+from d1jax.model import hf_files, qwen
 from d1jax.model.lora import LoraConfig
 from d1jax.model.sdar.config import SDARConfig
 from d1jax.model.sdar.model import SDAR
 
-ATTN_PROJS = ("q_proj", "k_proj", "v_proj", "o_proj")
-HEAD_NORMS = ("q_norm", "k_norm")
-MLP_PROJS = ("gate_proj", "up_proj", "down_proj")
-NORMS = ("input_layernorm", "post_attention_layernorm")
 EMBEDDING = "model.embed_tokens.weight"  # its rows: the vocabulary
 
 REMOTE_CODE = hf_files.RemoteCode(
@@ -54,21 +50,7 @@ REMOTE_CODE = hf_files.RemoteCode(
 
 def key_map(config: SDARConfig) -> hf.KeyMap:
     """HF key -> (param path, layer index or None, transposed?), in checkpoint order."""
-    out: hf.KeyMap = {EMBEDDING: (("embed_tokens", "embedding"), None, False)}
-    for i in range(config.num_hidden_layers):
-        pre = f"model.layers.{i}."
-        for p in ATTN_PROJS:
-            out[f"{pre}self_attn.{p}.weight"] = (("layers", p, "kernel"), i, True)
-        for n in HEAD_NORMS:
-            out[f"{pre}self_attn.{n}.weight"] = (("layers", n, "weight"), i, False)
-        for p in MLP_PROJS:
-            out[f"{pre}mlp.{p}.weight"] = (("layers", p, "kernel"), i, True)
-        for n in NORMS:
-            out[f"{pre}{n}.weight"] = (("layers", n, "weight"), i, False)
-    out["model.norm.weight"] = (("norm", "weight"), None, False)
-    if not config.tie_word_embeddings:
-        out["lm_head.weight"] = (("lm_head", "kernel"), None, True)
-    return out
+    return qwen.key_map(config, head_norms=("q_norm", "k_norm"))
 
 
 def read_config(path: str | os.PathLike) -> SDARConfig:
