@@ -19,6 +19,9 @@ REWORDED: dict[str, str] = {
     "grpo_sudoku.py:tiny+bad_incompatible":
         "ConfigError: train.if_incompatible='ignore': choose one of refuse, move_aside",
     "sft_s1k.py:tiny+bad_tokenize": "ConfigError: sft.tokenize='chat': choose one of joint, split",
+    "grpo_sudoku.py:tiny+bad_remasking":  # names the loop since block diffusion has its own
+        "ConfigError: sampler.remasking='top' with loop='llada': use one of ('low_confidence', "
+        "'random')",
 }
 
 
