@@ -72,7 +72,7 @@ class SDAR(QwenStack):
     def hidden(self, input_ids: Array, attention_mask: Array | None = None, *,
                positions: Array | None = None, use_lora: bool = True,
                deterministic: bool = True, keep_last: int | None = None,
-               read_upto: Array | int | None = None) -> Array:
+               read_upto: Array | int | None = None, mask: Array | None = None) -> Array:
         """Final-norm hidden states [B, L, D], or [B, keep_last, D] of the last positions
         (``read_upto`` accepted for the interface; every row runs every layer).
 
@@ -80,6 +80,8 @@ class SDAR(QwenStack):
           input_ids: [B, L] int token ids.
           attention_mask: [B, L] (1 = real token, 0 = padding); None: all real.
           positions: [B, L] or [L] RoPE positions; default ``token_positions`` of the mask.
+          mask: bool [B or 1, L, L] per-query mask replacing the block-causal one (the clean
+            and noised streams of block SFT and TraceRL, ``d1jax.objectives.blockwise``).
         """
         b, l = input_ids.shape
         c = self.config
@@ -88,7 +90,8 @@ class SDAR(QwenStack):
         positions = jnp.asarray(positions)
         positions = positions[None] if positions.ndim == 1 else positions
         rope = tuple(jnp.broadcast_to(r, (b, l, c.head_dim)) for r in self.rope(positions))
-        mask = block_causal_mask(attention_mask, l, c.block_size, c.block_align)
+        if mask is None:
+            mask = block_causal_mask(attention_mask, l, c.block_size, c.block_align)
         x, _ = self.layers(self.embed_tokens(input_ids), rope, mask, use_lora, deterministic)
         h = self.norm(x)
         return h if keep_last is None else h[:, l - keep_last:]
