@@ -49,14 +49,27 @@ def leave_one_out(rewards: ArrayLike, group: int) -> ArrayLike:
     return (r - others).reshape(-1)
 
 
+def zscore_filtered(rewards: ArrayLike, group: int) -> ArrayLike:
+    """TraceRL (dLLM-RL ``reward/rl_process_divide_data.py``): (r - mean) / std with the
+    population std, 0 where that std is 0; a group whose mean (its share correct, with 0/1
+    rewards) is above 0.8 or below 0.2 is dropped there: its advantages are 0 here, and
+    TraceRL's loss leaves rows with A = 0 out."""
+    r = _groups(rewards, group)
+    xp = jnp if isinstance(r, jnp.ndarray) else np
+    mean, std = r.mean(1, keepdims=True), r.std(1, keepdims=True)
+    z = xp.where(std > 0, (r - mean) / xp.where(std > 0, std, 1.0), 0.0)
+    return xp.where((mean > 0.8) | (mean < 0.2), 0.0, z).reshape(-1)
+
+
 ESTIMATORS: dict[str, Callable[..., ArrayLike]] = {
-    "group_mean": group_mean, "grpo": grpo, "dr_grpo": dr_grpo, "leave_one_out": leave_one_out}
+    "group_mean": group_mean, "grpo": grpo, "dr_grpo": dr_grpo, "leave_one_out": leave_one_out,
+    "zscore_filtered": zscore_filtered}
 
 
 def compute(name: str, rewards: ArrayLike, group: int) -> np.ndarray:
     """Advantages [B] float32 of ``rewards`` [B] (groups of ``group`` contiguous) by name:
-    ``group_mean`` (d1), ``grpo`` (std-normalised), ``dr_grpo`` or ``leave_one_out``
-    (DiffuCoder's coupled-GRPO)."""
+    ``group_mean`` (d1), ``grpo`` (std-normalised), ``dr_grpo``, ``leave_one_out``
+    (DiffuCoder's coupled-GRPO) or ``zscore_filtered`` (TraceRL)."""
     if name not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; choose from {sorted(ESTIMATORS)}")
     rewards = np.asarray(rewards, np.float32)

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import jax
 
 from d1jax.model.predictor import MaskPredictor
-from d1jax.objectives import coupled_grpo, justgrpo, logprob, losses, masking, spg, wd1
+from d1jax.objectives import coupled_grpo, justgrpo, logprob, losses, masking, spg, tracerl, wd1
 from d1jax.objectives.batch import GRPOBatch
 
 Array = jax.Array
@@ -42,6 +42,7 @@ class Objective:
     logps: Callable[..., Array] | None
     hparams: type | None  # class of ``cfg.hparams`` (None: the objective has no own knobs)
     default_hparams: bool = False  # ``cfg.hparams`` None means ``hparams()``, its defaults.
+    trace: bool = False  # rows carry the rollout's trace: per_row["decoded_at"] [B, C].
 
 
 def mask_prompt_rows(model: MaskPredictor, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
@@ -210,6 +211,48 @@ def _justgrpo_loss(model: MaskPredictor, cfg, params: Params, rows: GRPOBatch, s
         old_is_current=old_is_current)
 
 
+# ---------------------------------------------------------------------------- TraceRL
+def _tracerl_rounds(model: MaskPredictor, cfg, batch: GRPOBatch, key: Array) -> Array:
+    h: tracerl.TraceRLConfig = cfg.hparams
+    return tracerl.draw_rounds(h, key, (batch.per_row or {}).get("decoded_at"),
+                               batch.completion_ids.shape, tracerl.block_of(model, h))
+
+
+def _tracerl_prepare(model: MaskPredictor, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
+    """Each token's round (the trace's, or the random variants' draw, the one
+    ``_tracerl_logps`` made from the same seed) and each row's weight, on the whole batch."""
+    h: tracerl.TraceRLConfig = cfg.hparams
+    rnd = _tracerl_rounds(model, cfg, rows, key)
+    scale = tracerl.row_scale(h, rows.completion_ids, rnd, rows.advantages,
+                              tracerl.num_rounds(h, tracerl.block_of(model, h)),
+                              model.config.pad_token_id)
+    return rows.replace(per_row={**(rows.per_row or {}), "round": rnd, "scale": scale})
+
+
+def _tracerl_logps(model: MaskPredictor, cfg, params: Params, batch: GRPOBatch, seeds_s: Array,
+                   use_lora: bool) -> Array:
+    """[S, B, C] each token's log-prob in its round; the trace draws nothing, so every seed
+    gets the same ones."""
+    def one(seed):
+        rnd = _tracerl_rounds(model, cfg, batch, logprob.mask_key(seed))
+        return tracerl.round_logps(model, params, batch.prompt_ids, batch.prompt_mask,
+                                   batch.completion_ids, rnd, cfg.hparams, use_lora=use_lora)
+    if cfg.hparams.method == "TraceRL":
+        lp = one(seeds_s[0])
+        return jax.numpy.broadcast_to(lp[None], (seeds_s.shape[0],) + lp.shape)
+    return jax.lax.map(one, seeds_s)
+
+
+def _tracerl_loss(model: MaskPredictor, cfg, params: Params, rows: GRPOBatch, seed_1: Array,
+                  dropout_rng: Array | None, old_is_current: Array | None = None
+                  ) -> tuple[Array, dict]:
+    return tracerl.tracerl_loss(
+        model, params, rows.prompt_ids, rows.prompt_mask, rows.completion_ids, rows.advantages,
+        rows.per_row["round"], rows.per_row["scale"], cfg.hparams, epsilon=cfg.epsilon,
+        pad_id=model.config.pad_token_id, old_logps_bc=rows.old_logps, dropout_rng=dropout_rng,
+        old_is_current=old_is_current)
+
+
 # Rows of a loss carry old/ref log-probs [B, C] when the config computes them.
 OBJECTIVES: dict[str, Objective] = {
     "diffu_grpo": Objective(diffu_grpo_loss, _diffu_prepare, _diffu_grpo_logps, None),
@@ -219,6 +262,8 @@ OBJECTIVES: dict[str, Objective] = {
                               coupled_grpo.CoupledGRPOConfig),
     "justgrpo": Objective(_justgrpo_loss, _justgrpo_prepare, _justgrpo_logps,
                           justgrpo.JustGRPOConfig, default_hparams=True),
+    "tracerl": Objective(_tracerl_loss, _tracerl_prepare, _tracerl_logps,
+                         tracerl.TraceRLConfig, default_hparams=True, trace=True),
 }
 
 
@@ -232,6 +277,9 @@ def check_hparams(objective: str, entry: Objective, hparams: Any, beta: float,
                          f"{getattr(want, '__name__', None)}, got {type(hparams).__name__}")
     if entry.logps is None and beta != 0.0:
         raise ValueError(f"beta={beta}: {objective} has no reference term; set beta=0")
+    if isinstance(hparams, tracerl.TraceRLConfig) and beta != 0.0:
+        raise ValueError(f"beta={beta}: TraceRL's KL is to the old policy, weighted by "
+                         "hparams.beta (their training.beta); set the GRPO beta to 0")
     if isinstance(hparams, coupled_grpo.CoupledGRPOConfig) and (
             (hparams.beta, hparams.epsilon) != (beta, epsilon)):
         raise ValueError(f"coupled_grpo hparams beta={hparams.beta}, epsilon={hparams.epsilon} "
@@ -265,8 +313,9 @@ class GRPOConfig:
     narrow_last_layer: bool | None = None
     objective: str = "diffu_grpo"  # The policy loss, a key of OBJECTIVES.
     # The objective's own knobs: wd1.WD1Config, spg.SPGConfig,
-    # coupled_grpo.CoupledGRPOConfig (its beta and epsilon equal to the fields above) or
-    # justgrpo.JustGRPOConfig (None: its defaults); None for diffu_grpo.
+    # coupled_grpo.CoupledGRPOConfig (its beta and epsilon equal to the fields above),
+    # justgrpo.JustGRPOConfig or tracerl.TraceRLConfig (None: their defaults); None for
+    # diffu_grpo.
     hparams: Any = None
 
     def __post_init__(self):
