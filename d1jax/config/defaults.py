@@ -189,7 +189,8 @@ def grpo(task: str, arg: str | None, objective: str = "diffu_grpo",
     g = c.grpo = knobs.group(
         groups.GRPOKnobs, tiny, objective=objective,
         num_iterations=2 if tiny else _MU.get(task, 12),  # d1's mu of the task
-        beta=0.0 if objective in _RATIO_FREE else 0.04)
+        # TraceRL's KL is to the old policy (grpo.tracerl.beta): no reference term either.
+        beta=0.0 if objective in _RATIO_FREE + ("tracerl",) else 0.04)
     if authors:
         _authors(c, objective, tiny)
     c.lock()

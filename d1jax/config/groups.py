@@ -219,6 +219,21 @@ class JustGRPOKnobs:
 
 
 @frozen
+class TraceRLKnobs:
+    method: str = knob("TraceRL", "TraceRL scores the rollout's trace; random_masking, coupled: "
+                       "their random-mask variants (dLLM-RL training.method).",
+                       choices=("TraceRL", "random_masking", "coupled"))
+    shrink: int = knob(1, "s: trace steps merged into one training round (rl_trado.yaml: 1).")
+    post_num: int = knob(0, "Padding tokens after the response scored per row (-1: all).")
+    lower_p: float = knob(0.1, "random_masking/coupled: p ~ U(lower_p, upper_p) per position.")
+    upper_p: float = knob(0.9, "random_masking/coupled: upper end of that p.")
+    beta: float = knob(0.01, "beta: weight of the k3 KL to the OLD (rollout) policy, their "
+                       "training.beta; grpo.beta stays 0.")
+    use_kl_estimator_k3: bool = knob(True, "k3 estimator of that KL (False: the log-ratio).")
+    block_size: int = knob(0, "Training block of the rounds and the mask (0: the model's).")
+
+
+@frozen
 class GRPOKnobs:
     """GRPO-style RL: ``config.grpo`` (the update's share becomes an
     ``objectives.GRPOConfig``)."""
@@ -235,8 +250,9 @@ class GRPOKnobs:
                                 "log-prob estimator.")
     random_masking: bool = knob(True, "Fresh random mask seed per inner iteration (False: seed "
                                 "42 for all, as d1).")
-    advantage: str = knob("group_mean", "group_mean (d1), grpo (std-normalised), dr_grpo or "
-                          "leave_one_out (DiffuCoder's coupled-GRPO).")
+    advantage: str = knob("group_mean", "group_mean (d1), grpo (std-normalised), dr_grpo, "
+                          "leave_one_out (DiffuCoder's coupled-GRPO) or zscore_filtered "
+                          "(TraceRL).")
     token_mean: str = knob(
         "group", 'Token mean of the diffu-/coupled-GRPO loss: "group" (d1) within each prompt\'s '
         "G completions, then the mean over groups, as d1's GPU micro-batch holds one group; "
@@ -246,8 +262,9 @@ class GRPOKnobs:
         10, "Passes over the training prompts (d1: num_train_epochs 10); the run's optimizer "
         "steps are then epochs x (prompts // prompts_per_step) x mu (TRL's count), printed at "
         "the start; 0: train.num_steps.", tiny=0)
-    objective: str = knob("diffu_grpo", "Policy loss: diffu_grpo, wd1, spg, coupled_grpo or "
-                          "justgrpo (d1jax.objectives.table.OBJECTIVES); knobs of each below.")
+    objective: str = knob("diffu_grpo", "Policy loss: diffu_grpo, wd1, spg, coupled_grpo, "
+                          "justgrpo or tracerl (d1jax.objectives.table.OBJECTIVES); knobs of "
+                          "each below.")
     wd1: WD1Knobs = subgroup(WD1Knobs, "wd1 (arXiv 2507.08838); its group is G = "
                              "num_generations.")
     spg: SPGKnobs = subgroup(SPGKnobs, "SPG (arXiv 2510.09541); block masks use "
@@ -257,6 +274,8 @@ class GRPOKnobs:
     justgrpo: JustGRPOKnobs = subgroup(
         JustGRPOKnobs, "JustGRPO (arXiv 2601.15165): exact AR likelihood, one forward per "
         "completion position (objectives.justgrpo).")
+    tracerl: TraceRLKnobs = subgroup(
+        TraceRLKnobs, "TraceRL (dLLM-RL, block diffusion models: SDAR, TraDo); epsilon above.")
     # The reference of the KL term. False (d1): under LoRA the base model with the adapters
     # off, at every step (d1 scores it under PEFT's disable_adapter(); its train.yaml's
     # sync_ref_model: True acts on no model there); full fine-tuning: a frozen copy.

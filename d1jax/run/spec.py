@@ -27,7 +27,7 @@ from d1jax.model import family as family_lib
 from d1jax.model import lora as lora_lib
 from d1jax.model import quant
 from d1jax.objectives import advantages as adv_lib
-from d1jax.objectives import coupled_grpo, justgrpo, spg, wd1
+from d1jax.objectives import coupled_grpo, justgrpo, spg, tracerl, wd1
 from d1jax.objectives.table import GRPOConfig, SFTConfig
 from d1jax.run import optim
 from d1jax.tasks import Task, get_task
@@ -271,6 +271,10 @@ def _hparams(g: GRPOSpec, s: smp.SamplerConfig) -> Any:
         return knobs.shared(justgrpo.JustGRPOConfig, g.justgrpo,
                             position_chunk=g.justgrpo.position_chunk or None,
                             use_attention_mask=mask)
+    if g.objective == "tracerl":
+        t = g.tracerl
+        return knobs.shared(tracerl.TraceRLConfig, t, block_size=t.block_size or None,
+                            post_num=None if t.post_num < 0 else t.post_num)
     return None
 
 

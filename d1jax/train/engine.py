@@ -19,6 +19,7 @@ from d1jax import sharding
 from d1jax.model.tokenizer import encode_prompts
 from d1jax.objectives import advantages as adv_lib
 from d1jax.objectives.batch import GRPOBatch
+from d1jax.objectives.table import OBJECTIVES
 from d1jax.run.spec import RunSpec
 from d1jax.train import jit_steps as steps_lib
 from d1jax.train import rollout as rl
@@ -66,12 +67,14 @@ class GRPOEngine:
     def _put(self, a: np.ndarray):
         return sharding.host_to_global(a, self.s.mesh, self.s.rules)
 
-    def _generate(self, ids: np.ndarray, mask: np.ndarray, key) -> np.ndarray:
+    def _generate(self, ids: np.ndarray, mask: np.ndarray, key):
+        """(prompts then completions [B, Lp + gen_length] on the host, the sampler's
+        ``decoded_at`` [B, gen_length] as the device holds it: TraceRL's trace)."""
         s = self.s
         with sharding.activate(s.mesh, s.rules):
             out = self.steps.generate(self.state.policy_params(), self._put(ids),
                                       self._put(mask), key)
-        return sharding.global_to_host(out.ids, s.mesh, s.rules)
+        return sharding.global_to_host(out.ids, s.mesh, s.rules), out.decoded_at
 
     def _mask_seeds(self, key) -> np.ndarray:
         if self.spec.grpo_run.random_masking:
@@ -86,7 +89,7 @@ class GRPOEngine:
         texts = rl.chat_prompts(s.tokenizer, task, examples)
         ids, mask = encode_prompts(s.tokenizer, texts, self.spec.max_prompt_length)
         k_gen, k_seed = jax.random.split(jax.random.fold_in(self.key, rollout_idx))
-        seqs = self._generate(ids, mask, k_gen)
+        seqs, decoded_at = self._generate(ids, mask, k_gen)
         t_gen = time.perf_counter() - t0
         comp = seqs[:, ids.shape[1]:]
         cmask = adv_lib.completion_mask(comp, s.ids["eos"])
@@ -100,6 +103,8 @@ class GRPOEngine:
             completion_ids=self._put(comp.astype(np.int32)), completion_mask=self._put(cmask),
             advantages=self._put(np.asarray(advantages, np.float32)),
             mask_seeds=jax.device_put(self._mask_seeds(k_seed), sharding.replicated(s.mesh)))
+        if OBJECTIVES[self.spec.grpo.objective].trace:  # TraceRL scores the rollout's trace
+            batch = batch.replace(per_row={"decoded_at": decoded_at})
         batch = batch.replace(**self.steps.rollout_logps(self.state, batch))
         jax.block_until_ready(batch)
         t_logp = time.perf_counter() - t0 - t_gen - t_score
