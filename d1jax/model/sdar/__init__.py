@@ -3,8 +3,8 @@ under a block-causal mask): the module, its config and presets, the Hugging Face
 with load and save, and its record (``FAMILY``).
 
 Its sampler is block diffusion's (``d1jax.sampling.block_diffusion``, ``loop="sdar"``), over
-the cache entry points of ``SDAR`` (the committed blocks' exact cache). Not yet here (issue
-44 items 3-4): block SFT, TraceRL.
+the cache entry points of ``SDAR`` (the committed blocks' exact cache). Its training layout
+(block SFT) and TraceRL: ``d1jax.objectives.blockwise``, ``d1jax.objectives.tracerl``.
 """
 
 from d1jax.model.family import Family
