@@ -290,16 +290,26 @@ class GRPOKnobs:
 
 @frozen
 class SFTKnobs:
-    """Masked SFT (d1's stage 1): ``config.sft``."""
+    """SFT (d1's stage 1; block SFT on block diffusion models): ``config.sft``."""
 
     batch_size: int = knob(16, "Sequences per optimizer step, all hosts (d1: 1 per GPU x 4 "
                            "accumulation x 4 GPUs).", tiny=8)
     max_length: int = knob(4096, "Prompt + completion tokens (longer are cut).", tiny=256)
     num_epochs: int = knob(20, "Epochs (d1: 20); 0: run train.num_steps.", tiny=0)
-    eps: float = knob(1e-3, "Lower bound of the mask ratio t ~ U(eps, 1).")
+    eps: float = knob(1e-3, "masked: lower bound of the mask ratio t ~ U(eps, 1).")
     tokenize: str = knob(
         "joint", '"joint": template the whole conversation (d1); "split": prompt and completion '
         "apart, as generation sees them.", choices=("joint", "split"))
+    loss: str = knob(
+        "family", '"masked": d1\'s masked SFT (t ~ U(eps, 1), 1/t weight); "block": block SFT '
+        "(dLLM-RL sft_sdar.py: a noised copy of the row attends to its clean earlier blocks); "
+        '"family": the model family\'s own (block for SDAR/TraDo, masked otherwise).',
+        choices=("family", "masked", "block"))
+    lower_p: float = knob(0.1, "block: each completion position masked with its own p ~ "
+                          "U(lower_p, upper_p) (sft_sdar.yaml: 0.1).")
+    upper_p: float = knob(0.9, "block: upper end of that p (sft_sdar.yaml: 0.9).")
+    post_num: int = knob(0, "block: padding tokens after the completion trained on per row "
+                         "(sft_sdar.yaml: 0; -1: all).")
 
 
 @frozen

@@ -335,9 +335,20 @@ class GRPOConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
-    """Masked SFT knobs (d1's SFT trainer)."""
+    """SFT knobs: d1's masked SFT trainer, or block SFT (dLLM-RL sft_sdar.py)."""
 
-    eps: float = 1e-3  # Lower bound of the mask ratio t ~ U(eps, 1).
+    eps: float = 1e-3  # masked: lower bound of the mask ratio t ~ U(eps, 1).
+    loss: str = "masked"  # "masked" (losses.sft_loss) or "block" (blockwise.sft_stage_loss).
+    lower_p: float = 0.1  # block: p ~ U(lower_p, upper_p) per completion position.
+    upper_p: float = 0.9
+    post_num: int | None = 0  # block: padding tokens trained per row (None: all).
     grad_accum: int = 1  # Micro-batches per optimizer step.
     lora_dropout: bool = False  # LoRA dropout in the forward pass.
     seq_chunk: int | None = None  # Positions per head chunk (None: automatic).
+
+    def __post_init__(self):
+        if self.loss not in ("masked", "block"):
+            raise ValueError(f"loss={self.loss!r}: 'masked' or 'block'")
+        if self.loss == "block" and not 0.0 <= self.lower_p <= self.upper_p <= 1.0:
+            raise ValueError(f"lower_p={self.lower_p}, upper_p={self.upper_p}: need "
+                             "0 <= lower_p <= upper_p <= 1")

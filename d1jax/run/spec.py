@@ -297,8 +297,17 @@ def _grpo(c, sampler: smp.SamplerConfig, o: OptimSpec, lora: LoraConfig | None
 
 def _sft(c, o: OptimSpec, lora: LoraConfig | None) -> tuple[SFTConfig, SFTSpec]:
     s = knobs.translate(SFTSpec, c.sft, "sft")
-    cfg = knobs.shared(SFTConfig, s, grad_accum=o.grad_accum,
-                       lora_dropout=lora is not None and lora.dropout > 0)
+    fam = family_lib.get(c.model.family)
+    loss = fam.sft_loss if s.loss == "family" else s.loss
+    if loss == "block" and fam.sft_loss != "block":
+        raise ConfigError(f"sft.loss='block' needs a block diffusion model (SDAR, TraDo); "
+                          f"model.family={fam.name!r} trains with sft.loss='masked'")
+    try:
+        cfg = knobs.shared(SFTConfig, s, grad_accum=o.grad_accum, loss=loss,
+                           post_num=None if s.post_num < 0 else s.post_num,
+                           lora_dropout=lora is not None and lora.dropout > 0)
+    except ValueError as e:
+        raise ConfigError(f"sft: {e}") from None
     return cfg, s
 
 
@@ -322,7 +331,7 @@ RESUME_FIELDS = (
     "task.name", "task.source", "task.num_train",
     "grpo.objective", "grpo.num_iterations", "grpo.beta", "grpo.sync_ref_model",
     "grpo.num_generations", "grpo.prompts_per_step",
-    "sft.batch_size", "sft.max_length", "sft.tokenize",
+    "sft.batch_size", "sft.max_length", "sft.tokenize", "sft.loss",
 )
 
 

@@ -26,7 +26,8 @@ FAMILY = Family(
                  "trado": ("TRADO_PATH", "sdar-tiny")},  # Gen-Verse/TraDo-{4B,8B}-Instruct
     published=("JetAstra/SDAR-8B-Chat", "JetAstra/SDAR-4B-Chat", "Gen-Verse/TraDo-8B-Instruct",
                "Gen-Verse/TraDo-4B-Instruct"),
-    turn_ends=("<|im_end|>",))  # Qwen's chat turns
+    turn_ends=("<|im_end|>",),  # Qwen's chat turns
+    sft_loss="block")  # dLLM-RL trains SDAR/TraDo with block SFT (train/sft_sdar.py)
 
 __all__ = ["FAMILY", "GRPO_TARGETS", "LORA_TARGETS", "PRESETS", "REMOTE_CODE", "SDAR",
            "SDARConfig", "block_causal_mask", "block_ids", "head_weight", "key_map",
