@@ -84,6 +84,65 @@ def test_stream_mask_is_their_basic_block_attention_with_process_pad():
         np.testing.assert_array_equal(mine[b][real_rows[b]], theirs[b][real_rows[b]])
 
 
+@pytest.mark.parametrize("copies,copy_len,anchors", [(1, L1, (L0,) * 4), (3, L1, (L0,) * 4),
+                                                     (2, L0 + L1, (3, 5, 7, 8))])
+def test_stream_facts_build_every_chunk_of_the_whole_mask(copies, copy_len, anchors):
+    """The StreamMask's rows, built chunk by chunk (chunks not dividing N, the last past the
+    end), are ``stream_mask``'s rows (itself checked against theirs above)."""
+    _, pm = rows()
+    real = jnp.asarray(np.concatenate([pm, np.ones((len(pm), L1), np.int32)], 1))
+    anchor = jnp.asarray(anchors)
+    whole = np.asarray(blockwise.stream_mask(real, anchor, copies, copy_len, BS))
+    facts = blockwise.stream_facts(real, anchor, copies, copy_len, BS)
+    n = whole.shape[1]
+    for size in (1, 5, n):
+        for start in range(0, n, size):
+            got = np.asarray(facts.rows(start, size))[:, :n - start]
+            np.testing.assert_array_equal(got, whole[:, start:start + size])
+
+
+def test_query_chunks_equal_the_whole_mask_in_logps_and_grads(loaded):
+    """Attention in query chunks of 5 (N = 47: a partial last chunk) under the StreamMask
+    gives the log-probs and gradients of one pass under the whole [N, N] mask."""
+    model, params = loaded
+    ids, pm = rows()
+    real = np.concatenate([pm, np.ones_like(ids[:, L0:])], 1)
+    rng = np.random.default_rng(2)
+    noised = jnp.asarray(np.where(rng.random((len(ids), 3, L1)) < 0.5, MASK, ids[:, None, L0:]))
+    anchor = jnp.full((len(ids),), L0)
+
+    def f(prm, chunk):
+        lp = blockwise.copy_logps(model, prm, ids, real, anchor, noised, query_chunk=chunk)
+        return jnp.sum(lp * jnp.linspace(0.5, 1.5, lp.size).reshape(lp.shape)), lp
+    (_, want), g_want = jax.value_and_grad(f, has_aux=True)(params, None)
+    (_, got), g_got = jax.jit(jax.value_and_grad(f, has_aux=True), static_argnums=1)(params, 5)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_want)):  # float32 sums' order
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0,
+                                   atol=1e-5 * float(np.abs(np.asarray(b)).max()))
+    # No value of the chunked gradient's program is [.., >= N, N] (the dense one's are).
+    n = L0 + L1 + 3 * L1
+    assert square_values(jax.make_jaxpr(jax.grad(lambda p: f(p, None)[0]))(params), n)
+    assert not square_values(jax.make_jaxpr(jax.grad(lambda p: f(p, 5)[0]))(params), n)
+
+
+def square_values(closed, n: int) -> list:
+    """Shapes of the values [..., >= n, n] anywhere in a jaxpr (its sub-jaxprs included)."""
+    found, todo = [], [closed.jaxpr]
+    while todo:
+        jaxpr = todo.pop()
+        for eqn in jaxpr.eqns:
+            found += [v.aval.shape for v in eqn.outvars if len(getattr(v.aval, "shape", ())) >= 2
+                      and v.aval.shape[-1] == n and v.aval.shape[-2] >= n]
+            for p in eqn.params.values():
+                for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+                    if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                        todo.append(sub.jaxpr)
+                    elif isinstance(sub, jax.extend.core.Jaxpr):
+                        todo.append(sub)
+    return found
+
+
 def test_copies_in_one_row_equal_one_copy_per_row(loaded):
     model, params = loaded
     ids, pm = rows()

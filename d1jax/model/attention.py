@@ -8,6 +8,12 @@ forward and 2x slower gradient than this layout). The softmax is normalised afte
 product, as flash attention does: one divide per output element instead of one per score.
 A row whose keys are all masked gives 0.
 
+A per-query mask may also be a ``RowMask``: rows built on demand from per-position facts, so
+that attention runs ``query_chunk`` query rows at a time, each chunk's mask and float32 scores
+built, used and (under the gradient) rebuilt alone: memory of one chunk's [Q_c, L] scores
+instead of the whole [Q, L] (block diffusion's training layout of TraDo-8B at 10.8k tokens
+would hold ~15 GB of float32 scores per row, 32 heads of [N, N], otherwise).
+
 Shape letters: B batch, Q query rows, L keys, S keys of a second set, N query heads,
 K kv heads, G = N / K, H head dim.
 """
@@ -63,11 +69,46 @@ def _row_max(*scores: Array) -> Array:
     return jnp.where(jnp.isfinite(top), top, 0.0)
 
 
-def attention(q_bqnh: Array, k_blkh: Array, v_blkh: Array, mask: Array | None,
+class RowMask:
+    """A per-query mask [B, Q, L] that is never held whole: ``rows(start, size)`` builds
+    rows start:+size (bool [B, size, L]; rows past Q may repeat the last one, they are
+    dropped). A subclass is a pytree (it rides through the layer scan) whose
+    ``query_chunk`` (static) is the rows attention takes at a time."""
+
+    query_chunk: int
+
+    def rows(self, start: Array | int, size: int) -> Array:
+        raise NotImplementedError
+
+
+def _attention_by_rows(q_bqnh: Array, k_blkh: Array, v_blkh: Array, mask: RowMask,
+                       scale: float) -> Array:
+    """``attention`` under a ``RowMask``, ``mask.query_chunk`` query rows at a time (the
+    last chunk padded); each chunk rematerialised, so its scores are never kept."""
+    b, q, n, h = q_bqnh.shape
+    c = max(1, min(mask.query_chunk, q))
+    m = -(-q // c)
+    if m == 1:
+        return attention(q_bqnh, k_blkh, v_blkh, mask.rows(0, q), scale)
+    q_mbcnh = jnp.pad(q_bqnh, ((0, 0), (0, m * c - q), (0, 0), (0, 0))).reshape(
+        b, m, c, n, h).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def chunk(args):
+        i, q_c = args
+        return attention(q_c, k_blkh, v_blkh, mask.rows(i * c, c), scale)
+
+    out = jax.lax.map(chunk, (jnp.arange(m), q_mbcnh))  # [M, B, C, N, H]
+    return out.swapaxes(0, 1).reshape(b, m * c, n, h)[:, :q]
+
+
+def attention(q_bqnh: Array, k_blkh: Array, v_blkh: Array, mask: Array | RowMask | None,
               scale: float) -> Array:
     """Softmax attention [B, Q, N, H] over keys [B, L, K, H]: bidirectional with padding
     keys ignored (``mask`` a key mask [B, L], 0 at padding), or under a per-query mask
-    [B or 1, Q, L] (block-causal, SDAR's)."""
+    [B or 1, Q, L] (block-causal, SDAR's), or a ``RowMask`` (in query chunks)."""
+    if isinstance(mask, RowMask):
+        return _attention_by_rows(q_bqnh, k_blkh, v_blkh, mask, scale)
     s = _scores(_queries(q_bqnh, k_blkh.shape[2]), k_blkh, mask, scale)
     p = jnp.exp(s - _row_max(s))
     den = jnp.maximum(jnp.sum(p, axis=-1, keepdims=True), 1e-30)

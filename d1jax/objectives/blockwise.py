@@ -20,6 +20,11 @@ runs once. Noised positions take the clean positions' RoPE indices (their ``tok_
 never seen; a padding query row sees what its block allows (theirs: itself only): its
 output is never read.
 
+The mask is held as per-position facts (``StreamMask``: stream, block, and which keys the
+clean and own-block rules admit), and attention builds it ``query_chunk`` query rows at a
+time (``d1jax.model.attention.RowMask``): never [N, N]. ``stream_mask`` builds it whole, the
+reference the tests compare both with.
+
 Block SFT (their ``sft_sdar.py``, ``training.method: semi-ar``): every response position is
 masked with its own probability p ~ U(lower_p, upper_p) (``random_noise``); the loss is
 -sum(p_mask log p(x | x~)) / L1 per row, then the mean over rows; no 1/t weight. Padding
@@ -37,7 +42,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
+from d1jax.model.attention import RowMask
 from d1jax.model.predictor import MaskPredictor
 from d1jax.model.qwen import token_positions
 from d1jax.objectives import logprob
@@ -72,6 +79,52 @@ def stream_mask(real_bl: Array, anchor_b: Array, copies: int, copy_len: int,
     return jnp.concatenate([top, bottom], axis=1)
 
 
+# Query rows per attention chunk of the training layout: a chunk's float32 scores are
+# 512 x N per head (TraDo-8B at N = 10.8k: ~0.7 GB for 32 heads, against ~15 GB whole).
+QUERY_CHUNK = 512
+
+
+@struct.dataclass
+class StreamMask(RowMask):
+    """``stream_mask`` as per-position facts [B, N], its rows built on demand: query i sees
+    key j iff j is a clean key the clean rule admits in a block <= i's (< i's for a copy's
+    query), or j lies in i's own block of i's own copy and the own-block rule admits it."""
+
+    stream: jax.Array  # int32: 0 clean, r + 1 copy r
+    block: jax.Array  # int32: block_index of the position (a copy's: its clean position's)
+    clean_key: jax.Array  # bool: a real clean key (padding and copies: False)
+    own_key: jax.Array  # bool: a copy's response position (seen inside its own block)
+    query_chunk: int = struct.field(pytree_node=False, default=QUERY_CHUNK)
+
+    def rows(self, start, size: int) -> jax.Array:
+        """bool [B, size, N]: rows start:+size (rows past N repeat the last)."""
+        i = jnp.clip(start + jnp.arange(size), 0, self.stream.shape[1] - 1)
+        s_i, b_i = self.stream[:, i, None], self.block[:, i, None]  # [B, size, 1]
+        s_j, b_j = self.stream[:, None], self.block[:, None]  # [B, 1, N]
+        copy_q = s_i != 0
+        to_clean = self.clean_key[:, None] & (b_j <= b_i - copy_q.astype(jnp.int32))
+        to_own = copy_q & (s_j == s_i) & (b_j == b_i) & self.own_key[:, None]
+        return to_clean | to_own
+
+
+def stream_facts(real_bl: Array, anchor_b: Array, copies: int, copy_len: int, block: int,
+                 query_chunk: int = QUERY_CHUNK) -> StreamMask:
+    """``stream_mask``'s mask as a ``StreamMask`` (O(N) memory)."""
+    b, l = real_bl.shape
+    blk = block_index(l, anchor_b, block)  # [B, L]
+    start = l - copy_len
+    in_resp = jnp.arange(start, l)[None] >= jnp.asarray(anchor_b)[:, None]  # [B, C]
+    n_c = copies * copy_len
+    stream = jnp.concatenate([jnp.zeros((b, l), jnp.int32), jnp.broadcast_to(
+        jnp.repeat(jnp.arange(1, copies + 1, dtype=jnp.int32), copy_len), (b, n_c))], 1)
+    return StreamMask(
+        stream=stream, block=jnp.concatenate([blk, jnp.tile(blk[:, start:], (1, copies))], 1),
+        clean_key=jnp.concatenate([jnp.asarray(real_bl).astype(bool),
+                                   jnp.zeros((b, n_c), bool)], 1),
+        own_key=jnp.concatenate([jnp.zeros((b, l), bool), jnp.tile(in_resp, (1, copies))], 1),
+        query_chunk=query_chunk)
+
+
 def stream_inputs(ids_bl: Array, real_bl: Array, noised_brc: Array) -> tuple[Array, Array]:
     """(ids [B, N], RoPE positions [B, N]): the clean row then its R noised copies, each copy
     at the clean positions' indices (``token_positions`` of the real mask)."""
@@ -85,14 +138,17 @@ def stream_inputs(ids_bl: Array, real_bl: Array, noised_brc: Array) -> tuple[Arr
 def copy_logps(model: MaskPredictor, params: Any, ids_bl: Array, real_bl: Array,
                anchor_b: Array, noised_brc: Array, *, block: int | None = None,
                use_lora: bool = True, dropout_rng: Array | None = None,
-               seq_chunk: int | None = None) -> Array:
+               seq_chunk: int | None = None, query_chunk: int | None = QUERY_CHUNK) -> Array:
     """log p(clean token | its noised copy's view) [B, R, C] at every copy position: one
     forward of the streams (``stream_mask``), the head on the copies' rows only (float32
-    log-softmax, ``logprob.head_logps``). ``block``: default the model's block size."""
+    log-softmax, ``logprob.head_logps``). ``block``: default the model's block size.
+    ``query_chunk``: attention rows at a time under a ``StreamMask``; None: the whole
+    [N, N] mask (the reference)."""
     b, r, c = noised_brc.shape
     block = model.config.block_size if block is None else block
     ids, pos = stream_inputs(ids_bl, real_bl, noised_brc)
-    mask = stream_mask(real_bl, anchor_b, r, c, block)
+    mask = (stream_mask(real_bl, anchor_b, r, c, block) if query_chunk is None
+            else stream_facts(real_bl, anchor_b, r, c, block, query_chunk))
     rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
     h = model.apply({"params": params}, ids, None, method=type(model).hidden, positions=pos,
                     mask=mask, use_lora=use_lora, deterministic=dropout_rng is None,

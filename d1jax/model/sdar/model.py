@@ -80,8 +80,9 @@ class SDAR(QwenStack):
           input_ids: [B, L] int token ids.
           attention_mask: [B, L] (1 = real token, 0 = padding); None: all real.
           positions: [B, L] or [L] RoPE positions; default ``token_positions`` of the mask.
-          mask: bool [B or 1, L, L] per-query mask replacing the block-causal one (the clean
-            and noised streams of block SFT and TraceRL, ``d1jax.objectives.blockwise``).
+          mask: bool [B or 1, L, L] per-query mask replacing the block-causal one, or a
+            ``RowMask`` built a query chunk at a time (the clean and noised streams of block
+            SFT and TraceRL, ``d1jax.objectives.blockwise``).
         """
         b, l = input_ids.shape
         c = self.config
