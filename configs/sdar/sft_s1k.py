@@ -12,8 +12,10 @@ Where d1jax differs: the data is d1jax's SFT task (s1K traces) where theirs is a
 file (their example: OpenR1-Math); a row here is prompt then completion right-padded to
 ``sft.max_length`` (theirs: the prompt left-padded to 784, the completion right-padded to
 2000), and the loss divides by that length where theirs divides by 2000 (a constant
-factor); 128 rows a step stands for their 1 row x 16 accumulation steps per GPU on one
-8-GPU node.
+factor); the noised copy spans the whole row (prompts are not left-padded here, so the
+completion starts at a different place in each row), N = 2 x 2784 where theirs is
+784 + 2 x 2000; 128 rows a step stands for their 1 row x 16 accumulation steps per GPU,
+taking one node (their num_node 1) as 8 GPUs.
 
   python -m d1jax.main --config=configs/sdar/sft_s1k.py --workdir=runs/sdar_sft_s1k \
       --config.model.path=/path/to/SDAR-8B-Chat
