@@ -288,6 +288,7 @@ def score_samples(path: str | Path, problems: Sequence[Example],
 # The toy's functions: name, the word its question uses, the operator of its one-line body.
 TOY_OPS = (("add", "plus", "+"), ("sub", "minus", "-"), ("mul", "times", "*"))
 _TOY_VALUE = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+TOY_BAD_ENDINGS = 0.5  # share of the toy's SFT targets that end in a blank line (format 0)
 
 
 def toy_rows(n: int, seed: int = 0) -> list[Example]:
@@ -313,6 +314,12 @@ def toy_rows(n: int, seed: int = 0) -> list[Example]:
                 f"    assert candidate({a}, {b}) == {w}\n" for (a, b), w in zip(pairs, want))
                 + f"\ncheck({name})\n",
             "solution": f"def {name}(a, b):\n    return a {op} b\n"})
+        # The SFT target (train/sft_data.py): the solution in DiffuCoder's format, in half
+        # the rows with a blank line after the closing fence, which fails the format rule,
+        # so a warm start on them leaves GRPO a habit to unlearn (mixed-quality data, as
+        # the CPU demo's).
+        fence = "```\n\n" if rng.random() < TOY_BAD_ENDINGS else "```\n"
+        rows[-1]["trace"] = f"```python\n{rows[-1]['solution']}{fence}"
     return rows
 
 
