@@ -19,38 +19,13 @@ boxed answer (data/math.py).
   python -m d1jax.main --config=configs/justgrpo_gsm8k.py:tiny --workdir=/tmp/jg  # CPU, ~30 s
 
 Fields and their meaning: docs/configs.md; builder d1jax/config/defaults.py (grpo;
-config.grpo.justgrpo for its own knobs); docs/objectives.md (JustGRPO).
+config.grpo.justgrpo for its own knobs; ``_justgrpo`` sets the values above);
+docs/objectives.md (JustGRPO).
 """
 
 from d1jax import config
 
 
 def get_config(arg=None):
-    c = config.grpo("gsm8k", arg, objective="justgrpo")
-    tiny = c.model.random_init != ""
-    c.lora.enabled = False  # train.py trains every parameter
-    c.optim.learning_rate = 1e-3 if tiny else 5e-6
-    c.optim.b2 = 0.999
-    c.optim.weight_decay = 0.0
-    c.optim.max_grad_norm = 1.0
-    c.optim.warmup_ratio = 0.0
-    c.optim.lr_schedule = "constant_with_warmup"  # with no warmup: constant
-    c.optim.grad_accum = 1 if tiny else 16  # memory only: the loss is the same (module doc)
-    c.train.num_steps = 4 if tiny else 125
-    c.grpo.num_epochs = 0  # train.num_steps, as train.py's total_steps
-    c.grpo.num_generations = 4 if tiny else 16
-    c.grpo.prompts_per_step = 2 if tiny else 64
-    c.grpo.num_iterations = 1
-    c.grpo.beta = 0.0
-    c.grpo.epsilon = 0.2
-    c.grpo.advantage = "grpo"
-    c.grpo.p_mask_prompt = 0.0  # the exact likelihood masks no prompt token
-    c.sampler.gen_length = 16 if tiny else 256
-    c.sampler.steps = c.sampler.gen_length
-    c.sampler.block_length = 1
-    c.sampler.temperature = 1.0
-    if not tiny:
-        # Full fine-tuning of 8B with AdamW's float32 state: remat and the layer loop, as
-        # coupled-GRPO's full fine-tuning (docs/tpu_plan.md).
-        c.model.remat, c.model.unroll_layers = True, False
-    return c
+    # The values above are the objective's ':authors' variant (d1jax/config/defaults.py).
+    return config.grpo("gsm8k", f"authors,{arg or ''}", objective="justgrpo")

@@ -592,3 +592,18 @@ def test_grid_compiles_each_distinct_program_once(tmp_path):
     by = {r["program"]: r["seconds"] for r in first}
     cycle = by["rollout"] + by["rollout_logps"] + 3 * by["grpo_update"]
     assert lines[2].endswith(f"| {cycle:.3g} |") and lines[3].endswith(f"| {cycle:.3g} |")
+    # Rows measured before (a grid's JSON) stand for a known config: its programs are only
+    # lowered, and a config with the same HLO takes those rows, compiling nothing.
+    stored = [dict(r, temp_bytes=-1) for r in first]  # marked: not what a compile gives
+    seen = {}
+    assert grid.plan_config(files[0], "v5e:2x2", seen, known=stored) == []
+    from d1jax.plan import compile as plan_lib
+    compiled = []
+    real = plan_lib.estimate
+    plan_lib.estimate = lambda *a, **k: compiled.append(a) or real(*a, **k)
+    try:
+        again = grid.plan_config(files[1], "v5e:2x2", seen)
+    finally:
+        plan_lib.estimate = real
+    assert compiled == [] and [r["temp_bytes"] for r in again] == [-1] * 3
+    assert all(r["same_as"] == files[0] and r["config"] == files[1] for r in again)

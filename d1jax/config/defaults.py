@@ -242,9 +242,33 @@ def _authors(c: mlc.ConfigDict, objective: str, tiny: bool) -> None:
             if not tiny:
                 c.task.source = "spg"
                 c.max_prompt_length = 1500
+    elif objective == "justgrpo":
+        _justgrpo(c, tiny)
     else:
         raise ConfigError(f"no ':authors' variant for objective {objective!r} (coupled_grpo, "
-                          f"spg have one; diffu_grpo's authors are d1)")
+                          f"spg, justgrpo have one; diffu_grpo's authors are d1)")
+
+
+def _justgrpo(c: mlc.ConfigDict, tiny: bool) -> None:
+    """LeapLabTHU/JustGRPO's train.py values (configs/justgrpo_gsm8k.py lists each)."""
+    g, o, s = c.grpo, c.optim, c.sampler
+    c.lora.enabled = False  # train.py trains every parameter
+    o.learning_rate = 1e-3 if tiny else 5e-6
+    o.b2, o.weight_decay, o.max_grad_norm, o.warmup_ratio = 0.999, 0.0, 1.0, 0.0
+    o.lr_schedule = "constant_with_warmup"  # with no warmup: constant
+    o.grad_accum = 1 if tiny else 16  # memory only: the loss is the same
+    c.train.num_steps = 4 if tiny else 125
+    g.num_epochs = 0  # train.num_steps, as train.py's total_steps
+    g.num_generations = 4 if tiny else 16
+    g.prompts_per_step = 2 if tiny else 64
+    g.num_iterations, g.beta, g.epsilon, g.advantage = 1, 0.0, 0.2, "grpo"
+    g.p_mask_prompt = 0.0  # the exact likelihood masks no prompt token
+    s.gen_length = 16 if tiny else 256
+    s.steps, s.block_length, s.temperature = s.gen_length, 1, 1.0
+    if not tiny:
+        # Full fine-tuning of 8B with AdamW's float32 state: remat and the layer loop, as
+        # coupled-GRPO's full fine-tuning (docs/tpu_plan.md).
+        c.model.remat, c.model.unroll_layers = True, False
 
 
 def sft(arg: str | None, checkpoint: str = "llada") -> mlc.ConfigDict:

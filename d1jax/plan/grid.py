@@ -3,6 +3,7 @@
   python -m d1jax.plan.grid --json=plan_grid.json            # every d1 config x slice
   python -m d1jax.plan.grid --configs=configs/grpo_sudoku.py --slices=v5p-8,v5e-16
   python -m d1jax.plan.grid --configs=dream --slices=v5p-8,v6e-8 --json=docs/tpu_grid.json
+  python -m d1jax.plan.grid --known=configs/grpo_gsm8k.py --configs=configs/grpo_mbpp.py
 
 For each config and slice it compiles the run's programs (``d1jax.plan``) on the mesh of
 ``mesh_for`` (the weights sharded over every chip; a tensor axis where the batch has fewer
@@ -42,6 +43,8 @@ _SUMMARY = flags.DEFINE_bool("summary", False, "With --markdown: one line per co
 _CACHE = flags.DEFINE_string("cache_dir", None, "Compiled figures kept between plans "
                              "(d1jax/plan/cache.py); default $D1JAX_PLAN_CACHE or "
                              "~/.cache/d1jax/plan; '' for none.")
+_KNOWN = flags.DEFINE_list("known", [], "Configs already in --json: their programs are lowered "
+                           "(not compiled), so configs that lower to the same HLO take their rows.")
 _LAYERS = flags.DEFINE_enum("layers", "config", ["config", "loop", "unrolled"],
                             "Plan each config's own layer layout, or all with the middle "
                             "layers in a loop (minutes to compile at 8B) or unrolled.")
@@ -98,12 +101,14 @@ def _key(lowered, topology: str, mesh) -> str:
 
 
 def plan_config(path: str, topology: str, seen: dict, progress=None,
-                layers: str = "config", cache_dir: str | None = None) -> list[dict]:
+                layers: str = "config", cache_dir: str | None = None,
+                known: list[dict] | None = None) -> list[dict]:
     """Rows of one config on one slice: every program, the update without remat and, when
     that does not fit, with remat. ``seen`` maps lowered programs already compiled to their
     rows (shared across calls); ``progress`` is called with each row; ``layers`` "loop" or
     "unrolled" overrides the config's ``model.unroll_layers``; ``cache_dir`` as
-    ``compile.plan``'s."""
+    ``compile.plan``'s. ``known``: this config's rows measured before (a grid's JSON): its
+    programs are lowered, not compiled, and ``seen`` maps them to those rows."""
     from d1jax.plan import cache as plan_cache
     from d1jax.plan import chips as chips_lib
     from d1jax.plan import compile as plan_lib
@@ -135,6 +140,12 @@ def plan_config(path: str, topology: str, seen: dict, progress=None,
             key = _key(lowered, topology, mesh_shape)
             row = {"config": path, "slice": topology, "remat_tried": remat,
                    "layers": layout}
+            if known is not None:
+                match = [r for r in known if (r["program"], r["remat_tried"], r["layers"]) ==
+                         (program.name, remat, layout)]
+                if match:
+                    seen[key] = dict(match[0])
+                continue
             if key in seen:
                 row.update(seen[key], config=path, same_as=seen[key]["config"])
             else:
@@ -146,7 +157,7 @@ def plan_config(path: str, topology: str, seen: dict, progress=None,
             if progress is not None:
                 progress(row)
             fits &= (not updates) or bool(row["fits"])
-        if fits:
+        if fits and known is None:
             break
     return rows
 
@@ -250,6 +261,10 @@ def main(argv):
               f"MFU {100 * row['mfu']:.1f}%", file=sys.stderr, flush=True)
 
     for topology in _SLICES.value:
+        for path in expand(_KNOWN.value):
+            known = [r for r in rows if (r["config"], r["slice"]) == (path, topology)]
+            if known:
+                plan_config(path, topology, seen, layers=_LAYERS.value, known=known)
         for path in expand(_CONFIGS.value):
             if (path, topology) in done:  # an earlier, interrupted grid measured it
                 continue

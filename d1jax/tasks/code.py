@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ast
 import json
+import operator
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -284,35 +285,41 @@ def score_samples(path: str | Path, problems: Sequence[Example],
 # ---------------------------------------------------------------------------- toy data
 
 
-_TOY_OPS: tuple[tuple[str, str, Callable[[int, int], int]], ...] = (
-    ("add", "returns x plus {k}", lambda x, k: x + k),
-    ("times", "returns x times {k}", lambda x, k: x * k),
-    ("minus", "returns x minus {k}", lambda x, k: x - k),
-)
+# The toy's functions: name, the word its question uses, the operator of its one-line body.
+TOY_OPS = (("add", "plus", "+"), ("sub", "minus", "-"), ("mul", "times", "*"))
+_TOY_VALUE = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+TOY_BAD_ENDINGS = 0.5  # share of the toy's SFT targets that end in a blank line (format 0)
 
 
 def toy_rows(n: int, seed: int = 0) -> list[Example]:
-    """``n`` generated one-line function problems in the normalised layout (offline: the
-    :tiny configs and the tests use them)."""
+    """``n`` generated problems in the normalised layout, offline (the :tiny configs and the
+    tests use them): ``add(a, b)``, ``sub(a, b)`` or ``mul(a, b)`` in turn, each with three
+    asserts on random digits, the solution ``return a <op> b``. A tiny model warm-started on
+    their solutions learns them, and GRPO raises its reward (configs/grpo_code_toy.py)."""
     rng = np.random.default_rng(seed)
     rows = []
     for i in range(n):
-        name, text, fn = _TOY_OPS[i % len(_TOY_OPS)]
-        k = int(rng.integers(1, 10))
-        entry = f"{name}_{k}"
-        xs = [int(x) for x in rng.integers(-20, 20, size=3)]
-        tests = [f"assert {entry}({x}) == {fn(x, k)}" for x in xs]
-        doc = text.format(k=k)
-        op = {"add": "+", "times": "*", "minus": "-"}[name]
+        name, word, op = TOY_OPS[i % len(TOY_OPS)]
+        pairs = [tuple(int(v) for v in rng.integers(0, 10, size=2)) for _ in range(3)]
+        want = [_TOY_VALUE[op](a, b) for a, b in pairs]
+        calls = [f"{name}({a}, {b})" for a, b in pairs]
+        doc = f"a {word} b"
         rows.append({
-            "task_id": f"toy/{i}", "entry_point": entry,
-            "question": f"Write a Python function `{entry}(x)` that {doc}.",
-            "prompt": f'def {entry}(x):\n    """Return a number: {doc}."""\n',
-            "prefix": f'def {entry}(x):\n    """Return a number: {doc}."""\n',
-            "tests": tests, "setup": "",
+            "task_id": f"toy/{i}", "entry_point": name,
+            "question": f"Write a Python function `{name}(a, b)` that returns {doc}.",
+            "prompt": f'def {name}(a, b):\n    """Return {doc}."""\n',
+            "prefix": f'def {name}(a, b):\n    """Return {doc}."""\n',
+            "tests": [f"assert {c} == {w}" for c, w in zip(calls, want)], "setup": "",
             "eval_test": "def check(candidate):\n" + "".join(
-                f"    assert candidate({x}) == {fn(x, k)}\n" for x in xs) + f"\ncheck({entry})\n",
-            "solution": f"def {entry}(x):\n    return x {op} {k}\n"})
+                f"    assert candidate({a}, {b}) == {w}\n" for (a, b), w in zip(pairs, want))
+                + f"\ncheck({name})\n",
+            "solution": f"def {name}(a, b):\n    return a {op} b\n"})
+        # The SFT target (train/sft_data.py): the solution in DiffuCoder's format, in half
+        # the rows with a blank line after the closing fence, which fails the format rule,
+        # so a warm start on them leaves GRPO a habit to unlearn (mixed-quality data, as
+        # the CPU demo's).
+        fence = "```\n\n" if rng.random() < TOY_BAD_ENDINGS else "```\n"
+        rows[-1]["trace"] = f"```python\n{rows[-1]['solution']}{fence}"
     return rows
 
 

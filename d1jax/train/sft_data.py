@@ -14,6 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from d1jax.model.tokenizer import EOT
+from d1jax.tasks import CODE_TASKS
 
 
 def encode_sft(tokenizer, examples: Sequence[dict], max_length: int,
@@ -48,7 +49,11 @@ def encode_sft(tokenizer, examples: Sequence[dict], max_length: int,
 
 
 def solution_trajectory(task_name: str, example: dict) -> str:
-    """A well-formed d1 answer for a generated task (the SFT target standing in for s1K)."""
+    """A well-formed answer for a generated task (the SFT target standing in for s1K): d1's
+    reasoning/answer layout, or for a code task its solution in DiffuCoder's format (one
+    ```python block closing the text)."""
+    if task_name in CODE_TASKS:  # the generated rows say theirs (code.toy_rows)
+        return example.get("trace") or f"```python\n{example['solution']}```\n"
     if task_name == "sudoku":
         sol = example["solution"]
         rows = [sol[i:i + 4] for i in range(0, 16, 4)]
