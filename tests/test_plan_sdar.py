@@ -28,6 +28,12 @@ def test_tiny_tracerl_programs_compile_with_the_trace():
     # mu 1 and no reference term (TraceRL's KL is to the old policy, which the update reads
     # itself): the old/reference pass computes nothing
     assert [e.flops_hardware > 0 for e in estimates] == [True, False, True]
+    # the analytic counts (flops.block_sampler; flops.stream_estimator: the clean row and its
+    # R noised copies in one forward) against XLA's loop-aware count: 1.13 and 1.08 here,
+    # 1.18 and 1.05 at 8B on v5p-8 (the sampler's scores over its static buffer, softmax)
+    rollout, _, update = estimates
+    assert 1.0 <= rollout.flops_xla / rollout.flops_hardware < 1.2
+    assert 1.0 <= update.flops_xla / update.flops_hardware < 1.15
     # the update and the old/reference pass receive the trace as the engine hands it over
     _, devices = chips.topology_devices("v5e:2x2")
     spec = PlanSpec.of(plan_lib.as_spec(c))
