@@ -65,7 +65,11 @@ def imports(path: Path) -> set[str]:
 
 
 def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    """d1jax's own modules: not the published code vendored under hf_remote/'s sub-folders
+    (shipped beside exports, never imported)."""
+    vendored = PACKAGE / "model" / "hf_remote"
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))
+            if p.parent == vendored or vendored not in p.parents}
 
 
 def unit_edges() -> set[tuple[str, str]]:

@@ -10,6 +10,9 @@ loading under transformers 4.x and 5.x.
 - LLaDA: every export carries d1jax's ``configuration_llada.py`` and ``modeling_llada.py``;
   LLaDA's official ``modeling_llada.py`` fails under transformers 5, so a source directory's
   own copies are not shipped (its other ``auto_map`` modules are).
+- SDAR/TraDo: the published ``configuration_sdar.py`` and ``modeling_sdar.py`` (Gen-Verse/dLLM-RL
+  ``models/sdar/``), vendored unchanged in ``hf_remote/sdar/`` (``SOURCE.md``), or the source
+  directory's own as for Dream. They do not import under transformers 5.x.
 - Dream: an export of a source directory with remote code of its own (Dream's and
   DiffuCoder's ``modeling_dream.py`` with its ``generation_utils.py``, and their
   ``diffusion_generate``) carries those files byte for byte and the source's ``auto_map``;
@@ -51,11 +54,14 @@ class RemoteCode:
     # always replaces it (LLaDA's official code fails under transformers 5).
     keep_source: bool
     forward: str  # README: what ``model(...).logits`` is
-    directory: str = ""  # where ``files`` are; "": hf_remote/ (``remote_code_dir``)
+    directory: str = ""  # where ``files`` are: hf_remote/ ("") or a folder relative to it
+    # Non-empty: ``files`` are the family's published code vendored unchanged, and this says
+    # whose, from which commit, and what it needs (the export's README); "": d1jax's own.
+    published: str = ""
 
     def path(self, name: str) -> Path:
         """The file ``name`` of this code."""
-        return (Path(self.directory) if self.directory else remote_code_dir()) / name
+        return remote_code_dir() / self.directory / name
 
 
 GENERATION_CONFIG = "generation_config.json"
@@ -216,11 +222,16 @@ def _readme(code: RemoteCode, source: Path | None, own: bool, copied: list[str],
                                              if "AutoModelForCausalLM" in code.auto_map else ""))
     if not code.files:
         lines.append(f"Remote code: none; {code.forward}")
+    elif code.published and not own:
+        lines.append(f"Remote code: {code.published}: {_names(code.files)}. {opening}; "
+                     f"{code.forward}")
     elif own:
+        other = ("" if code.published else
+                 f" d1jax's own {_names(code.files)} (package data in `d1jax/model/hf_remote/`) "
+                 f"read the same weights under transformers 4.x and 5.x, should the source's "
+                 f"code not load under yours.")
         lines.append(f"Remote code: the source model's own, copied unchanged from `{source}` "
-                     f"(listed below). d1jax's own {_names(code.files)} (package data in "
-                     f"`d1jax/model/hf_remote/`) read the same weights under transformers 4.x "
-                     f"and 5.x, should the source's code not load under yours. {opening}.")
+                     f"(listed below).{other} {opening}.")
     else:
         official = (f" ({code.title}'s official `{code.files[1]}` fails under 5.x)"
                     if not code.keep_source else "")

@@ -46,6 +46,9 @@ class _Typed:
         def one(name):
             x = getattr(self, name)
             s = getattr(sh, name) if sh is not None else None
+            if isinstance(x, Mapping):  # per_row: each entry sharded by its rows
+                return {k: jax.ShapeDtypeStruct(np.shape(v), v.dtype, sharding=s)
+                        for k, v in x.items()}
             return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s)
         return self.replace(**{f.name: one(f.name) for f in dataclasses.fields(self)
                                if getattr(self, f.name) is not None})

@@ -150,6 +150,17 @@ def estimator(cfg, batch: int, prompt: int, completion: int,
                    last_rows=completion if peeled else None)
 
 
+def stream_estimator(cfg, batch: int, prompt: int, completion: int, copies: int,
+                     lora: LoraConfig | None = None) -> Forward:
+    """Block diffusion's training layout (``objectives.blockwise.copy_logps``, TraceRL's
+    scoring): per row one forward over the clean sequence followed by ``copies`` noised
+    copies of the completion, P + C (1 + R) positions, every key scored by the query chunks
+    (the block-causal mask is applied to the scores, not to the matmuls); the head on the
+    copies' R C positions."""
+    length = prompt + completion * (1 + copies)
+    return forward(cfg, batch, length, length, copies * completion, lora)
+
+
 def ar_estimator(cfg, batch: int, prompt: int, completion: int,
                  lora: LoraConfig | None = None, *, chunk: int, peeled: bool = True) -> Forward:
     """JustGRPO's exact autoregressive log-likelihood (``objectives.justgrpo.ar_logps``): per
@@ -178,6 +189,8 @@ def sampler(cfg, scfg, batch: int, prompt: int, lora: LoraConfig | None = None, 
     a cached step also recomputes, query-only, the row before the slice (one row) or
     before each masked position (as many rows).
     """
+    if scfg.loop == "sdar":
+        return block_sampler(cfg, scfg, batch, prompt, lora)
     rows = batch * (2 if scfg.cfg_scale > 0 else 1)
     total = prompt + scfg.gen_length
     blk = scfg.block_length
@@ -211,3 +224,19 @@ def sampler(cfg, scfg, batch: int, prompt: int, lora: LoraConfig | None = None, 
             out = out + forward(cfg, rows, q, total, head_w[head_which[i]], lora,
                                 query_only=before)
     return out
+
+
+def block_sampler(cfg, scfg, batch: int, prompt: int, lora: LoraConfig | None = None
+                  ) -> Forward:
+    """Block diffusion's sampler (``loop="sdar"``, ``d1jax.sampling.block_diffusion``): the
+    prompt's whole blocks prefilled into the cache, then per denoised block at most
+    ``loop_steps`` steps of the block's queries (the head on the block) and one pass writing
+    its final keys/values, every query scored against the whole static buffer."""
+    from d1jax.sampling.block_diffusion import layout
+    blk = scfg.block_length
+    start, n = layout(prompt, scfg.gen_length, blk)
+    buffer = start + n * blk
+    out = forward(cfg, batch, start, start, 0, lora) if start else Forward()
+    per_block = (forward(cfg, batch, blk, buffer, blk, lora).scale(scfg.loop_steps)
+                 + forward(cfg, batch, blk, buffer, 0, lora))
+    return out + per_block.scale(n)

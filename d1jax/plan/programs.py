@@ -187,6 +187,11 @@ def _grpo_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[PlannedProg
         k = update_steps.grpo.hparams.position_chunk  # set for an accelerator above
         est = functools.partial(fl.ar_estimator, mcfg, rows, prompt, comp, chunk=k,
                                 peeled=_peeled(model))
+    elif cfg.objective == "tracerl":  # the clean row and its R noised copies, one forward
+        from d1jax.objectives import tracerl
+        hp = update_steps.grpo.hparams
+        est = functools.partial(fl.stream_estimator, mcfg, rows, prompt, comp,
+                                tracerl.num_rounds(hp, tracerl.block_of(model, hp)))
     else:
         est = functools.partial(fl.estimator, mcfg, rows, prompt, comp,
                                 copies=fl.estimator_rows(cfg), peeled=_peeled(model))

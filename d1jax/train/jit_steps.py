@@ -235,7 +235,8 @@ class JittedSteps:
                         for_update: bool = True) -> GRPOBatch:
         """A GRPOBatch of ShapeDtypeStructs, shaped as this run's update receives it (with
         the rollout's log-probs and the iteration), or, ``for_update=False``, as the
-        old/ref pass receives it (without them)."""
+        old/ref pass receives it (without them); TraceRL's rows carry the rollout's trace
+        (``per_row["decoded_at"]``) in both, as the engine hands them over."""
         cfg = self._need("grpo")
         mu, i32 = cfg.num_iterations, jnp.int32
         ratio = OBJECTIVES[cfg.objective].logps is not None  # old/ref passes exist
@@ -252,7 +253,9 @@ class JittedSteps:
                        if with_old else None),
             ref_logps=(jax.ShapeDtypeStruct((mu, rows, completion_len), jnp.float32)
                        if with_ref else None),
-            iteration=jax.ShapeDtypeStruct((), i32) if for_update else None)
+            iteration=jax.ShapeDtypeStruct((), i32) if for_update else None,
+            per_row=({"decoded_at": jax.ShapeDtypeStruct((rows, completion_len), i32)}
+                     if OBJECTIVES[cfg.objective].trace else None))
         return b.abstract(self.mesh, self.rules)
 
     def sft_batch_like(self, rows: int, length: int) -> SFTBatch:

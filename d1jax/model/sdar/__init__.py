@@ -26,6 +26,8 @@ FAMILY = Family(
                  "trado": ("TRADO_PATH", "sdar-tiny")},  # Gen-Verse/TraDo-{4B,8B}-Instruct
     published=("JetAstra/SDAR-8B-Chat", "JetAstra/SDAR-4B-Chat", "Gen-Verse/TraDo-8B-Instruct",
                "Gen-Verse/TraDo-4B-Instruct"),
+    # docs/tpu_plan.md, "SDAR and TraDo-8B"
+    plan_configs=("configs/sdar/tracerl_math.py",),
     turn_ends=("<|im_end|>",),  # Qwen's chat turns
     sft_loss="block")  # dLLM-RL trains SDAR/TraDo with block SFT (train/sft_sdar.py)
 

@@ -91,10 +91,14 @@ class SDARConfig(QwenConfig):
     def to_hf_dict(self) -> dict[str, Any]:
         """A ``config.json`` dict with the released files' fields (SDAR-4B-Chat's order of
         facts; ``block_align`` is d1jax's and left out)."""
-        return self.hf_dict(architectures=["SDARForCausalLM"], model_type="sdar",
-                            auto_map={"AutoConfig": "configuration_sdar.SDARConfig",
-                                      "AutoModel": "modeling_sdar.SDARModel",
-                                      "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"})
+        d = self.hf_dict(architectures=["SDARForCausalLM"], model_type="sdar",
+                         auto_map={"AutoConfig": "configuration_sdar.SDARConfig",
+                                   "AutoModel": "modeling_sdar.SDARModel",
+                                   "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"})
+        # Read by the published modeling_sdar.py's forward (an export ships it). The releases
+        # say true: no logits in train mode, their fused loss patched in; false: logits always.
+        d["fuse_cross_entropy"] = False
+        return d
 
     def num_params(self) -> int:
         d, f, v, h = self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim

@@ -17,9 +17,14 @@ weights are [out, in], our kernels [in, out]):
   model.norm.weight                               [D]    -> norm/weight            (as is)
   lm_head.weight (absent if tie_word_embeddings)  [V, D] -> lm_head/kernel         (transposed)
 
-d1jax ships no modeling code of its own for SDAR (``REMOTE_CODE``): an export from a loaded
-checkpoint keeps the source's ``modeling_sdar.py`` and ``auto_map``; one from a random init
-carries none (d1jax reads it back).
+An export ships the family's published Hugging Face code (``REMOTE_CODE``): Gen-Verse/dLLM-RL's
+``models/sdar/configuration_sdar.py`` and ``modeling_sdar.py``, vendored unchanged in
+``d1jax/model/hf_remote/sdar/`` (``SOURCE.md`` there: repository, commit, license). An export
+from a loaded checkpoint keeps the source's own files and ``auto_map`` instead. The published
+modeling code does not import under transformers 5.x (``LossKwargs``), needs flash_attn for its
+RMSNorm and RoPE type "default" (which 5.x's ``ROPE_INIT_FUNCTIONS`` dropped), and 5.x leaves
+its non-persistent ``inv_freq`` uninitialised; tests/test_export_sdar.py opens an export with it
+under stand-ins for exactly those four and matches d1jax's logits.
 """
 
 from __future__ import annotations
@@ -39,13 +44,25 @@ from d1jax.model.sdar.model import SDAR
 
 EMBEDDING = "model.embed_tokens.weight"  # its rows: the vocabulary
 
+# Where the vendored files come from (hf_remote/sdar/SOURCE.md says the same).
+SOURCE = ("Gen-Verse/dLLM-RL", "10b4fd1cba83e4496c20585dc2fd01dc02f20255", "models/sdar/")
+
 REMOTE_CODE = hf_files.RemoteCode(
-    "SDAR", (), {}, "JetAstra/SDAR-8B-Chat", "d1jax.model.sdar.load_hf_checkpoint",
+    "SDAR", ("configuration_sdar.py", "modeling_sdar.py"),
+    {"AutoConfig": "configuration_sdar.SDARConfig", "AutoModel": "modeling_sdar.SDARModel",
+     "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"},
+    "JetAstra/SDAR-8B-Chat and Gen-Verse/TraDo-8B-Instruct", "d1jax.model.sdar.load_hf_checkpoint",
     keep_source=True,
-    forward="`model(input_ids, attention_mask=<4-D block-causal mask>, position_ids=...)"
-            ".logits` is one pass whose row i predicts token i; the authors' modeling_sdar.py "
-            "takes the block mask from its caller. A random init's export carries no "
-            "modeling code (d1jax reads it back).")
+    forward="`model(input_ids, attention_mask=<[B, 1, L, L] block-causal 0/1 mask>, "
+            "position_ids=...).logits` is one pass whose row i predicts token i; the published "
+            "modeling_sdar.py takes the block mask from its caller (JetAstra/SDAR generate.py "
+            "builds it as tril(ones(blocks, blocks)) repeated block_size times along both axes).",
+    directory="sdar",
+    published=(f"the published `configuration_sdar.py` and `modeling_sdar.py` of {SOURCE[0]} "
+               f"(`{SOURCE[2]}` at commit {SOURCE[1][:12]}, Apache-2.0), unchanged; they need "
+               f"transformers 4.x (written from 4.52.4; 5.x has neither "
+               f"`transformers.utils.LossKwargs` nor RoPE type \"default\", and it leaves their "
+               f"non-persistent `inv_freq` uninitialised) and flash_attn (their RMSNorm)"))
 
 
 def key_map(config: SDARConfig) -> hf.KeyMap:
