@@ -386,6 +386,75 @@ def test_reward_rise_reads_one_reward_per_rollout(tmp_path):
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def _write_grpo_metrics(d: Path, rollout: dict, update: dict, mu: int = 2) -> None:
+    """A GRPO run's metrics.jsonl as the loop writes it: each optimizer step's row holds its
+    rollout's metrics (the same on its mu steps) and its own update metrics."""
+    d.mkdir(parents=True)
+    n = len(next(iter(rollout.values())))
+    with open(d / "metrics.jsonl", "w") as f:
+        for step in range(1, mu * n + 1):
+            row = {"step": step, "reward": 0.5, "loss": 0.0}
+            row.update({k: v[(step - 1) // mu] for k, v in rollout.items()})
+            row.update({k: v[step - 1] for k, v in update.items()})
+            f.write(json.dumps(row) + "\n")
+
+
+def test_mechanism_summarizes_each_grpo_run_by_hand(tmp_path):
+    """Equal-reward groups and within-group reward std once per rollout (first and last
+    quarter), KL and clipped tokens per optimizer step (mean, max); per row the mean over
+    seeds and the largest max. Expected values computed by hand."""
+    from examples.demo import report
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    # 7 rollouts, mu = 2: a quarter is 1 rollout (counting each rollout twice would make it 3
+    # rows of the doubled list, and change the first and last quarters).
+    _write_grpo_metrics(a, {"zero_std_ratio": [1.0, 0.75, 0.5, 0.5, 0.25, 0.25, 0.0],
+                            "reward_std": [0.0, 0.1, 0.2, 0.2, 0.3, 0.3, 0.4]},
+                        {"kl": [0.01 * s for s in range(1, 15)],
+                         "clip_ratio": [0.5 if s == 5 else 0.0 for s in range(1, 15)]})
+    _write_grpo_metrics(b, {"zero_std_ratio": [0.5] * 7, "reward_std": [0.1] * 7},
+                        {"kl": [0.02] * 14, "clip_ratio": [0.0] * 14})
+    _write_grpo_metrics(c, {"zero_std_ratio": [0.5] * 7, "reward_std": [0.1] * 7},
+                        {"clip_ratio": [0.0] * 14})  # an objective without a KL term
+    m = report.mechanism(a, mu=2)
+    assert m["zero_std_ratio"] == pytest.approx({"mean": 3.25 / 7, "first": 1.0, "last": 0.0})
+    assert m["reward_std"] == pytest.approx({"mean": 1.5 / 7, "first": 0.0, "last": 0.4})
+    assert m["kl"] == pytest.approx({"mean": 0.075, "max": 0.14})
+    assert m["clip_ratio"] == pytest.approx({"mean": 0.5 / 14, "max": 0.5})
+    assert "kl" not in report.mechanism(c, mu=2)
+    row = report.mechanism_row([a, b], mu=2)
+    assert row["zero_std_ratio"]["first"] == pytest.approx(0.75)
+    assert row["zero_std_ratio"]["last"] == pytest.approx(0.25)
+    assert row["reward_std"]["last"] == pytest.approx(0.25)
+    assert (row["kl"]["mean"], row["kl"]["max"]) == pytest.approx((0.0475, 0.14))
+    assert (row["clip_ratio"]["mean"], row["clip_ratio"]["max"]) == pytest.approx(
+        (0.25 / 14, 0.5))
+    assert "kl" not in report.mechanism_row([a, c], mu=2)  # not logged by every seed
+    results = {"rows": {"d1": {"mechanism": row, "reward_rise": {"mean": 0.01, "se": 0.005}}},
+               "commit": "abc1234", "date": "2026-11-27"}
+    line = report.mechanism_table(results).splitlines()[-1]
+    assert line == ("| d1 (SFT + diffu-GRPO) | 75% -> 25% | 0.050 -> 0.250 | 0.0475 (0.1400) "
+                    "| 0.0179 (0.5000) | +0.010 ± 0.005 |")
+    # The multi-seed aggregate: each run's row statistics, spread over the runs.
+    from examples.demo import aggregate
+    runs = _fake_runs()
+    for name, rows in zip(runs, ((a, b), (b,), (a,))):
+        runs[name]["rows"]["d1"]["mechanism"] = {
+            k: {s: v for s, v in st.items() if s != "values"}
+            for k, st in report.mechanism_row(list(rows), mu=2).items()}
+    res = aggregate.aggregate(runs, {"missing": []})
+    zs = res["rows"]["d1"]["mechanism"]["zero_std_ratio"]
+    assert zs["first"]["values"] == pytest.approx([0.75, 0.5, 1.0])
+    assert res["rows"]["d1"]["mechanism"]["kl"]["max"]["max"] == pytest.approx(0.14)
+    assert "mechanism" not in res["rows"]["grpo_base"]
+    line = aggregate.mechanism_table(res).splitlines()[-1]
+    assert line.startswith("| d1 (SFT + diffu-GRPO) | 75% -> 25% (0%..50%) | ")
+    # Where each result's blocks go: a :d1like run's to its own blocks of docs/demo.md.
+    assert set(demo_table.targets(results | {"sft_corpus": "latin"})[0]) == {
+        "demo-d1like-table", "demo-d1like-mechanism"}
+    assert set(demo_table.targets({"rows": {"d1": {}}})[0]) == {"demo-table"}
+    assert "demo-seeds-mechanism" in demo_table.targets(res)[0]
+
+
 def test_published_demo_tables_are_generated_from_the_published_results():
     """README's and docs/demo.md's demo tables are ``python -m examples.demo.table
     docs/demo_results.json --write`` of a clean commit's run, not hand-edited copies."""
