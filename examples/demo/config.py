@@ -72,6 +72,12 @@ def get_config(arg: str | None) -> mlc.ConfigDict:
         d.seeds = (0, 1)
     if "d1like" in parts:  # d1's design: SFT on a corpus that is not the RL task (issue 45)
         d.sft.corpus = "latin"
+        # A base that knows a little Sudoku: its corpus's writer solves one pass of naked
+        # singles and guesses beyond (as ':seeds'), so the later passes are left to the Latin
+        # SFT's row and column reasoning and to the reward (the box rule). 400 steps left the
+        # base on the loss plateau where it writes one digit everywhere (docs/demo.md).
+        d.pretrain.solved_depth = 1
+        d.pretrain.steps = 200 if ci else D1LIKE_PRETRAIN_STEPS
     if arg == "compare":  # every objective of the GRPO loop on the same budget, from SFT
         d.grpo.objectives = OBJECTIVES
         d.grpo.starts = ("sft",)
@@ -99,6 +105,9 @@ def _model() -> mlc.ConfigDict:
 # corpus's ceiling 64.1 (4,000: 60.9); at 4,000, seed 1 was still leaving a loss plateau (base
 # 46.3 and 51.6 in the two variants). SFT from a 4,000-step base at 1,000 steps 90.5% (500: 88.8).
 SEEDS_PRETRAIN_STEPS, SEEDS_SFT_STEPS = 8000, 1000
+# ':d1like' pretraining: the default toy's 2,000-step base had left the plateau of its first
+# hundreds of steps by its second fifth (docs/demo.md, "Convergence"); 400 steps had not.
+D1LIKE_PRETRAIN_STEPS = 1000
 
 
 def _data() -> mlc.ConfigDict:
