@@ -85,6 +85,16 @@ def test_results_table_plot_and_stage_exports(demo_run):
     assert "| +diffu-GRPO |" not in table
     assert (wd / "reward_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (wd / "grpo_base_s1").exists()
+    # The GRPO row's mechanism (report.mechanism, checked by hand on fabricated metrics in
+    # test_mechanism_summarizes_each_grpo_run_by_hand), from the run's own metrics.jsonl.
+    mech = res["rows"]["d1"]["mechanism"]
+    assert set(mech) == {"zero_std_ratio", "reward_std", "kl", "clip_ratio"}
+    assert mech == demo_report.mechanism_row([wd / "d1_s1"], mu=2)
+    for name in ("zero_std_ratio", "reward_std"):
+        assert all(0.0 <= mech[name][k] <= 1.0 for k in ("mean", "first", "last"))
+    assert 0.0 <= mech["kl"]["mean"] <= mech["kl"]["max"]
+    assert 0.0 <= mech["clip_ratio"]["mean"] <= mech["clip_ratio"]["max"] <= 1.0
+    assert demo_report.mechanism_table(res) in table and res["sft_corpus"] == "sudoku"
     for stage in ("base", "sft", "d1_s1"):
         hf = wd / stage / "hf"
         assert json.loads((hf / "config.json").read_text())["model_type"] == "llada"
@@ -478,6 +488,22 @@ def test_published_multi_seed_blocks_are_generated_from_the_published_results():
             assert demo_table.published_block(doc.read_text(), name) == want, (doc.name, name)
     claims = demo_table.published_block(demo_table.README.read_text(), "demo-seeds-held")
     assert f"commit {results['commit']}" in claims.splitlines()[1]
+
+
+def test_published_d1like_blocks_are_generated_from_the_published_results():
+    """docs/demo.md's `:d1like` table and mechanism are ``python -m examples.demo.table
+    docs/demo_d1like_results.json --write`` of a clean commit's run."""
+    results = json.loads(demo_table.PUBLISHED_D1LIKE.read_text())
+    assert results["sft_corpus"] == "latin"
+    assert len(results["commit"]) == 7 and int(results["commit"], 16) >= 0, results["commit"]
+    blocks, published = demo_table.targets(results)
+    assert published == demo_table.PUBLISHED_D1LIKE
+    assert blocks == {"demo-d1like-table": (demo_table.DEMO_DOC,),
+                      "demo-d1like-mechanism": (demo_table.DEMO_DOC,)}
+    for name, docs in blocks.items():
+        for doc in docs:
+            assert demo_table.published_block(doc.read_text(), name) == demo_table.block(
+                results, name), name
 
 
 def test_provenance_names_this_checkout():
