@@ -504,6 +504,19 @@ def test_published_d1like_blocks_are_generated_from_the_published_results():
         for doc in docs:
             assert demo_table.published_block(doc.read_text(), name) == demo_table.block(
                 results, name), name
+    # Its multi-seed runs: their own blocks, never the ':seeds' toy's.
+    seeds = json.loads(demo_table.PUBLISHED_D1LIKE_SEEDS.read_text())
+    blocks, published = demo_table.targets(seeds)
+    assert published == demo_table.PUBLISHED_D1LIKE_SEEDS and seeds["kind"] == "multi_seed"
+    assert set(blocks) == {f"demo-d1like-seeds-{b}" for b in ("table", "claims", "runs",
+                                                               "mechanism")}
+    for name, docs in blocks.items():
+        for doc in docs:
+            assert demo_table.published_block(doc.read_text(), name) == demo_table.block(
+                seeds, name), name
+    begin, end = demo_table.markers("demo-d1like-seeds-mechanism")
+    assert demo_table.block(seeds, "demo-d1like-seeds-mechanism") == (
+        f"{begin}\n{demo_table.aggregate.mechanism_table(seeds)}\n{end}")
 
 
 def test_provenance_names_this_checkout():

@@ -10,7 +10,9 @@ A single run's results (``python -m examples.demo``): ``--write`` replaces the b
 and copies the results to docs/demo_results.json; with the GRPO metrics' summary in the
 results, also the ``demo-mechanism`` block of docs/demo.md. A ``:d1like`` run's (its SFT
 corpus "latin") go to the ``demo-d1like-table`` and ``demo-d1like-mechanism`` blocks of
-docs/demo.md and to docs/demo_d1like_results.json. The multi-seed results
+docs/demo.md and to docs/demo_d1like_results.json; the multi-seed results of ``:d1like``
+(``python -m examples.demo.seeds --config=configs/demo_sudoku.py:d1like``) to the
+``demo-d1like-seeds-*`` blocks and docs/demo_d1like_seeds_results.json. The multi-seed results
 (``python -m examples.demo.seeds``): the table, claims, loss and per-run blocks
 (``<!-- demo-seeds-*:begin -->``) in docs/demo.md and the claims that held in every run
 in README.md, from
@@ -32,6 +34,7 @@ BEGIN, END = "<!-- demo-table:begin -->", "<!-- demo-table:end -->"
 PUBLISHED = ROOT / "docs" / "demo_results.json"
 PUBLISHED_SEEDS = ROOT / "docs" / "demo_seeds_results.json"
 PUBLISHED_D1LIKE = ROOT / "docs" / "demo_d1like_results.json"
+PUBLISHED_D1LIKE_SEEDS = ROOT / "docs" / "demo_d1like_seeds_results.json"
 README, DEMO_DOC = ROOT / "README.md", ROOT / "docs" / "demo.md"
 DOCS = (README, DEMO_DOC)
 # A single run's blocks by its SFT corpus (demo.sft.corpus): name prefix, the documents of
@@ -47,6 +50,7 @@ def markers(name: str) -> tuple[str, str]:
 def block(results: dict, name: str = "demo-table") -> str:
     """The generated block ``name`` of ``results`` (a single run's, or the multi-seed's)."""
     begin, end = markers(name)
+    kind = name.replace("demo-d1like-seeds-", "demo-seeds-")  # the same tables, own blocks
     body = {"demo-table": report.results_table,
             "demo-mechanism": report.mechanism_table,
             "demo-d1like-table": report.results_table,
@@ -57,7 +61,7 @@ def block(results: dict, name: str = "demo-table") -> str:
             "demo-seeds-held": lambda r: (aggregate.caption(r) + "\n"
                                           + aggregate.claims_list(r, held_only=True)),
             "demo-seeds-loss": aggregate.loss_table,
-            "demo-seeds-runs": aggregate.runs_table}[name](results)
+            "demo-seeds-runs": aggregate.runs_table}[kind](results)
     return f"{begin}\n{body}\n{end}"
 
 
@@ -81,6 +85,10 @@ def has_mechanism(results: dict) -> bool:
 
 def targets(results: dict) -> tuple[dict[str, tuple[Path, ...]], Path]:
     """(block name -> documents, published copy) of a results dict."""
+    if results.get("kind") == "multi_seed" and "d1like" in results.get("config", ""):
+        blocks = {f"demo-d1like-seeds-{b}": (DEMO_DOC,)
+                  for b in ("table", "claims", "runs", "mechanism")}
+        return blocks, PUBLISHED_D1LIKE_SEEDS
     if results.get("kind") == "multi_seed":
         blocks = dict(SEEDS_BLOCKS)
         if has_mechanism(results):
