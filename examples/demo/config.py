@@ -106,7 +106,8 @@ def _model() -> mlc.ConfigDict:
 # 46.3 and 51.6 in the two variants). SFT from a 4,000-step base at 1,000 steps 90.5% (500: 88.8).
 SEEDS_PRETRAIN_STEPS, SEEDS_SFT_STEPS = 8000, 1000
 # ':d1like' pretraining: the default toy's 2,000-step base had left the plateau of its first
-# hundreds of steps by its second fifth (docs/demo.md, "Convergence"); 400 steps had not.
+# hundreds of steps by its second fifth (docs/demo.md, "Convergence"); 400 steps had not. At
+# 1,000, pretraining seeds 1 and 2 left it and seed 0 did not (docs/demo.md, ':d1like').
 D1LIKE_PRETRAIN_STEPS = 1000
 
 
