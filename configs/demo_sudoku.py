@@ -3,6 +3,8 @@
   python -m examples.demo --config=configs/demo_sudoku.py --workdir=runs/demo          # 705 s measured (12 min)
   python -m examples.demo --config=configs/demo_sudoku.py:compare --workdir=runs/demo  # + wd1, SPG, coupled-GRPO: ~1,700 s summed over stages
   python -m examples.demo --config=configs/demo_sudoku.py:ci --workdir=runs/demo_ci    # shortened, for tests
+  python -m examples.demo --config=configs/demo_sudoku.py:d1like --workdir=runs/demo_d1like
+      # d1's design (issue 45): SFT on Latin squares, not Sudoku; RL on Sudoku (docs/demo.md)
   python -m examples.demo.seeds --config=configs/demo_sudoku.py:seeds --pretrain_seeds=0,1,2 \
       --variants=unrolled,loop --workdir=runs/demo_seeds --jobs=2
       # the multi-seed table (docs/demo.md): 6 whole demos of a harder toy (budgets and times there)

@@ -85,6 +85,16 @@ def test_results_table_plot_and_stage_exports(demo_run):
     assert "| +diffu-GRPO |" not in table
     assert (wd / "reward_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (wd / "grpo_base_s1").exists()
+    # The GRPO row's mechanism (report.mechanism, checked by hand on fabricated metrics in
+    # test_mechanism_summarizes_each_grpo_run_by_hand), from the run's own metrics.jsonl.
+    mech = res["rows"]["d1"]["mechanism"]
+    assert set(mech) == {"zero_std_ratio", "reward_std", "kl", "clip_ratio"}
+    assert mech == demo_report.mechanism_row([wd / "d1_s1"], mu=2)
+    for name in ("zero_std_ratio", "reward_std"):
+        assert all(0.0 <= mech[name][k] <= 1.0 for k in ("mean", "first", "last"))
+    assert 0.0 <= mech["kl"]["mean"] <= mech["kl"]["max"]
+    assert 0.0 <= mech["clip_ratio"]["mean"] <= mech["clip_ratio"]["max"] <= 1.0
+    assert demo_report.mechanism_table(res) in table and res["sft_corpus"] == "sudoku"
     for stage in ("base", "sft", "d1_s1"):
         hf = wd / stage / "hf"
         assert json.loads((hf / "config.json").read_text())["model_type"] == "llada"
@@ -386,6 +396,75 @@ def test_reward_rise_reads_one_reward_per_rollout(tmp_path):
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def _write_grpo_metrics(d: Path, rollout: dict, update: dict, mu: int = 2) -> None:
+    """A GRPO run's metrics.jsonl as the loop writes it: each optimizer step's row holds its
+    rollout's metrics (the same on its mu steps) and its own update metrics."""
+    d.mkdir(parents=True)
+    n = len(next(iter(rollout.values())))
+    with open(d / "metrics.jsonl", "w") as f:
+        for step in range(1, mu * n + 1):
+            row = {"step": step, "reward": 0.5, "loss": 0.0}
+            row.update({k: v[(step - 1) // mu] for k, v in rollout.items()})
+            row.update({k: v[step - 1] for k, v in update.items()})
+            f.write(json.dumps(row) + "\n")
+
+
+def test_mechanism_summarizes_each_grpo_run_by_hand(tmp_path):
+    """Equal-reward groups and within-group reward std once per rollout (first and last
+    quarter), KL and clipped tokens per optimizer step (mean, max); per row the mean over
+    seeds and the largest max. Expected values computed by hand."""
+    from examples.demo import report
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    # 7 rollouts, mu = 2: a quarter is 1 rollout (counting each rollout twice would make it 3
+    # rows of the doubled list, and change the first and last quarters).
+    _write_grpo_metrics(a, {"zero_std_ratio": [1.0, 0.75, 0.5, 0.5, 0.25, 0.25, 0.0],
+                            "reward_std": [0.0, 0.1, 0.2, 0.2, 0.3, 0.3, 0.4]},
+                        {"kl": [0.01 * s for s in range(1, 15)],
+                         "clip_ratio": [0.5 if s == 5 else 0.0 for s in range(1, 15)]})
+    _write_grpo_metrics(b, {"zero_std_ratio": [0.5] * 7, "reward_std": [0.1] * 7},
+                        {"kl": [0.02] * 14, "clip_ratio": [0.0] * 14})
+    _write_grpo_metrics(c, {"zero_std_ratio": [0.5] * 7, "reward_std": [0.1] * 7},
+                        {"clip_ratio": [0.0] * 14})  # an objective without a KL term
+    m = report.mechanism(a, mu=2)
+    assert m["zero_std_ratio"] == pytest.approx({"mean": 3.25 / 7, "first": 1.0, "last": 0.0})
+    assert m["reward_std"] == pytest.approx({"mean": 1.5 / 7, "first": 0.0, "last": 0.4})
+    assert m["kl"] == pytest.approx({"mean": 0.075, "max": 0.14})
+    assert m["clip_ratio"] == pytest.approx({"mean": 0.5 / 14, "max": 0.5})
+    assert "kl" not in report.mechanism(c, mu=2)
+    row = report.mechanism_row([a, b], mu=2)
+    assert row["zero_std_ratio"]["first"] == pytest.approx(0.75)
+    assert row["zero_std_ratio"]["last"] == pytest.approx(0.25)
+    assert row["reward_std"]["last"] == pytest.approx(0.25)
+    assert (row["kl"]["mean"], row["kl"]["max"]) == pytest.approx((0.0475, 0.14))
+    assert (row["clip_ratio"]["mean"], row["clip_ratio"]["max"]) == pytest.approx(
+        (0.25 / 14, 0.5))
+    assert "kl" not in report.mechanism_row([a, c], mu=2)  # not logged by every seed
+    results = {"rows": {"d1": {"mechanism": row, "reward_rise": {"mean": 0.01, "se": 0.005}}},
+               "commit": "abc1234", "date": "2026-11-27"}
+    line = report.mechanism_table(results).splitlines()[-1]
+    assert line == ("| d1 (SFT + diffu-GRPO) | 75% -> 25% | 0.050 -> 0.250 | 0.0475 (0.1400) "
+                    "| 0.0179 (0.5000) | +0.010 ± 0.005 |")
+    # The multi-seed aggregate: each run's row statistics, spread over the runs.
+    from examples.demo import aggregate
+    runs = _fake_runs()
+    for name, rows in zip(runs, ((a, b), (b,), (a,))):
+        runs[name]["rows"]["d1"]["mechanism"] = {
+            k: {s: v for s, v in st.items() if s != "values"}
+            for k, st in report.mechanism_row(list(rows), mu=2).items()}
+    res = aggregate.aggregate(runs, {"missing": []})
+    zs = res["rows"]["d1"]["mechanism"]["zero_std_ratio"]
+    assert zs["first"]["values"] == pytest.approx([0.75, 0.5, 1.0])
+    assert res["rows"]["d1"]["mechanism"]["kl"]["max"]["max"] == pytest.approx(0.14)
+    assert "mechanism" not in res["rows"]["grpo_base"]
+    line = aggregate.mechanism_table(res).splitlines()[-1]
+    assert line.startswith("| d1 (SFT + diffu-GRPO) | 75% -> 25% (0%..50%) | ")
+    # Where each result's blocks go: a :d1like run's to its own blocks of docs/demo.md.
+    assert set(demo_table.targets(results | {"sft_corpus": "latin"})[0]) == {
+        "demo-d1like-table", "demo-d1like-mechanism"}
+    assert set(demo_table.targets({"rows": {"d1": {}}})[0]) == {"demo-table"}
+    assert "demo-seeds-mechanism" in demo_table.targets(res)[0]
+
+
 def test_published_demo_tables_are_generated_from_the_published_results():
     """README's and docs/demo.md's demo tables are ``python -m examples.demo.table
     docs/demo_results.json --write`` of a clean commit's run, not hand-edited copies."""
@@ -409,6 +488,35 @@ def test_published_multi_seed_blocks_are_generated_from_the_published_results():
             assert demo_table.published_block(doc.read_text(), name) == want, (doc.name, name)
     claims = demo_table.published_block(demo_table.README.read_text(), "demo-seeds-held")
     assert f"commit {results['commit']}" in claims.splitlines()[1]
+
+
+def test_published_d1like_blocks_are_generated_from_the_published_results():
+    """docs/demo.md's `:d1like` table and mechanism are ``python -m examples.demo.table
+    docs/demo_d1like_results.json --write`` of a clean commit's run."""
+    results = json.loads(demo_table.PUBLISHED_D1LIKE.read_text())
+    assert results["sft_corpus"] == "latin"
+    assert len(results["commit"]) == 7 and int(results["commit"], 16) >= 0, results["commit"]
+    blocks, published = demo_table.targets(results)
+    assert published == demo_table.PUBLISHED_D1LIKE
+    assert blocks == {"demo-d1like-table": (demo_table.DEMO_DOC,),
+                      "demo-d1like-mechanism": (demo_table.DEMO_DOC,)}
+    for name, docs in blocks.items():
+        for doc in docs:
+            assert demo_table.published_block(doc.read_text(), name) == demo_table.block(
+                results, name), name
+    # Its multi-seed runs: their own blocks, never the ':seeds' toy's.
+    seeds = json.loads(demo_table.PUBLISHED_D1LIKE_SEEDS.read_text())
+    blocks, published = demo_table.targets(seeds)
+    assert published == demo_table.PUBLISHED_D1LIKE_SEEDS and seeds["kind"] == "multi_seed"
+    assert set(blocks) == {f"demo-d1like-seeds-{b}" for b in ("table", "claims", "runs",
+                                                               "mechanism")}
+    for name, docs in blocks.items():
+        for doc in docs:
+            assert demo_table.published_block(doc.read_text(), name) == demo_table.block(
+                seeds, name), name
+    begin, end = demo_table.markers("demo-d1like-seeds-mechanism")
+    assert demo_table.block(seeds, "demo-d1like-seeds-mechanism") == (
+        f"{begin}\n{demo_table.aggregate.mechanism_table(seeds)}\n{end}")
 
 
 def test_provenance_names_this_checkout():

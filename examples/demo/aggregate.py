@@ -55,6 +55,9 @@ def run_summary(results: dict, wd: Path | None = None) -> dict:
                           "sampled": r[s].get("sampled_mean")} for s in results["sets"]}
         if "reward_rise" in r:
             rows[kind]["reward_rise"] = {k: r["reward_rise"][k] for k in ("mean", "se")}
+        if "mechanism" in r:  # the GRPO metrics' summary, mean over the run's GRPO seeds
+            rows[kind]["mechanism"] = {name: {k: v for k, v in m.items() if k != "values"}
+                                       for name, m in r["mechanism"].items()}
     out = {"rows": rows, "sets": list(results["sets"])}
     for k in ("commit", "date", "device", "jax", "wall_time_s"):
         out[k] = results.get(k)
@@ -80,6 +83,11 @@ def _rows(runs: dict[str, dict], sets: list[str]) -> dict:
                 gain = [r["rows"][kind][s]["greedy"] - r["rows"][start_of(kind)][s]["greedy"]
                         for r in runs.values()]
                 rows[kind][s]["gain"] = spread(gain)
+        if kind not in STAGES and all("mechanism" in h for h in have):
+            rows[kind]["mechanism"] = {
+                name: {k: spread([h["mechanism"][name][k] for h in have]) for k in stats}
+                for name, stats in have[0]["mechanism"].items()
+                if all(name in h["mechanism"] for h in have)}
         if kind not in STAGES:
             rise = [h["reward_rise"] for h in have]
             rows[kind]["reward_rise"] = spread([x["mean"] for x in rise])
@@ -207,6 +215,31 @@ def seeds_table(res: dict) -> str:
         rise = r.get("reward_rise")
         cells.append(f"{_cell(rise, sign=True, digits=3)} ({rise['above_2se']} of {n})"
                      if rise else "")
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    return "\n".join([caption(res)] + lines)
+
+
+def mechanism_table(res: dict) -> str:
+    """Per GRPO row, mean (min..max) over the runs of each run's mechanism statistics
+    (report.mechanism: equal-reward groups and within-group reward std in the first and
+    last quarter of the rollouts, KL and clipped tokens over the steps)."""
+    head = ["groups with all rewards equal, first -> last quarter",
+            "within-group reward std, first -> last quarter", "KL per token, mean (max)",
+            "clipped tokens, mean (max)"]
+    lines = ["| model | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
+    for kind, title in ROWS:
+        m = res["rows"].get(kind, {}).get("mechanism")
+        if m is None:
+            continue
+        cells = []
+        for name, f in (("zero_std_ratio", lambda x: f"{100 * x:.0f}%"),
+                        ("reward_std", lambda x: f"{x:.3f}")):
+            r = m.get(name)
+            cells.append(f"{f(r['first']['mean'])} -> {f(r['last']['mean'])} "
+                         f"({f(r['last']['min'])}..{f(r['last']['max'])})" if r else "")
+        for name in ("kl", "clip_ratio"):
+            r = m.get(name)
+            cells.append(f"{r['mean']['mean']:.4f} ({r['max']['max']:.4f})" if r else "")
         lines.append(f"| {title} | " + " | ".join(cells) + " |")
     return "\n".join([caption(res)] + lines)
 

@@ -26,10 +26,12 @@ import ml_collections as mlc
 import numpy as np
 
 from d1jax.model.tokenizer import load_tokenizer, train_tiny_tokenizer
-from d1jax.tasks import DataUnavailableError, get_task, sudoku
+from d1jax.config import ConfigError
+from d1jax.tasks import DataUnavailableError, format_prompt, get_task, sudoku
 from d1jax.model.tokenizer import uniform_prompt_length
 from d1jax.train.sft import SFTData
 from d1jax.train.sft_data import encode_sft
+from examples.demo import latin
 from examples.demo import task as demo_task
 
 
@@ -127,10 +129,21 @@ def pretraining_corpus(demo: mlc.ConfigDict, data: dict) -> SFTData:
     return SFTData(docs)
 
 
+def latin_pool(demo: mlc.ConfigDict) -> list[dict]:
+    """The Latin-square puzzles of ``demo.sft.corpus="latin"``: as many as the train pool,
+    with as many empty cells, none of them a Sudoku (``latin``)."""
+    return latin.generate_puzzles(demo.data.num_train, demo.data.seed,
+                                  tuple(demo.data.num_empty))
+
+
 def sft_corpus(demo: mlc.ConfigDict, data: dict) -> SFTData:
     """The SFT stage's data (d1's stage 1): each train-pool puzzle's prompt and a clean
     ``<answer>``, its grid the solution's, or with ``demo.sft.solved_depth`` > 0 that of a
-    writer who solves that many passes of naked singles and guesses the rest (``noisy_grid``)."""
+    writer who solves that many passes of naked singles and guesses the rest (``noisy_grid``).
+    With ``demo.sft.corpus="latin"`` (d1's design, ``:d1like``): Latin-square puzzles and
+    their solutions instead, in the same answer format (``latin``)."""
+    if demo.sft.corpus == "latin":
+        return SFTData(latin.documents(latin_pool(demo)))
     task = get_task(demo_task.NAME)
     return SFTData(pretraining_documents(task, task.load_train(data["train"]), 0.0, 0,
                                          solved_depth=demo.sft.solved_depth))
@@ -163,6 +176,8 @@ def prepare_data(demo: mlc.ConfigDict, wd: Path) -> dict:
         # the tokenizer, and so every published demo number, stays put when those change).
         docs = pretraining_documents(task, pool[demo.data.num_heldout:][:2000], 0.3, 0,
                                      format_noise=0.5)
+        if demo.sft.corpus == "latin":  # its question's words get tokens as Sudoku's do
+            docs += latin.documents(latin_pool(demo)[:2000])
         texts = [m["content"] for doc in docs for m in doc["prompt"]] + [
             doc["completion"] for doc in docs]
         train_tiny_tokenizer(texts, d / "tokenizer.tmp", demo.model.tokenizer_vocab)
@@ -170,6 +185,17 @@ def prepare_data(demo: mlc.ConfigDict, wd: Path) -> dict:
     tok = load_tokenizer(files["tokenizer"])
     probe = sudoku.load_test(files["heldout"], subsample=None)[:64]
     length = uniform_prompt_length(tok, [task.eval_prompt(tok, ex) for ex in probe])
+    if demo.sft.corpus == "latin":
+        texts = [format_prompt(tok, latin.build_messages(ex)) for ex in latin_pool(demo)[:64]]
+        try:
+            other = uniform_prompt_length(tok, texts)
+        except ValueError:
+            other = -1
+        if other != length:
+            raise ConfigError(
+                f"demo.sft.corpus='latin': the Latin question is {other} tokens with the "
+                f"tokenizer in {d / 'tokenizer'}, the Sudoku question {length}; a workdir made "
+                "with another corpus keeps its tokenizer: use a new --workdir")
     return {**files, "prompt_length": length}
 
 

@@ -39,6 +39,53 @@ def reward_rise(runs: list[Path], mu: int, frac: float = 0.25) -> dict:
             "se": float(np.sqrt(np.sum(vars_)) / len(runs))}
 
 
+# The GRPO loop's per-step metrics that say why RL moves or not (docs/demo.md): per rollout,
+# the share of groups whose G rewards are all equal (zero advantage, no gradient from the
+# policy term: d1jax/train/rollout.py) and the mean within-group reward std; per optimizer
+# step, the k3 KL to the reference and the share of tokens the ratio clip binds
+# (d1jax/objectives/losses.py).
+ROLLOUT_METRICS = ("zero_std_ratio", "reward_std")
+UPDATE_METRICS = ("kl", "clip_ratio")
+
+
+def mechanism(stage_dir: Path, mu: int, frac: float = 0.25) -> dict:
+    """One GRPO run's mechanism metrics from its metrics.jsonl.
+
+    Rollout metrics (one value per rollout, read on the first of its ``mu`` steps): mean over
+    the run and over its first and last ``frac`` of the rollouts. Update metrics (one per
+    optimizer step): mean and max over the run. A metric the objective does not log (wd1 and
+    SPG have no KL) is left out.
+    """
+    from d1jax.metrics import read_jsonl
+    rows = read_jsonl(stage_dir / "metrics.jsonl")
+    out = {}
+    for name in ROLLOUT_METRICS:
+        v = np.array([r[name] for r in rows if name in r and (r["step"] - 1) % mu == 0], float)
+        if len(v):
+            k = max(1, int(len(v) * frac))
+            out[name] = {"mean": float(v.mean()), "first": float(v[:k].mean()),
+                         "last": float(v[-k:].mean())}
+    for name in UPDATE_METRICS:
+        v = np.array([r[name] for r in rows if name in r], float)
+        if len(v):
+            out[name] = {"mean": float(v.mean()), "max": float(v.max())}
+    return out
+
+
+def mechanism_row(runs: list[Path], mu: int) -> dict:
+    """Each statistic of ``mechanism`` over a row's runs (seeds): the mean of the runs'
+    means, first and last quarters, the largest of their maxima; with the per-run values."""
+    per_run = [mechanism(d, mu) for d in runs]
+    out = {}
+    for name in ROLLOUT_METRICS + UPDATE_METRICS:
+        have = [m[name] for m in per_run if name in m]
+        if len(have) == len(per_run):
+            out[name] = {stat: float((np.max if stat == "max" else np.mean)(
+                [h[stat] for h in have])) for stat in have[0]}
+            out[name]["values"] = have
+    return out
+
+
 def summarize(runs: dict[str, list[Path]], evals: dict, set_names: list[str],
               mu: int = 1) -> dict:
     """Mean and spread (std over seeds, and min..max) per row and evaluation set; for the
@@ -51,6 +98,7 @@ def summarize(runs: dict[str, list[Path]], evals: dict, set_names: list[str],
         rows[kind] = {}
         if kind not in ("base", "sft"):
             rows[kind]["reward_rise"] = reward_rise(runs[kind], mu)
+            rows[kind]["mechanism"] = mechanism_row(runs[kind], mu)
         for name in set_names:
             vals = [evals[d.name][name]["accuracy"] for d in runs[kind]]
             solved = [evals[d.name][name]["solved"] for d in runs[kind]]
@@ -132,6 +180,33 @@ def results_table(results: dict) -> str:
         if rise:
             r = rows[kind].get("reward_rise")
             cells.append(f"{r['mean']:+.3f} ± {r['se']:.3f}" if r else "")
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    return "\n".join([caption(results)] + lines)
+
+
+def mechanism_table(results: dict) -> str:
+    """Per GRPO row, mean over its seeds: equal-reward groups and within-group reward std
+    over the first and last quarter of the rollouts, KL and clip fraction over the steps
+    (the max: the largest step's of any seed)."""
+    rows = results["rows"]
+    head = ["groups with all rewards equal, first -> last quarter",
+            "within-group reward std, first -> last quarter", "KL per token, mean (max)",
+            "clipped tokens, mean (max)", "rollout reward rise (± s.e.)"]
+    lines = ["| model | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
+    for kind, title in ROWS:
+        m = rows.get(kind, {}).get("mechanism")
+        if m is None:
+            continue
+        cells = []
+        for name, pct in (("zero_std_ratio", True), ("reward_std", False)):
+            r = m.get(name)
+            fmt = (lambda x: f"{100 * x:.0f}%") if pct else (lambda x: f"{x:.3f}")
+            cells.append(f"{fmt(r['first'])} -> {fmt(r['last'])}" if r else "")
+        for name, fmt in (("kl", "{:.4f}"), ("clip_ratio", "{:.4f}")):
+            r = m.get(name)
+            cells.append(f"{fmt.format(r['mean'])} ({fmt.format(r['max'])})" if r else "")
+        rise = rows[kind]["reward_rise"]
+        cells.append(f"{rise['mean']:+.3f} ± {rise['se']:.3f}")
         lines.append(f"| {title} | " + " | ".join(cells) + " |")
     return "\n".join([caption(results)] + lines)
 

@@ -17,9 +17,10 @@ every one can be resumed, evaluated (``python -m examples.demo`` with an eval co
    base and from the SFT model (d1's stage 2), one run per seed; with more
    ``demo.grpo.objectives``, ``{objective}_{base,sft}_s{seed}/`` for each (wd1, SPG,
    coupled-GRPO), on the same rollout and update budget.
-5. ``results.json``, ``results.md`` (the table) and ``reward_curves.png``: accuracy by d1's
+5. ``results.json``, ``results.md`` (the tables) and ``reward_curves.png``: accuracy by d1's
    rule (correct empty cells / empty cells) on the held-out puzzles and on d1's official
-   4x4 test set, greedy decoding.
+   4x4 test set, greedy decoding; and per GRPO row the mechanism its metrics.jsonl logged
+   (equal-reward groups, within-group reward spread, KL, clipped tokens: ``report.mechanism``).
 
 Rerunning the command resumes: finished stages (an ``hf`` export present) are skipped, an
 interrupted one continues from its last checkpoint, evaluations already written are kept.
@@ -126,11 +127,14 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict:
     evals, set_names = evaluation.evaluate_all(demo, data, runs, wd, log)
     results = report.summarize(runs, evals, set_names, demo.grpo.num_iterations)
     results.update(report.provenance())
+    results["sft_corpus"] = demo.sft.corpus  # which SFT data (and so which docs block)
     results["wall_time_s"] = time.perf_counter() - t_start  # this invocation
     results = _with_times(results, times, wd)
     if jax.process_index() == 0:
         (wd / "results.json").write_text(json.dumps(results, indent=2))
         table = report.results_table(results)
+        if any("mechanism" in r for r in results["rows"].values()):
+            table += "\n\n" + report.mechanism_table(results)
         (wd / "results.md").write_text(table + "\n")
         if plot:
             report.plot_rewards(wd, runs, wd / "reward_curves.png", evals,

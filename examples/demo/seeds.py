@@ -124,7 +124,9 @@ def main(argv=None) -> None:
         raise SystemExit(f"error: {e} in {args.workdir}") from None
     (args.workdir / "results.json").write_text(json.dumps(res, indent=1))
     text = "\n\n".join([aggregate.seeds_table(res), aggregate.claims_list(res),
-                        aggregate.loss_table(res), aggregate.runs_table(res)])
+                        aggregate.loss_table(res), aggregate.runs_table(res)]
+                       + ([aggregate.mechanism_table(res)] if any(
+                           "mechanism" in r for r in res["rows"].values()) else []))
     (args.workdir / "results.md").write_text(text + "\n")
     log(text)
     if res["missing"]:

@@ -7,7 +7,12 @@ from a run's results.json, never copied by hand.
 
 A single run's results (``python -m examples.demo``): ``--write`` replaces the block between
 ``<!-- demo-table:begin -->`` and ``<!-- demo-table:end -->`` in README.md and docs/demo.md
-and copies the results to docs/demo_results.json. The multi-seed results
+and copies the results to docs/demo_results.json; with the GRPO metrics' summary in the
+results, also the ``demo-mechanism`` block of docs/demo.md. A ``:d1like`` run's (its SFT
+corpus "latin") go to the ``demo-d1like-table`` and ``demo-d1like-mechanism`` blocks of
+docs/demo.md and to docs/demo_d1like_results.json; the multi-seed results of ``:d1like``
+(``python -m examples.demo.seeds --config=configs/demo_sudoku.py:d1like``) to the
+``demo-d1like-seeds-*`` blocks and docs/demo_d1like_seeds_results.json. The multi-seed results
 (``python -m examples.demo.seeds``): the table, claims, loss and per-run blocks
 (``<!-- demo-seeds-*:begin -->``) in docs/demo.md and the claims that held in every run
 in README.md, from
@@ -28,8 +33,14 @@ ROOT = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- demo-table:begin -->", "<!-- demo-table:end -->"
 PUBLISHED = ROOT / "docs" / "demo_results.json"
 PUBLISHED_SEEDS = ROOT / "docs" / "demo_seeds_results.json"
+PUBLISHED_D1LIKE = ROOT / "docs" / "demo_d1like_results.json"
+PUBLISHED_D1LIKE_SEEDS = ROOT / "docs" / "demo_d1like_seeds_results.json"
 README, DEMO_DOC = ROOT / "README.md", ROOT / "docs" / "demo.md"
 DOCS = (README, DEMO_DOC)
+# A single run's blocks by its SFT corpus (demo.sft.corpus): name prefix, the documents of
+# its accuracy table, its published copy. Mechanism tables go to docs/demo.md only.
+SINGLE = {"sudoku": ("demo", DOCS, PUBLISHED),
+          "latin": ("demo-d1like", (DEMO_DOC,), PUBLISHED_D1LIKE)}
 
 
 def markers(name: str) -> tuple[str, str]:
@@ -39,13 +50,18 @@ def markers(name: str) -> tuple[str, str]:
 def block(results: dict, name: str = "demo-table") -> str:
     """The generated block ``name`` of ``results`` (a single run's, or the multi-seed's)."""
     begin, end = markers(name)
+    kind = name.replace("demo-d1like-seeds-", "demo-seeds-")  # the same tables, own blocks
     body = {"demo-table": report.results_table,
+            "demo-mechanism": report.mechanism_table,
+            "demo-d1like-table": report.results_table,
+            "demo-d1like-mechanism": report.mechanism_table,
             "demo-seeds-table": aggregate.seeds_table,
+            "demo-seeds-mechanism": aggregate.mechanism_table,
             "demo-seeds-claims": lambda r: aggregate.caption(r) + "\n" + aggregate.claims_list(r),
             "demo-seeds-held": lambda r: (aggregate.caption(r) + "\n"
                                           + aggregate.claims_list(r, held_only=True)),
             "demo-seeds-loss": aggregate.loss_table,
-            "demo-seeds-runs": aggregate.runs_table}[name](results)
+            "demo-seeds-runs": aggregate.runs_table}[kind](results)
     return f"{begin}\n{body}\n{end}"
 
 
@@ -62,11 +78,27 @@ def published_block(text: str, name: str = "demo-table") -> str | None:
     return m.group(0) if m else None
 
 
+def has_mechanism(results: dict) -> bool:
+    """Whether the results hold the GRPO rows' mechanism summary (runs before it did not)."""
+    return any("mechanism" in r for r in results["rows"].values())
+
+
 def targets(results: dict) -> tuple[dict[str, tuple[Path, ...]], Path]:
     """(block name -> documents, published copy) of a results dict."""
+    if results.get("kind") == "multi_seed" and "d1like" in results.get("config", ""):
+        blocks = {f"demo-d1like-seeds-{b}": (DEMO_DOC,)
+                  for b in ("table", "claims", "runs", "mechanism")}
+        return blocks, PUBLISHED_D1LIKE_SEEDS
     if results.get("kind") == "multi_seed":
-        return SEEDS_BLOCKS, PUBLISHED_SEEDS
-    return {"demo-table": DOCS}, PUBLISHED
+        blocks = dict(SEEDS_BLOCKS)
+        if has_mechanism(results):
+            blocks["demo-seeds-mechanism"] = (DEMO_DOC,)
+        return blocks, PUBLISHED_SEEDS
+    prefix, docs, published = SINGLE[results.get("sft_corpus", "sudoku")]
+    blocks = {f"{prefix}-table": docs}
+    if has_mechanism(results):
+        blocks[f"{prefix}-mechanism"] = (DEMO_DOC,)
+    return blocks, published
 
 
 def main(argv=None) -> None:
