@@ -350,8 +350,9 @@ def test_compare_variant_runs_every_objective_on_one_budget(tmp_path):
     from d1jax.train.pure_steps import OBJECTIVES
     d = demo_config.get_config("compare").demo
     # JustGRPO's exact likelihood costs one forward per completion position (docs/objectives.md:
-    # 22x diffu-GRPO's update at bench-tiny's shape): not in the demo's CPU budget.
-    assert set(d.grpo.objectives) == set(OBJECTIVES) - {"justgrpo"}
+    # 22x diffu-GRPO's update at bench-tiny's shape): not in the demo's CPU budget. TraceRL
+    # scores a block-diffusion rollout's trace (SDAR, TraDo), not the demo's LLaDA.
+    assert set(d.grpo.objectives) == set(OBJECTIVES) - {"justgrpo", "tracerl"}
     assert tuple(d.grpo.starts) == ("sft",) and tuple(d.seeds) == (0, 1, 2)
     data = {"prompt_length": 43, "train": "", "tokenizer": ""}
     start = tmp_path / "sft"

@@ -145,7 +145,8 @@ def test_each_objective_on_dream_has_a_finite_loss_and_a_gradient_on_the_adapter
     c = config_lib.grpo("sudoku", "tiny", objective=objective, checkpoint="dream")
     c.sampler.gen_length, c.sampler.block_length = 8, 4
     cfg = GRPOConfig(num_iterations=2, beta=c.grpo.beta, epsilon=0.5, p_mask_prompt=0.0,
-                     objective=objective, hparams=spec_lib._hparams(c))
+                     objective=objective,
+                     hparams=spec_lib.from_config(c, weights=False).grpo.hparams)
     model = Dream(CFG, lora=LoraConfig(rank=4, alpha=8.0, dropout=0.0,
                                        targets=dream.LORA_TARGETS))
     full = lora_lib.join(params, init_params(model, jax.random.key(1), adapters_only=True))

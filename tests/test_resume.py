@@ -51,7 +51,7 @@ SHAPES_STATE = {
     "grpo.objective": "wd1", "grpo.num_iterations": 3, "grpo.beta": 0.0,
     "grpo.sync_ref_model": True, "grpo.num_generations": 8, "grpo.prompts_per_step": 4,
     # SFT's batches
-    "sft.batch_size": 16, "sft.max_length": 128, "sft.tokenize": "split",
+    "sft.batch_size": 16, "sft.max_length": 128, "sft.tokenize": "split", "sft.loss": "masked",
 }
 # Fields a resumed run may change (cadences, lengths of the run, mesh, compute, sampler and
 # objective knobs), with a value for those changed one by one below.
@@ -76,6 +76,10 @@ MAY_CHANGE_TOO = {  # the other fields that may change, by name
     "sft.eps", "sft.num_epochs", "grpo.num_epochs", "grpo.token_mean",
     "sampler.loop", "sampler.alg", "sampler.top_p", "sampler.top_k",
     "grpo.justgrpo.gain", "grpo.justgrpo.position_chunk",
+    "grpo.tracerl.beta", "grpo.tracerl.block_size", "grpo.tracerl.lower_p",
+    "grpo.tracerl.method", "grpo.tracerl.post_num", "grpo.tracerl.shrink",
+    "grpo.tracerl.upper_p", "grpo.tracerl.use_kl_estimator_k3",
+    "sft.lower_p", "sft.upper_p", "sft.post_num",
 }
 
 
