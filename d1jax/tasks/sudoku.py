@@ -23,7 +23,7 @@ import os
 import random
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -239,6 +239,27 @@ def count_solutions(puzzle: str) -> int:
     return int((_grid_array()[:, given] == p[given]).all(axis=1).sum())
 
 
+def blank_cells(grids: Sequence[str], n: int, seed: int, num_empty: tuple[int, int],
+                completions: Callable[[str], int], exclude: Iterable[str] = ()) -> list[Example]:
+    """Up to ``n`` distinct puzzles (fewer when 200 n + 1,000 draws do not find them): a
+    uniformly drawn grid of ``grids`` with a uniform number of cells in ``num_empty``
+    (inclusive) blanked at random, kept if ``completions(puzzle)`` is 1 and it is not in
+    ``exclude``. Deterministic in ``seed``; rows ``{"puzzle", "solution"}``."""
+    low, high = num_empty
+    rng, seen = random.Random(seed), set(exclude)
+    out: list[Example] = []
+    for _ in range(200 * n + 1000):
+        if len(out) == n:
+            break
+        grid = grids[rng.randrange(len(grids))]
+        holes = set(rng.sample(range(16), rng.randint(low, high)))
+        puzzle = "".join("0" if i in holes else d for i, d in enumerate(grid))
+        if puzzle not in seen and completions(puzzle) == 1:
+            seen.add(puzzle)
+            out.append({"puzzle": puzzle, "solution": grid})
+    return out
+
+
 def generate_puzzles(n: int, seed: int = 0, exclude: Iterable[str] = (),
                      num_empty: int | tuple[int, int] = 8) -> list[Example]:
     """``n`` distinct puzzles with exactly one solution, none in ``exclude``.
@@ -250,17 +271,7 @@ def generate_puzzles(n: int, seed: int = 0, exclude: Iterable[str] = (),
     low, high = (num_empty, num_empty) if isinstance(num_empty, int) else num_empty
     if not 0 <= low <= high <= 16:
         raise ValueError(f"num_empty={num_empty!r}: must be in 0..16")
-    rng, grids, seen = random.Random(seed), solution_grids(), set(exclude)
-    out: list[Example] = []
-    for _ in range(200 * n + 1000):
-        if len(out) == n:
-            break
-        grid = grids[rng.randrange(len(grids))]
-        holes = set(rng.sample(range(16), rng.randint(low, high)))
-        puzzle = "".join("0" if i in holes else d for i, d in enumerate(grid))
-        if puzzle not in seen and count_solutions(puzzle) == 1:
-            seen.add(puzzle)
-            out.append({"puzzle": puzzle, "solution": grid})
+    out = blank_cells(solution_grids(), n, seed, (low, high), count_solutions, exclude)
     if len(out) < n:
         raise RuntimeError(f"made only {len(out)} of {n} distinct unique-solution puzzles "
                            f"with num_empty={num_empty!r}; ask for fewer or more empty cells")

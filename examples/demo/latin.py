@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import random
 
 import numpy as np
 
@@ -65,16 +64,9 @@ def generate_puzzles(n: int, seed: int, num_empty: tuple[int, int]) -> list[dict
     low, high = num_empty
     squares = ["".join(map(str, g)) for g in latin_squares()]
     squares = [g for g in squares if not is_sudoku(g)]
-    rng, seen, out = random.Random(seed), set(), []
-    for _ in range(200 * n + 1000):
-        if len(out) == n:
-            return out
-        grid = squares[rng.randrange(len(squares))]
-        holes = set(rng.sample(range(16), rng.randint(low, high)))
-        puzzle = "".join("0" if i in holes else d for i, d in enumerate(grid))
-        if puzzle not in seen and count_latin_completions(puzzle) == 1:
-            seen.add(puzzle)
-            out.append({"puzzle": puzzle, "solution": grid})
+    out = sudoku.blank_cells(squares, n, seed, (low, high), count_latin_completions)
+    if len(out) == n:
+        return out
     raise RuntimeError(f"made only {len(out)} of {n} Latin-square puzzles with "
                        f"num_empty={num_empty!r}: ask for fewer empty cells")
 
