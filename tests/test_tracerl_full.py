@@ -103,7 +103,7 @@ def _cfg(h):
 
 # ------------------------------------------------------------------------------ LLaDA
 
-@pytest.mark.parametrize("shrink,post_num,beta", [(1, 0, 0.01), (3, 1, 0.0)])
+@pytest.mark.parametrize("shrink,post_num,beta", [(3, 1, 0.01)])
 def test_llada_loss_and_grads_match_their_rl_llada(tiny_model, tiny_params, tiny_config,
                                                    shrink, post_num, beta):
     model, params = tiny_model, tiny_params
@@ -205,3 +205,25 @@ def test_dream_loss_and_grads_match_their_rl_dream(dream, their_forward, shrink,
 def test_block_size_on_a_full_attention_model_is_refused(tiny_model):
     with pytest.raises(ValueError, match="no training blocks"):
         tracerl_full.is_full_attention(tiny_model, tracerl.TraceRLConfig(block_size=4))
+
+
+@pytest.mark.parametrize("variant,family", [("tiny", "llada"), ("dream,tiny", "dream")])
+def test_config_carries_their_yaml_values_and_refuses_an_untraced_loop(variant, family):
+    import importlib.util
+    from pathlib import Path
+
+    from d1jax.config import ConfigError
+    from d1jax.run.spec import from_config
+    path = Path(__file__).resolve().parents[1] / "configs" / "tracerl_math.py"
+    spec = importlib.util.spec_from_file_location("tracerl_math", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    c = mod.get_config(variant)
+    h = from_config(c, weights=False).grpo.hparams
+    assert (c.model.family, h.method, h.shrink, h.post_num, h.beta) == (family, "TraceRL", 8, 0,
+                                                                      0.01)
+    assert h.use_attention_mask == (family == "dream")  # rl_llada.py passes no mask
+    c.unlock()
+    c.sampler.loop, c.sampler.block_length, c.sampler.kv_cache = "dream", 16, "none"
+    with pytest.raises((ConfigError, ValueError), match="does not record"):
+        from_config(c, weights=False)

@@ -1,6 +1,7 @@
 """TraceRL (Wang et al. 2025, "Revolutionizing Reinforcement Learning Framework for Diffusion
 Large Language Models"; Gen-Verse/dLLM-RL ``train/rl_sdar.py``, ``train/train_sdar_policy.py``,
-``configs/rl_trado.yaml``) for block diffusion models (SDAR, TraDo).
+``configs/rl_trado.yaml``) for block diffusion models (SDAR, TraDo); LLaDA and Dream (their
+``rl_llada.py``, ``rl_dream.py``): ``d1jax.objectives.tracerl_full``, on this config.
 
 The policy is scored on the rollout's own trace. ``decoded_at`` (the block sampler's step at
 which each completion token was committed; -1 past the stop, read as one step after the
