@@ -192,7 +192,8 @@ def _grpo_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[PlannedProg
         hp = update_steps.grpo.hparams
         if tracerl_full.is_full_attention(model, hp):  # R forwards of P + C, one per copy
             est = functools.partial(fl.estimator, mcfg, rows, prompt, comp,
-                                    copies=tracerl_full.num_rounds(hp, comp), peeled=False)
+                                    copies=tracerl_full.num_rounds(hp, comp),
+                                    peeled=_peeled(model))
         else:  # the clean row and its R noised copies, one forward
             est = functools.partial(fl.stream_estimator, mcfg, rows, prompt, comp,
                                     tracerl.num_rounds(hp, tracerl.block_of(model, hp)))

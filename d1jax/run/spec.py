@@ -273,10 +273,6 @@ def _hparams(g: GRPOSpec, s: smp.SamplerConfig) -> Any:
                             use_attention_mask=mask)
     if g.objective == "tracerl":
         t = g.tracerl
-        if t.method == "TraceRL" and s.loop == "dream":
-            raise ValueError("tracerl.method='TraceRL' scores the rollout's trace, which "
-                             "sampler.loop='dream' (diffusion_generate) does not record: use "
-                             "loop='llada' (the block loop their dream_rl_rollout.py runs)")
         return knobs.shared(tracerl.TraceRLConfig, t, block_size=t.block_size or None,
                             post_num=None if t.post_num < 0 else t.post_num,
                             use_attention_mask=mask)
