@@ -150,7 +150,7 @@ def generate(model_fns: ModelFns | ApplyFn, params: Any, prompt_ids: Array,
 def _dream(fns: ModelFns, params: Any, prompt_ids: Array, prompt_mask: Array | None,
            rng: Array, config: SamplerConfig) -> GenerateOutput:
     """``loop="dream"``: Dream's ``diffusion_generate`` on the same model functions
-    (``decoded_at`` is not recorded: -1)."""
+    (``decoded_at``: its step that unmasked each token)."""
     from d1jax.sampling import dream
 
     def predict(p, ids, mask):
