@@ -202,9 +202,12 @@ def test_dream_loss_and_grads_match_their_rl_dream(dream, their_forward, shrink,
     assert 0 < float(m["clip_ratio"]) < 1
 
 
-def test_block_size_on_a_full_attention_model_is_refused(tiny_model):
+def test_block_size_or_dreams_forward_on_llada_is_refused(tiny_model):
     with pytest.raises(ValueError, match="no training blocks"):
         tracerl_full.is_full_attention(tiny_model, tracerl.TraceRLConfig(block_size=4))
+    with pytest.raises(ValueError, match="not Dream"):
+        tracerl_full.is_full_attention(tiny_model,
+                                       tracerl.TraceRLConfig(their_dream_forward=True))
 
 
 @pytest.mark.parametrize("variant,family", [("tiny", "llada"), ("dream,tiny", "dream")])

@@ -48,7 +48,10 @@ Array = jax.Array
 
 def is_full_attention(model: MaskPredictor, cfg: tracerl.TraceRLConfig) -> bool:
     """True for a model without training blocks (LLaDA, Dream); ValueError where the config
-    asks such a model for blocks."""
+    asks such a model for blocks, or asks Dream's training forward of another family."""
+    if cfg.their_dream_forward and not getattr(model, "shifted_prediction", False):
+        raise ValueError(f"TraceRL their_dream_forward=True is rl_dream.py's forward; "
+                         f"{type(model).__name__} is not Dream: set it to False")
     if getattr(model.config, "block_size", None) is not None:
         return False
     if cfg.block_size is not None:
