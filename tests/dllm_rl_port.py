@@ -1,10 +1,13 @@
-"""An independent torch (float64) port of how Gen-Verse/dLLM-RL trains SDAR / TraDo, for the
-parity tests of block SFT and TraceRL (tests/test_blockwise.py, tests/test_tracerl.py).
+"""An independent torch (float64) port of how Gen-Verse/dLLM-RL trains SDAR / TraDo, LLaDA and
+Dream, for the parity tests of block SFT and TraceRL (tests/test_blockwise.py,
+tests/test_tracerl.py, tests/test_tracerl_full.py).
 
-Written from their ``train/sft_sdar.py``, ``train/rl_sdar.py`` and ``train/train_sdar_policy.py``
-(the functions named below are theirs; this is a port of what they compute, row by row) and
-``models/sdar/modeling_sdar.py`` (the forward: Qwen3 blocks under a 4-D 0/1 mask at given
-positions), on HF-keyed tensors, so that the gradient is compared key by key.
+Written from their ``train/sft_sdar.py``, ``train/rl_sdar.py``, ``train/train_sdar_policy.py``,
+``train/rl_llada.py`` and ``train/rl_dream.py`` (the functions named below are theirs; this is
+a port of what they compute, row by row) and ``models/sdar/modeling_sdar.py`` (the forward:
+Qwen3 blocks under a 4-D 0/1 mask at given positions; without the q/k norms and with q/k/v
+biases it is ``models/dream/modeling_dream.py``'s Qwen2 stack), on HF-keyed tensors, so that
+the gradient is compared key by key.
 """
 
 from __future__ import annotations
@@ -29,6 +32,16 @@ class TorchSDAR(torch.nn.Module):
     def p(self, name):
         return self.w[name.replace(".", "__")]
 
+    def has(self, name):
+        return name.replace(".", "__") in self.w
+
+    def _proj(self, x, name):
+        y = x @ self.p(name + ".weight").T
+        return y + self.p(name + ".bias") if self.has(name + ".bias") else y
+
+    def _head_norm(self, x, name):  # SDAR's q/k norms; Dream has none
+        return self._rms(x, self.p(name)) if self.has(name) else x
+
     def _rms(self, x, w):
         return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c.rms_norm_eps)
 
@@ -45,12 +58,12 @@ class TorchSDAR(torch.nn.Module):
         for i in range(c.num_hidden_layers):
             pre = f"model.layers.{i}."
             xn = self._rms(x, self.p(pre + "input_layernorm.weight"))
-            q = xn @ self.p(pre + "self_attn.q_proj.weight").T
-            kk = xn @ self.p(pre + "self_attn.k_proj.weight").T
-            v = (xn @ self.p(pre + "self_attn.v_proj.weight").T).view(b, length, k, h).transpose(1, 2)
-            q = rope(self._rms(q.view(b, length, n, h), self.p(pre + "self_attn.q_norm.weight"))
+            q = self._proj(xn, pre + "self_attn.q_proj")
+            kk = self._proj(xn, pre + "self_attn.k_proj")
+            v = self._proj(xn, pre + "self_attn.v_proj").view(b, length, k, h).transpose(1, 2)
+            q = rope(self._head_norm(q.view(b, length, n, h), pre + "self_attn.q_norm.weight")
                      .transpose(1, 2))
-            kk = rope(self._rms(kk.view(b, length, k, h), self.p(pre + "self_attn.k_norm.weight"))
+            kk = rope(self._head_norm(kk.view(b, length, k, h), pre + "self_attn.k_norm.weight")
                       .transpose(1, 2))
             kk, v = kk.repeat_interleave(n // k, 1), v.repeat_interleave(n // k, 1)
             att = F.scaled_dot_product_attention(q, kk, v, attn_mask=bias)
@@ -60,7 +73,8 @@ class TorchSDAR(torch.nn.Module):
             x = x + (F.silu(xn @ self.p(pre + "mlp.gate_proj.weight").T)
                      * (xn @ self.p(pre + "mlp.up_proj.weight").T)) @ self.p(
                          pre + "mlp.down_proj.weight").T
-        return self._rms(x, self.p("model.norm.weight")) @ self.p("lm_head.weight").T
+        head = "lm_head.weight" if self.has("lm_head.weight") else "model.embed_tokens.weight"
+        return self._rms(x, self.p("model.norm.weight")) @ self.p(head).T
 
     def grads(self) -> dict[str, np.ndarray]:
         return {k.replace("__", "."): p.grad.detach().numpy() for k, p in self.w.items()}
@@ -209,4 +223,89 @@ def their_rl_loss(logp_new, logp_old, p_mask, adv, l1, eps=0.2, beta=0.01, k3=Tr
         if k3:
             kl = (-kl).clamp(-10, 10).exp() - 1.0 + kl
         loss = loss + beta * ((kl * p_mask).sum(1) / l1).sum() / b
+    return loss
+
+
+# ------------------------------------------------------- their LLaDA / Dream training
+
+def tail_pad(row, l0, pad_id, post_num):
+    """prepare_inputs_and_labels_for_text's tail_pad_b: the response's pad tokens after its
+    first post_num (None: none)."""
+    pad = row == pad_id
+    pad[:l0] = False
+    if post_num is None:
+        return torch.zeros_like(pad)
+    return pad & ~(torch.cumsum(pad.int(), 0) <= post_num)
+
+
+def full_trace_rows(input_ids, step_maps, l0, shrink, mask_id, pad_id, post_num):
+    """rl_llada.py / rl_dream.py prepare_inputs_and_labels_for_text, method TraceRL: per row
+    and distinct step of collapse_k_unique(step_map) (the whole response), the row with every
+    response token of a step >= it masked; p_mask: that step's tokens but the tail pads.
+    Returns (noisy [N, L], labels [N, L], p_mask [N, L], source row of each)."""
+    n = input_ids.shape[1]
+    noisy, pms, src = [], [], []
+    for b, row in enumerate(input_ids):
+        order = torch.full((n,), -1, dtype=torch.long)
+        order[l0:] = torch.as_tensor(collapse_k_unique(list(step_maps[b]), shrink))[:n - l0]
+        tail = tail_pad(row, l0, pad_id, post_num)
+        for v in torch.unique(order[l0:], sorted=True):
+            pm = (order == v) & ~tail
+            if not pm.any():
+                continue
+            x = row.clone()
+            x[order >= v] = mask_id
+            noisy.append(x)
+            pms.append(pm)
+            src.append(b)
+    return torch.stack(noisy), input_ids[src], torch.stack(pms), src
+
+
+def full_masked_rows(input_ids, rand_tails, l0, mask_id, pad_id, post_num, coupled):
+    """Their random_masking (and coupled: the complement too) for one draw per row, the
+    response masks [B, L1] handed in; tail pads masked in every copy, scored in none."""
+    noisy, pms, src = [], [], []
+    for b, row in enumerate(input_ids):
+        tail = tail_pad(row, l0, pad_id, post_num)
+        rand = torch.zeros_like(tail)
+        rand[l0:] = torch.as_tensor(rand_tails[b], dtype=torch.bool)
+        comp = torch.zeros_like(tail)
+        comp[l0:] = ~rand[l0:]
+        for pm in [rand & ~tail] + ([comp & ~tail] if coupled else []):
+            if pm.any():
+                x = row.clone()
+                x[pm | tail] = mask_id
+                noisy.append(x)
+                pms.append(pm)
+                src.append(b)
+    return torch.stack(noisy), input_ids[src], torch.stack(pms), src
+
+
+def llada_logp(model, noisy, labels):
+    """rl_llada.py forward_process's log p(labels) [N, L]: model(input_ids), no mask."""
+    return F.log_softmax(model(noisy).logits, -1).gather(-1, labels[..., None])[..., 0]
+
+
+def dream_logp(model, noisy, labels, l0, pad_id):
+    """rl_dream.py forward_process's shifted log p(labels[:, 1:]) [N, L - 1]: its
+    make_attention_mask (pad keys at idx <= start_pos dropped), positions 0..L-1."""
+    n = noisy.shape[1]
+    keep = ~((noisy == pad_id) & (torch.arange(n)[None] <= l0))
+    logits = model(noisy, keep[:, None, None, :].long(), torch.arange(n)[None])
+    return F.log_softmax(logits[:, :-1], -1).gather(-1, labels[:, 1:, None])[..., 0]
+
+
+def their_full_rl_loss(logp_new, logp_old, p_mask, adv, eps=0.2, beta=0.01, k3=True):
+    """rl_llada.py / rl_dream.py forward_process: clipped ratio (unclamped) on p_mask, per-row
+    sum / n_mask, mean over rows; plus beta x the per-row sum of the (k3) KL, mean over rows."""
+    adv = torch.as_tensor(adv, dtype=T)[:, None]
+    ratio = torch.exp(logp_new - logp_old)
+    surr = torch.min(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv) * p_mask
+    b = logp_new.shape[0]
+    loss = -(surr.sum(1) / p_mask.sum(1).clamp(min=1)).sum() / b
+    if beta > 0:
+        kl = logp_new - logp_old
+        if k3:
+            kl = (-kl).exp() - 1.0 + kl
+        loss = loss + beta * (kl * p_mask).sum(1).sum() / b
     return loss

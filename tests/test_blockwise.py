@@ -50,9 +50,9 @@ def rows(pads=(0, 3, 1, 2), resp_pads=(3, 0, 5, 4), seed=0):
     return ids, prompt_mask
 
 
-def jax_grads_by_hf_name(grads, cfg):
+def jax_grads_by_hf_name(grads, cfg, key_map=sdar.key_map):
     out = {}
-    for key, (path, layer, transposed) in sdar.key_map(cfg).items():
+    for key, (path, layer, transposed) in key_map(cfg).items():
         g = grads
         for p in path:
             g = g[p]
@@ -61,8 +61,8 @@ def jax_grads_by_hf_name(grads, cfg):
     return out
 
 
-def compare_grads(grads, model_t, cfg):
-    mine, theirs = jax_grads_by_hf_name(grads, cfg), model_t.grads()
+def compare_grads(grads, model_t, cfg, key_map=sdar.key_map):
+    mine, theirs = jax_grads_by_hf_name(grads, cfg, key_map), model_t.grads()
     assert set(mine) == set(theirs)
     diff = max(np.abs(mine[k] - theirs[k]).max() for k in mine)
     scale = max(np.abs(theirs[k]).max() for k in theirs)

@@ -359,9 +359,10 @@ def np_sample_tokens(logits, temperature, top_p, top_k, margin=False, neg_entrop
     return confidence, x0
 
 
-def np_sample(predict, input_ids, attention_mask, cfg, uniforms):
+def np_sample(predict, input_ids, attention_mask, cfg, uniforms, history=None):
     """generation_utils._sample (temperature 0, alg_temp None) on numpy arrays; ``predict``
-    gives the model's raw float64 logits, ``uniforms[i]`` [B, L] the draws of step i."""
+    gives the model's raw float64 logits, ``uniforms[i]`` [B, L] the draws of step i;
+    ``history`` (a list) receives x after each step (``output_history``)."""
     b, lp = input_ids.shape
     x = np.concatenate([input_ids, np.full((b, cfg.max_new_tokens), cfg.mask_token_id)], 1)
     tok_idx = None
@@ -399,7 +400,20 @@ def np_sample(predict, input_ids, attention_mask, cfg, uniforms):
                 x_[mask_index] = x0
                 rows = np.arange(b)[:, None]
                 x[rows, transfer_index] = x_[rows, transfer_index]
+        if history is not None:
+            history.append(x.copy())
     return x
+
+
+def denoise_step_map(history, mask_id):
+    """dLLM-RL sample/dream_rl_rollout.py's denoise_step_map on a numpy history [B, L] per
+    step: the step at which each position left the mask (-1: never masked, or never left)."""
+    out = np.full(history[0].shape, -1)
+    prev = np.full(history[0].shape, mask_id)
+    for t, cur in enumerate(history):
+        out[(prev == mask_id) & (cur != mask_id)] = t
+        prev = cur
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -452,15 +466,20 @@ def test_each_alg_matches_the_numpy_port_token_for_token(generate_case, case):
     model_fn = predict_fn_of(Dream(cfg))
     rng = jax.random.key(7)
     run = jax.jit(lambda p, x, m, r: diffusion_generate(
-        lambda *a: no_mask_hook(model_fn(*a), cfg.mask_token_id), p, x, m, r, gen))
-    got = np.asarray(run(params, jnp.asarray(prompt), jnp.asarray(mask), rng))
+        lambda *a: no_mask_hook(model_fn(*a), cfg.mask_token_id), p, x, m, r, gen, trace=True))
+    got, decoded_at = map(np.asarray, run(params, jnp.asarray(prompt), jnp.asarray(mask), rng))
     uniforms = [np.asarray(jax.random.uniform(dream_step_keys(rng, i)[0], (2, 16)))
                 for i in range(gen.steps)]
     # the hook on raw rows is the hook on shifted rows (the shift only moves rows)
+    history = []
     want = np_sample(lambda *a: no_mask_hook(predict(*a), cfg.mask_token_id), prompt, mask, gen,
-                     uniforms)
+                     uniforms, history)
     np.testing.assert_array_equal(got, want)
     assert not np.any(got == cfg.mask_token_id)
+    # the trace (TraceRL's step map) is their denoise_step_map of the history
+    lp = prompt.shape[1]
+    np.testing.assert_array_equal(decoded_at,
+                                  denoise_step_map(history, cfg.mask_token_id)[:, lp:])
 
 
 def test_rows_with_fewer_masks_keep_their_tokens(generate_case):

@@ -78,7 +78,8 @@ MAY_CHANGE_TOO = {  # the other fields that may change, by name
     "grpo.justgrpo.gain", "grpo.justgrpo.position_chunk",
     "grpo.tracerl.beta", "grpo.tracerl.block_size", "grpo.tracerl.lower_p",
     "grpo.tracerl.method", "grpo.tracerl.post_num", "grpo.tracerl.shrink",
-    "grpo.tracerl.upper_p", "grpo.tracerl.use_kl_estimator_k3",
+    "grpo.tracerl.their_dream_forward", "grpo.tracerl.upper_p",
+    "grpo.tracerl.use_kl_estimator_k3",
     "sft.lower_p", "sft.upper_p", "sft.post_num",
 }
 

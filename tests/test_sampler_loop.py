@@ -10,7 +10,8 @@ import pytest
 
 from d1jax import sampling as smp
 from d1jax.model.dream import Dream
-from tests.test_dream import generate_case, loaded, hf_dir, no_mask_hook, np_sample, sd  # noqa: F401
+from tests.test_dream import (denoise_step_map, generate_case, loaded, hf_dir,  # noqa: F401
+                              no_mask_hook, np_sample, sd)
 
 
 def test_dream_loop_is_diffusion_generate_token_for_token(generate_case):  # noqa: F811
@@ -29,10 +30,14 @@ def test_dream_loop_is_diffusion_generate_token_for_token(generate_case):  # noq
     from d1jax.sampling.dream import DreamGenerationConfig
     gen = DreamGenerationConfig(max_new_tokens=10, steps=10, alg="entropy", temperature=0.0,
                                 top_p=0.3, top_k=5, mask_token_id=cfg.mask_token_id)
+    history = []
     want = np_sample(lambda *a: no_mask_hook(predict(*a), cfg.mask_token_id), prompt, mask,
-                     gen, uniforms=None)
+                     gen, uniforms=None, history=history)
     np.testing.assert_array_equal(np.asarray(out.ids), want)
-    assert out.ids.shape == (2, 16) and np.all(np.asarray(out.decoded_at) == -1)
+    assert out.ids.shape == (2, 16)
+    # the trace TraceRL reads: their denoise_step_map of the history
+    np.testing.assert_array_equal(np.asarray(out.decoded_at),
+                                  denoise_step_map(history, cfg.mask_token_id)[:, 6:])
 
 
 @pytest.mark.parametrize("bad, match", [

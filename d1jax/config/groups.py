@@ -230,7 +230,11 @@ class TraceRLKnobs:
     beta: float = knob(0.01, "beta: weight of the k3 KL to the OLD (rollout) policy, their "
                        "training.beta; grpo.beta stays 0.")
     use_kl_estimator_k3: bool = knob(True, "k3 estimator of that KL (False: the log-ratio).")
-    block_size: int = knob(0, "Training block of the rounds and the mask (0: the model's).")
+    block_size: int = knob(0, "Training block of the rounds and the mask (0: the model's; "
+                           "LLaDA, Dream: none, leave 0).")
+    their_dream_forward: bool = knob(False, "Dream: rl_dream.py's training forward (RoPE "
+                                     "positions 0..L-1 across prompt padding; the rollout's "
+                                     "count real tokens).")
 
 
 @frozen
@@ -275,7 +279,7 @@ class GRPOKnobs:
         JustGRPOKnobs, "JustGRPO (arXiv 2601.15165): exact AR likelihood, one forward per "
         "completion position (objectives.justgrpo).")
     tracerl: TraceRLKnobs = subgroup(
-        TraceRLKnobs, "TraceRL (dLLM-RL, block diffusion models: SDAR, TraDo); epsilon above.")
+        TraceRLKnobs, "TraceRL (dLLM-RL: SDAR, TraDo, LLaDA, Dream); epsilon above.")
     # The reference of the KL term. False (d1): under LoRA the base model with the adapters
     # off, at every step (d1 scores it under PEFT's disable_adapter(); its train.yaml's
     # sync_ref_model: True acts on no model there); full fine-tuning: a frozen copy.

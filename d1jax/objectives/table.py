@@ -21,7 +21,8 @@ from typing import Any, Callable
 import jax
 
 from d1jax.model.predictor import MaskPredictor
-from d1jax.objectives import coupled_grpo, justgrpo, logprob, losses, masking, spg, tracerl, wd1
+from d1jax.objectives import (coupled_grpo, justgrpo, logprob, losses, masking, spg, tracerl,
+                              tracerl_full, wd1)
 from d1jax.objectives.batch import GRPOBatch
 
 Array = jax.Array
@@ -212,10 +213,13 @@ def _justgrpo_loss(model: MaskPredictor, cfg, params: Params, rows: GRPOBatch, s
 
 
 # ---------------------------------------------------------------------------- TraceRL
+# Block diffusion families (tracerl) and full-attention ones (tracerl_full, LLaDA and Dream).
 def _tracerl_rounds(model: MaskPredictor, cfg, batch: GRPOBatch, key: Array) -> Array:
     h: tracerl.TraceRLConfig = cfg.hparams
-    return tracerl.draw_rounds(h, key, (batch.per_row or {}).get("decoded_at"),
-                               batch.completion_ids.shape, tracerl.block_of(model, h))
+    dec = (batch.per_row or {}).get("decoded_at")
+    if tracerl_full.is_full_attention(model, h):
+        return tracerl_full.draw_rounds(h, key, dec, batch.completion_ids.shape)
+    return tracerl.draw_rounds(h, key, dec, batch.completion_ids.shape, tracerl.block_of(model, h))
 
 
 def _tracerl_prepare(model: MaskPredictor, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
@@ -223,9 +227,14 @@ def _tracerl_prepare(model: MaskPredictor, cfg, rows: GRPOBatch, key: Array) -> 
     ``_tracerl_logps`` made from the same seed) and each row's weight, on the whole batch."""
     h: tracerl.TraceRLConfig = cfg.hparams
     rnd = _tracerl_rounds(model, cfg, rows, key)
-    scale = tracerl.row_scale(h, rows.completion_ids, rnd, rows.advantages,
-                              tracerl.num_rounds(h, tracerl.block_of(model, h)),
-                              model.config.pad_token_id)
+    pad = model.config.pad_token_id
+    if tracerl_full.is_full_attention(model, h):
+        scale = tracerl_full.row_scale(h, rows.completion_ids, rnd, rows.advantages,
+                                       tracerl_full.num_rounds(h, rows.completion_ids.shape[1]),
+                                       pad)
+    else:
+        scale = tracerl.row_scale(h, rows.completion_ids, rnd, rows.advantages,
+                                  tracerl.num_rounds(h, tracerl.block_of(model, h)), pad)
     return rows.replace(per_row={**(rows.per_row or {}), "round": rnd, "scale": scale})
 
 
@@ -233,10 +242,12 @@ def _tracerl_logps(model: MaskPredictor, cfg, params: Params, batch: GRPOBatch, 
                    use_lora: bool) -> Array:
     """[S, B, C] each token's log-prob in its round; the trace draws nothing, so every seed
     gets the same ones."""
+    impl = tracerl_full if tracerl_full.is_full_attention(model, cfg.hparams) else tracerl
+
     def one(seed):
         rnd = _tracerl_rounds(model, cfg, batch, logprob.mask_key(seed))
-        return tracerl.round_logps(model, params, batch.prompt_ids, batch.prompt_mask,
-                                   batch.completion_ids, rnd, cfg.hparams, use_lora=use_lora)
+        return impl.round_logps(model, params, batch.prompt_ids, batch.prompt_mask,
+                                batch.completion_ids, rnd, cfg.hparams, use_lora=use_lora)
     if cfg.hparams.method == "TraceRL":
         lp = one(seeds_s[0])
         return jax.numpy.broadcast_to(lp[None], (seeds_s.shape[0],) + lp.shape)
@@ -246,11 +257,14 @@ def _tracerl_logps(model: MaskPredictor, cfg, params: Params, batch: GRPOBatch, 
 def _tracerl_loss(model: MaskPredictor, cfg, params: Params, rows: GRPOBatch, seed_1: Array,
                   dropout_rng: Array | None, old_is_current: Array | None = None
                   ) -> tuple[Array, dict]:
-    return tracerl.tracerl_loss(
-        model, params, rows.prompt_ids, rows.prompt_mask, rows.completion_ids, rows.advantages,
-        rows.per_row["round"], rows.per_row["scale"], cfg.hparams, epsilon=cfg.epsilon,
-        pad_id=model.config.pad_token_id, old_logps_bc=rows.old_logps, dropout_rng=dropout_rng,
-        old_is_current=old_is_current)
+    args = (model, params, rows.prompt_ids, rows.prompt_mask, rows.completion_ids,
+            rows.advantages, rows.per_row["round"], rows.per_row["scale"], cfg.hparams)
+    if tracerl_full.is_full_attention(model, cfg.hparams):
+        return tracerl_full.tracerl_loss(*args, epsilon=cfg.epsilon, old_logps_bc=rows.old_logps,
+                                         dropout_rng=dropout_rng, old_is_current=old_is_current)
+    return tracerl.tracerl_loss(*args, epsilon=cfg.epsilon, pad_id=model.config.pad_token_id,
+                                old_logps_bc=rows.old_logps, dropout_rng=dropout_rng,
+                                old_is_current=old_is_current)
 
 
 # Rows of a loss carry old/ref log-probs [B, C] when the config computes them.

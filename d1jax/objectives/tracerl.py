@@ -1,6 +1,7 @@
 """TraceRL (Wang et al. 2025, "Revolutionizing Reinforcement Learning Framework for Diffusion
 Large Language Models"; Gen-Verse/dLLM-RL ``train/rl_sdar.py``, ``train/train_sdar_policy.py``,
-``configs/rl_trado.yaml``) for block diffusion models (SDAR, TraDo).
+``configs/rl_trado.yaml``) for block diffusion models (SDAR, TraDo); LLaDA and Dream (their
+``rl_llada.py``, ``rl_dream.py``): ``d1jax.objectives.tracerl_full``, on this config.
 
 The policy is scored on the rollout's own trace. ``decoded_at`` (the block sampler's step at
 which each completion token was committed; -1 past the stop, read as one step after the
@@ -62,6 +63,9 @@ class TraceRLConfig:
     use_kl_estimator_k3: bool = True  # k3 estimator; False: the plain log-ratio.
     block_size: int | None = None  # Training block (training.block_size); None: the model's.
     seq_chunk: int | None = None  # Copy positions per head chunk (None: automatic).
+    # Full-attention families (LLaDA, Dream; d1jax.objectives.tracerl_full) only:
+    use_attention_mask: bool = True  # Mask the prompt's padding keys (the sampler's knob).
+    their_dream_forward: bool = False  # rl_dream.py's training positions (tracerl_full doc).
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -162,23 +166,29 @@ def round_logps(model: MaskPredictor, params: Any, prompt_ids_bp: Array, prompt_
 
 def tracerl_objective(logps_bc: Array, old_logps_bc: Array | None, advantages_b: Array,
                       scored_bc: Array, scale_b: Array, *, epsilon: float, beta: float,
-                      k3: bool = True, old_is_current: Array | None = None
+                      k3: bool = True, old_is_current: Array | None = None,
+                      policy_weight_bc: Array | None = None, clamp: float | None = 10.0
                       ) -> tuple[Array, dict[str, Array]]:
     """Their ``forward_process`` on per-token log-probs [B, C]; ``scored_bc``: the tokens in
-    a kept row's p_mask; the loss is mean_b scale_b sum_c (policy + beta KL) (module doc).
+    a kept row's p_mask; the loss is mean_b scale_b sum_c (w policy + beta KL) (module doc),
+    w = ``policy_weight_bc`` (None: 1). ``clamp``: the bound on the log-ratios inside exp
+    (rl_sdar.py's 10; None: none, as rl_llada.py / rl_dream.py).
     ``old_logps_bc`` None, or ``old_is_current`` true: the detached current ones."""
     if old_logps_bc is None:
         old_logps_bc = jax.lax.stop_gradient(logps_bc)
     elif old_is_current is not None:
         old_logps_bc = jnp.where(old_is_current, jax.lax.stop_gradient(logps_bc), old_logps_bc)
     diff = jnp.where(scored_bc, logps_bc - old_logps_bc, 0.0)
-    ratio = jnp.exp(jnp.clip(diff, -10.0, 10.0))
+    bound = (lambda x: x) if clamp is None else (lambda x: jnp.clip(x, -clamp, clamp))
+    ratio = jnp.exp(bound(diff))
     adv = advantages_b[:, None].astype(jnp.float32)
     s1, s2 = ratio * adv, jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * adv
-    per_token = -jnp.where(scored_bc, jnp.minimum(s1, s2), 0.0)
+    policy = jnp.minimum(s1, s2) if policy_weight_bc is None else (
+        jnp.minimum(s1, s2) * policy_weight_bc)
+    per_token = -jnp.where(scored_bc, policy, 0.0)
     metrics = {}
     if beta > 0:
-        kl = jnp.exp(jnp.clip(-diff, -10.0, 10.0)) - 1.0 + diff if k3 else diff
+        kl = jnp.exp(bound(-diff)) - 1.0 + diff if k3 else diff
         kl = jnp.where(scored_bc, kl, 0.0)
         per_token = per_token + beta * kl
         metrics["kl"] = jnp.sum(kl) / jnp.maximum(jnp.sum(scored_bc), 1)

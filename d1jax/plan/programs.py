@@ -187,11 +187,16 @@ def _grpo_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[PlannedProg
         k = update_steps.grpo.hparams.position_chunk  # set for an accelerator above
         est = functools.partial(fl.ar_estimator, mcfg, rows, prompt, comp, chunk=k,
                                 peeled=_peeled(model))
-    elif cfg.objective == "tracerl":  # the clean row and its R noised copies, one forward
-        from d1jax.objectives import tracerl
+    elif cfg.objective == "tracerl":
+        from d1jax.objectives import tracerl, tracerl_full
         hp = update_steps.grpo.hparams
-        est = functools.partial(fl.stream_estimator, mcfg, rows, prompt, comp,
-                                tracerl.num_rounds(hp, tracerl.block_of(model, hp)))
+        if tracerl_full.is_full_attention(model, hp):  # R forwards of P + C, one per copy
+            est = functools.partial(fl.estimator, mcfg, rows, prompt, comp,
+                                    copies=tracerl_full.num_rounds(hp, comp),
+                                    peeled=_peeled(model))
+        else:  # the clean row and its R noised copies, one forward
+            est = functools.partial(fl.stream_estimator, mcfg, rows, prompt, comp,
+                                    tracerl.num_rounds(hp, tracerl.block_of(model, hp)))
     else:
         est = functools.partial(fl.estimator, mcfg, rows, prompt, comp,
                                 copies=fl.estimator_rows(cfg), peeled=_peeled(model))

@@ -274,7 +274,8 @@ def _hparams(g: GRPOSpec, s: smp.SamplerConfig) -> Any:
     if g.objective == "tracerl":
         t = g.tracerl
         return knobs.shared(tracerl.TraceRLConfig, t, block_size=t.block_size or None,
-                            post_num=None if t.post_num < 0 else t.post_num)
+                            post_num=None if t.post_num < 0 else t.post_num,
+                            use_attention_mask=mask)
     return None
 
 

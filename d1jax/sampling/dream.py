@@ -192,7 +192,8 @@ def _step(i: Array, x_bl: Array, logits_blv: Array, rng: Array, frac: Array,
 
 def diffusion_generate(predict_fn: PredictFn, params: Any, input_ids: Array,
                        attention_mask: Array | None, rng: Array,
-                       config: DreamGenerationConfig, max_length: int | None = None) -> Array:
+                       config: DreamGenerationConfig, max_length: int | None = None, *,
+                       trace: bool = False) -> Array | tuple[Array, Array]:
     """Generates ``config.max_new_tokens`` tokens after each (left-padded) prompt.
 
     Args:
@@ -204,8 +205,11 @@ def diffusion_generate(predict_fn: PredictFn, params: Any, input_ids: Array,
       rng: PRNG key; step i draws from ``dream_step_keys(rng, i)``.
       config: DreamGenerationConfig (static).
       max_length: the model's max_position_embeddings, checked when given.
+      trace: also return the trace (the same ids either way).
     Returns:
-      ids [B, Lp + max_new_tokens] int32: the prompt followed by the completion.
+      ids [B, Lp + max_new_tokens] int32: the prompt followed by the completion; with
+      ``trace``, (ids, decoded_at [B, max_new_tokens] int32: the step that unmasked each
+      completion token, -1 if none did: TraceRL's step map, dLLM-RL's denoise_step_map).
     """
     b, lp = input_ids.shape
     total = lp + config.max_new_tokens
@@ -224,9 +228,13 @@ def diffusion_generate(predict_fn: PredictFn, params: Any, input_ids: Array,
                         axis=1)
     frac = jnp.asarray(transfer_fractions(config.steps, config.eps))
 
-    def body(i, x):
-        return _step(i, x, predict_fn(params, x, mask), rng, frac, config)
-    return jax.lax.fori_loop(0, config.steps, body, x)
+    def body(i, carry):
+        x, dec = carry
+        new = _step(i, x, predict_fn(params, x, mask), rng, frac, config)
+        masked = config.mask_token_id
+        return new, jnp.where((x == masked) & (new != masked), i, dec)
+    x, dec = jax.lax.fori_loop(0, config.steps, body, (x, jnp.full(x.shape, -1, jnp.int32)))
+    return (x, dec[:, lp:]) if trace else x
 
 
 def predict_fn_of(model: Any) -> PredictFn:

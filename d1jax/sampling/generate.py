@@ -77,7 +77,8 @@ class GenerateOutput(NamedTuple):
     ids: Array  # [B, Lp + gen_length] int32: prompt followed by the completion.
     decoded_at: Array  # [B, gen_length] int32: global step (block * step_stride + i)
     #                    at which each token was unmasked: the per-step history (loop
-    #                    "sdar": the row's own step count; -1: not decoded).
+    #                    "sdar": the row's own step count; "dream": diffusion_generate's
+    #                    step; -1: not decoded).
     block_steps: Array  # [num_blocks] int32: model evaluations each block took.
 
 
@@ -149,16 +150,15 @@ def generate(model_fns: ModelFns | ApplyFn, params: Any, prompt_ids: Array,
 def _dream(fns: ModelFns, params: Any, prompt_ids: Array, prompt_mask: Array | None,
            rng: Array, config: SamplerConfig) -> GenerateOutput:
     """``loop="dream"``: Dream's ``diffusion_generate`` on the same model functions
-    (``decoded_at`` is not recorded: -1)."""
+    (``decoded_at``: its step that unmasked each token)."""
     from d1jax.sampling import dream
 
     def predict(p, ids, mask):
         return fns.forward(p, ids, mask, 0, ids.shape[1])
     mask = prompt_mask if config.use_attention_mask else None
-    ids = dream.diffusion_generate(predict, params, prompt_ids, mask, rng, config.dream_config())
-    b = prompt_ids.shape[0]
-    return GenerateOutput(ids, jnp.full((b, config.gen_length), -1, jnp.int32),
-                          jnp.full((1,), config.steps, jnp.int32))
+    ids, decoded_at = dream.diffusion_generate(predict, params, prompt_ids, mask, rng,
+                                               config.dream_config(), trace=True)
+    return GenerateOutput(ids, decoded_at, jnp.full((1,), config.steps, jnp.int32))
 
 
 def _block_loop(seq: DecodeState, fns: ModelFns, ctx: Context,
