@@ -54,23 +54,7 @@ def get_config(arg=None):
     t.shrink = 8
     t.post_num = 0
     t.beta = 0.01
-    c.lora.enabled = False  # rl_*.yaml train every parameter
-    c.optim.learning_rate = 1e-3 if tiny else 1e-6
-    c.optim.b2 = 0.999
-    c.optim.weight_decay = 0.0
-    c.optim.max_grad_norm = 1.0
-    c.optim.warmup_ratio = 0.0
-    c.optim.lr_schedule = "constant_with_warmup"  # cosine with min_lr_scale 1.0: constant
-    c.train.num_steps = 4 if tiny else 50  # experiment.total_step
-    c.grpo.num_epochs = 0
-    c.grpo.num_generations = 4 if tiny else 8  # num_response_per_task
-    c.grpo.prompts_per_step = 2 if tiny else 32  # num_task_per_step
-    c.grpo.num_iterations = 1
-    c.grpo.epsilon = 0.2
-    c.grpo.advantage = "zscore_filtered"
-    c.grpo.p_mask_prompt = 0.0  # TraceRL never masks the prompt
-    c.max_prompt_length = 24 if tiny else 512  # max_prompt_len
-    if not tiny:
-        c.optim.grad_accum = 32  # memory only
-        c.model.remat, c.model.unroll_layers = True, False
+    # rl_llada.yaml / rl_dream.yaml: experiment.total_step, num_response_per_task,
+    # num_task_per_step, max_prompt_len; accumulation for memory only
+    config.dllm_rl(c, tiny, steps=50, responses=8, tasks=32, max_prompt=512, grad_accum=32)
     return c

@@ -38,13 +38,7 @@ def get_config(arg=None):
     c.sft.loss = "block"  # the family's own; named so the file says what it trains
     c.sft.lower_p, c.sft.upper_p = 0.1, 0.9
     c.sft.post_num = 0
-    c.lora.enabled = False  # sft_sdar.py trains every parameter
-    c.optim.learning_rate = 1e-3 if tiny else 1e-5
-    c.optim.b2 = 0.999
-    c.optim.weight_decay = 0.0
-    c.optim.max_grad_norm = 1.0
-    c.optim.warmup_ratio = 0.0
-    c.optim.lr_schedule = "constant_with_warmup"  # cosine with min_lr_scale 1.0: constant
+    config.full_finetuning(c, 1e-3 if tiny else 1e-5)  # sft_sdar.py: every parameter
     if not tiny:
         c.sft.num_epochs = 1
         c.sft.batch_size = 128  # 1 row x 16 accumulation steps x 8 GPUs

@@ -37,25 +37,9 @@ def get_config(arg=None):
     c = config.grpo("letters" if tiny else "math500", rest, objective="tracerl",
                     checkpoint=checkpoint)
     block_diffusion_sampler(c, tiny)
-    c.lora.enabled = False  # rl_trado.yaml trains every parameter
-    c.optim.learning_rate = 1e-3 if tiny else 1e-6
-    c.optim.b2 = 0.999
-    c.optim.weight_decay = 0.0
-    c.optim.max_grad_norm = 1.0
-    c.optim.warmup_ratio = 0.0
-    c.optim.lr_schedule = "constant_with_warmup"  # cosine with min_lr_scale 1.0: constant
-    c.train.num_steps = 4 if tiny else 80  # experiment.total_step
-    c.grpo.num_epochs = 0
-    c.grpo.num_generations = 4 if tiny else 16  # num_response_per_task
-    c.grpo.prompts_per_step = 2 if tiny else 64  # num_task_per_step
-    c.grpo.num_iterations = 1
-    c.grpo.epsilon = 0.2
-    c.grpo.advantage = "zscore_filtered"
-    c.grpo.p_mask_prompt = 0.0  # TraceRL never masks the prompt
-    c.max_prompt_length = 24 if tiny else 784  # max_prompt_len
-    if not tiny:
-        c.optim.grad_accum = 128  # memory only (1 row a micro-batch on 8 chips)
-        c.model.remat, c.model.unroll_layers = True, False
+    # rl_trado.yaml: experiment.total_step, num_response_per_task, num_task_per_step,
+    # max_prompt_len; accumulation for memory only (1 row a micro-batch on 8 chips)
+    config.dllm_rl(c, tiny, steps=80, responses=16, tasks=64, max_prompt=784, grad_accum=128)
     return c
 
 

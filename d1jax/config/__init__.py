@@ -4,11 +4,11 @@ that need no model (``d1jax.run.spec`` translates and validates the rest)."""
 from pathlib import Path
 
 from d1jax.config import defaults
-from d1jax.config.defaults import (ConfigError, base, check_batch, check_workdir, eval_config,
-                                   grpo, sampler_fields, sft)
+from d1jax.config.defaults import (ConfigError, base, check_batch, check_workdir, dllm_rl,
+                                   eval_config, full_finetuning, grpo, sampler_fields, sft)
 
-__all__ = ["ConfigError", "base", "check_batch", "check_inputs", "check_workdir", "eval_config",
-           "grpo", "sampler_fields", "sft"]
+__all__ = ["ConfigError", "base", "check_batch", "check_inputs", "check_workdir", "dllm_rl",
+           "eval_config", "full_finetuning", "grpo", "sampler_fields", "sft"]
 
 
 def check_inputs(config, data: bool = True) -> None:

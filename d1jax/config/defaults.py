@@ -252,10 +252,7 @@ def _authors(c: mlc.ConfigDict, objective: str, tiny: bool) -> None:
 def _justgrpo(c: mlc.ConfigDict, tiny: bool) -> None:
     """LeapLabTHU/JustGRPO's train.py values (configs/justgrpo_gsm8k.py lists each)."""
     g, o, s = c.grpo, c.optim, c.sampler
-    c.lora.enabled = False  # train.py trains every parameter
-    o.learning_rate = 1e-3 if tiny else 5e-6
-    o.b2, o.weight_decay, o.max_grad_norm, o.warmup_ratio = 0.999, 0.0, 1.0, 0.0
-    o.lr_schedule = "constant_with_warmup"  # with no warmup: constant
+    full_finetuning(c, 1e-3 if tiny else 5e-6)  # train.py's AdamW on every parameter
     o.grad_accum = 1 if tiny else 16  # memory only: the loss is the same
     c.train.num_steps = 4 if tiny else 125
     g.num_epochs = 0  # train.num_steps, as train.py's total_steps
@@ -268,6 +265,38 @@ def _justgrpo(c: mlc.ConfigDict, tiny: bool) -> None:
     if not tiny:
         # Full fine-tuning of 8B with AdamW's float32 state: remat and the layer loop, as
         # coupled-GRPO's full fine-tuning (docs/tpu_plan.md).
+        c.model.remat, c.model.unroll_layers = True, False
+
+
+def full_finetuning(c: mlc.ConfigDict, learning_rate: float) -> None:
+    """Every parameter trained (no LoRA) by AdamW at a constant ``learning_rate``: b2 0.999,
+    no weight decay, gradients clipped to norm 1, no warmup. JustGRPO's train.py and
+    Gen-Verse/dLLM-RL's sft_*.yaml / rl_*.yaml (a cosine with min_lr_scale 1.0) all train so."""
+    o = c.optim
+    c.lora.enabled = False
+    o.learning_rate = learning_rate
+    o.b2, o.weight_decay, o.max_grad_norm, o.warmup_ratio = 0.999, 0.0, 1.0, 0.0
+    o.lr_schedule = "constant_with_warmup"  # with no warmup: constant
+
+
+def dllm_rl(c: mlc.ConfigDict, tiny: bool, *, steps: int, responses: int, tasks: int,
+            max_prompt: int, grad_accum: int) -> None:
+    """TraceRL as Gen-Verse/dLLM-RL's rl_*.yaml run it, beside the sampler and the trace
+    knobs each config sets: full fine-tuning at 1e-6 (tiny: 1e-3), ``steps`` optimizer steps
+    (experiment.total_step), ``tasks`` prompts of ``responses`` completions a step, one
+    update a rollout, clip 0.2, accuracy-filtered z-score advantages, no prompt token masked;
+    at full size ``grad_accum`` micro-batches (memory only), remat and the layer loop."""
+    full_finetuning(c, 1e-3 if tiny else 1e-6)
+    g = c.grpo
+    c.train.num_steps = 4 if tiny else steps
+    g.num_epochs = 0
+    g.num_generations = 4 if tiny else responses  # num_response_per_task
+    g.prompts_per_step = 2 if tiny else tasks  # num_task_per_step
+    g.num_iterations, g.epsilon, g.advantage = 1, 0.2, "zscore_filtered"
+    g.p_mask_prompt = 0.0  # TraceRL never masks the prompt
+    c.max_prompt_length = 24 if tiny else max_prompt  # max_prompt_len
+    if not tiny:
+        c.optim.grad_accum = grad_accum
         c.model.remat, c.model.unroll_layers = True, False
 
 
