@@ -229,6 +229,39 @@ def test_unrolled_layers_equal_the_scanned_ones(tiny_config, layers):
                      g1, g2)
 
 
+def test_layer_loop_keeps_no_copy_of_the_weights_for_the_backward(tiny_config):
+    """Without remat the loop keeps every layer's activations for the backward, but not the
+    slices of the stacked weights it reads (``loop_residuals``): a stacked residual of a
+    weight's shape would be a second copy of the middle layers (13 GB at 8B). The LoRA
+    adapters' residuals stay (rank-sized)."""
+    import contextlib
+    import io
+
+    import jax.ad_checkpoint
+    cfg = dataclasses.replace(tiny_config, n_layers=5)  # first, 3 middle, last
+    lora = d1jax.LoraConfig(rank=4, alpha=8.0, dropout=0.0)
+    model = d1jax.LLaDA(cfg, lora=lora, unroll_layers=False, remat=False)
+    params = d1jax.init_params(model, jax.random.key(0))
+    ids = np.random.RandomState(1).randint(0, cfg.vocab_size, (2, 10))
+    is_lora = ["lora" in jax.tree_util.keystr(k)
+               for k, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    leaves, tree = jax.tree.flatten(params)
+
+    def loss(adapters):  # gradients of the adapters only, as under LoRA
+        it = iter(adapters)
+        p = jax.tree.unflatten(tree, [next(it) if a else w for a, w in zip(is_lora, leaves)])
+        return model.apply({"params": p}, ids).astype(jnp.float32).sum()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        jax.ad_checkpoint.print_saved_residuals(
+            loss, [w for a, w in zip(is_lora, leaves) if a])
+    saved = out.getvalue()
+    middle = [f"[3,{','.join(map(str, w.shape[1:]))}]"
+              for a, w in zip(is_lora, leaves) if not a and w.ndim == 3]
+    assert middle and "output of scan" in saved  # the loop ran and kept activations
+    assert not [m for m in middle if m in saved], saved
+
+
 @pytest.mark.parametrize("remat", [False, True])
 @pytest.mark.parametrize("unroll", [False, True])
 def test_rows_of_the_last_layer_equal_the_full_forward(tiny_config, unroll, remat):

@@ -109,6 +109,15 @@ def read_widths(n_out: int) -> tuple[int, ...]:
 _STATIC_BLOCK_ARGS = (4, 5, 10)
 
 
+def loop_residuals(prim, *_, **__) -> bool:
+    """The checkpoint policy of a middle layer in the loop without remat: every value is kept
+    for the backward as without a checkpoint, except the reads of the layer's weights from the
+    stacked params (a dynamic slice, its squeeze). Kept, the loop stacks each layer's slice
+    into a residual buffer: a second copy of the middle layers' weights (13 GB at 8B in
+    bf16); recomputed, the backward slices the stack again."""
+    return prim not in (jax.lax.dynamic_slice_p, jax.lax.squeeze_p)
+
+
 class LLaDA(nn.Module):
     """The LLaDA mask predictor.
 
@@ -239,6 +248,8 @@ class LLaDA(nn.Module):
             if self.remat:  # outside a loop XLA could merge the recompute into the forward
                 layer = jax.checkpoint(layer, prevent_cse=not in_loop, static_argnums=(
                     () if in_loop else (1,)), policy=jax.checkpoint_policies.nothing_saveable)
+            elif in_loop:  # every residual kept but the layer's weights (loop_residuals)
+                layer = jax.checkpoint(layer, prevent_cse=False, policy=loop_residuals)
             return layer(x, i, upto)
 
         if self.unrolled() or n <= 2:
