@@ -181,6 +181,14 @@ def rollout_chunks(rows: int, rollout_batch: int, data_parallel: int,
     return rows // rollout_batch
 
 
+def smaller_rollout_batch(rows: int, rollout_batch: int, data_parallel: int) -> int | None:
+    """The largest ``grpo.rollout_batch`` at most half of the current one (0: all ``rows``)
+    that ``rollout_chunks`` accepts; None where none is."""
+    now = rollout_batch or rows
+    fits = [k for k in range(data_parallel, now // 2 + 1, data_parallel) if rows % k == 0]
+    return fits[-1] if fits else None
+
+
 # d1's per-task inner iterations (slurm_scripts/*_base.sbatch NUM_ITER).
 _MU = {"gsm8k": 12, "math500": 12, "sudoku": 8, "countdown": 8}
 
