@@ -14,7 +14,7 @@ import pytest
 
 from d1jax import config as config_lib
 from d1jax.model import LoraConfig, preset
-from d1jax.plan import chips, flops, hlo
+from d1jax.plan import chips, flops, grid, hlo
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -570,6 +570,18 @@ def test_advice_names_only_changes_the_batch_checks_accept():
     assert plan_lib.advice(dc.replace(grpo, program="rollout_logps"), gsm8k) == \
         "fewer prompts per step (--config.grpo.prompts_per_step), more chips or a chip with " \
         "more HBM"
+    # the rollout: smaller sampler calls (TraDo's 1,024 rows, fsdp 4), then a shorter completion
+    trado = plan_lib.as_spec(grid.load_config("configs/sdar/tracerl_math.py"))
+    rollout = dc.replace(grpo, program="rollout")
+    assert plan_lib.advice(rollout, dc.replace(trado, grpo_run=dc.replace(
+        trado.grpo_run, rollout_batch=0))).startswith(
+        "generate in smaller sampler calls: --config.grpo.rollout_batch=512 (now 1024 rows")
+    assert plan_lib.advice(rollout, trado).startswith(
+        f"generate in smaller sampler calls: --config.grpo.rollout_batch="
+        f"{trado.grpo_run.rollout_batch // 2} (now {trado.grpo_run.rollout_batch} rows")
+    smallest = dc.replace(trado, grpo_run=dc.replace(trado.grpo_run, rollout_batch=4))
+    assert plan_lib.advice(rollout, smallest).startswith(
+        "generate a shorter completion (--config.sampler.gen_length=1000)")
 
 
 def test_topology_names():

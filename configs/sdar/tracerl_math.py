@@ -55,6 +55,9 @@ def get_config(arg=None):
     c.max_prompt_length = 24 if tiny else 784  # max_prompt_len
     if not tiny:
         c.optim.grad_accum = 128  # memory only (1 row a micro-batch on 8 chips)
+        # 1,024 rows fit no slice as one sampler call (docs/tpu_plan.md, "SDAR and
+        # TraDo-8B"): 8 calls of 8 tasks x 16, as their engine rolls out in batches
+        c.grpo.rollout_batch = 128
         c.model.remat, c.model.unroll_layers = True, False
     return c
 
