@@ -385,6 +385,19 @@ def test_weights_replicated_reads_the_weights_shardings_not_the_argument_bytes()
 
 
 @needs_tpu
+def test_plan_only_the_programs_named(sampler_by_fsdp):
+    from d1jax.plan import compile as plan_lib
+    c = _eval_config(vocab=1152)
+    c.eval.gen_lengths = (16, 32)
+    only = plan_lib.plan(c, "v5e:2x2", (1, 4, 1), programs=("eval_sampler_16",))
+    assert [e.program for e in only] == ["eval_sampler_16"]
+    assert only[0].cached  # the fixture's program: read back, not compiled again
+    with pytest.raises(ValueError, match="no program 'rollout' in this run: its programs are "
+                                         "eval_sampler_16, eval_sampler_32"):
+        plan_lib.plan(c, "v5e:2x2", (1, 4, 1), programs=("rollout",))
+
+
+@needs_tpu
 def test_oversized_config_is_refused_with_one_line(tmp_path):
     from d1jax.plan import compile as plan_lib
     big = _eval_config(batch=2**15, vocab=2**16)  # 16 GiB of block logits per chip

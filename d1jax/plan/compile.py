@@ -281,12 +281,14 @@ def require_libtpu() -> None:
 
 
 def plan(run, topology: str, mesh_shape: tuple[int, ...] | None = None,
-         on_estimate=None, cache_dir: str | None = None) -> list[Estimate]:
+         on_estimate=None, cache_dir: str | None = None,
+         programs: tuple[str, ...] = ()) -> list[Estimate]:
     """Estimates for every program of ``run`` (a ``RunSpec``, or a config translated here
     once) on ``topology`` ("v5p:2x2x1", "v5e-8", ...); ``mesh_shape`` (data, fsdp, tensor)
     overrides the spec's mesh shape. ``on_estimate`` is called with each estimate as soon as
     it is ready (8B programs take minutes). ``cache_dir``: where compiled figures are kept
     (``cache.cache_dir``: default $D1JAX_PLAN_CACHE or ~/.cache/d1jax/plan; "" for none).
+    ``programs``: plan only those (by name; default all).
 
     The programs are traced one after the other and compiled at the same time, one thread
     each: XLA releases the GIL while it compiles."""
@@ -299,7 +301,13 @@ def plan(run, topology: str, mesh_shape: tuple[int, ...] | None = None,
     root = plan_cache.cache_dir(cache_dir)
     if root is not None:
         plan_cache.use_jax_cache(root)
-    programs, lowered = build_programs(spec, mesh), []
+    built = build_programs(spec, mesh)
+    names = [p.name for p in built]
+    unknown = sorted(set(programs) - set(names))
+    if unknown:
+        raise ValueError(f"no program {unknown[0]!r} in this run: its programs are "
+                         f"{', '.join(names)}")
+    programs, lowered = [p for p in built if not programs or p.name in programs], []
     for program in programs:
         t0 = time.perf_counter()
         lowered.append((lower(program, topology), time.perf_counter() - t0))
