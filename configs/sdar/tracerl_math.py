@@ -56,8 +56,9 @@ def get_config(arg=None):
     if not tiny:
         c.optim.grad_accum = 128  # memory only (1 row a micro-batch on 8 chips)
         # 1,024 rows fit no slice as one sampler call (docs/tpu_plan.md, "SDAR and
-        # TraDo-8B"): 8 calls of 8 tasks x 16, as their engine rolls out in batches
-        c.grpo.rollout_batch = 128
+        # TraDo-8B"): 16 calls of 4 tasks x 16, which fit v5p-8 and v6e-8 (128 rows: v5p-8
+        # only), as their engine rolls out in batches
+        c.grpo.rollout_batch = 64
         c.model.remat, c.model.unroll_layers = True, False
     return c
 

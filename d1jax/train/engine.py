@@ -1,6 +1,7 @@
 """GRPOEngine: the jitted pieces of one diffu-GRPO iteration, wired to a mesh.
 
-rollout(): prompts -> G completions each (jitted sampler) -> decoded text -> task rewards
+rollout(): prompts -> G completions each (jitted sampler, in calls of ``grpo.rollout_batch``
+rows) -> decoded text -> task rewards
 -> group advantages -> old and reference per-token log-probs for all mu mask seeds (one
 batched estimator call each, before any update, as d1; the first seed's old ones come from
 the first update itself, ``pure_steps.first_old_from_update``; the reference is the base
