@@ -141,7 +141,14 @@ def test_hint_prefers_knobs_a_rerun_resumes_under():
     assert jax.device_count() == 8
     last = oom.hint(grpo(**{"model.remat": True, "optim.grad_accum": 4}), "grpo_update")
     assert "grad_accum" not in last and "--config.grpo.prompts_per_step (a new run)" in last
-    assert "--config.grpo.prompts_per_step" in oom.hint(grpo(), "rollout sampler")
+    # the rollout: smaller sampler calls first (32 rows in calls of 16), down to 8 (a device's)
+    assert oom.hint(grpo(), "rollout sampler").startswith(
+        "generate in smaller sampler calls: --config.grpo.rollout_batch=16 (now 32 rows a "
+        "call), or a larger mesh")
+    assert oom.hint(grpo(**{"grpo.rollout_batch": 16}), "rollout sampler").startswith(
+        "generate in smaller sampler calls: --config.grpo.rollout_batch=8 (now 16 rows")
+    assert "--config.grpo.prompts_per_step" in oom.hint(grpo(**{"grpo.rollout_batch": 8}),
+                                                        "rollout sampler")
     assert oom.hint(grpo(), "model setup").startswith("shard the weights over more devices")
 
 
@@ -164,8 +171,9 @@ def test_rollout_sampler_refused_at_compile_time_names_both_sizes(tmp_path):
     """libtpu's compile-time message, on the first rollout: nothing saved yet, nothing made."""
     r = run(tmp_path, fault=("sampler", "1", TPU_COMPILE))
     hint = oom.hint(spec_lib.from_config(learnable.config()), "rollout sampler")
-    assert hint == ("a larger mesh: --config.mesh.shape (now (-1, 1, 1) on 8 devices), or fewer "
-                    "--config.grpo.prompts_per_step (a new run)")
+    assert hint == ("generate in smaller sampler calls: --config.grpo.rollout_batch=16 (now 32 "
+                    "rows a call), or a larger mesh: --config.mesh.shape (now (-1, 1, 1) on 8 "
+                    "devices)")
     assert failed_in_one_line(r) == ("error: rollout sampler ran out of device memory: needs "
                                      f"20.6 GiB, the device has 15.5 GiB; {hint}")
     assert checkpoints(tmp_path) == [] and not (tmp_path / "d1jax.lock").exists()

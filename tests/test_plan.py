@@ -14,7 +14,7 @@ import pytest
 
 from d1jax import config as config_lib
 from d1jax.model import LoraConfig, preset
-from d1jax.plan import chips, flops, hlo
+from d1jax.plan import chips, flops, grid, hlo
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -348,6 +348,55 @@ def test_xla_refusals_for_memory_are_read_in_every_unit():
     assert oom_bytes("INVALID_ARGUMENT: Custom emitter for foo not found") is None
 
 
+def test_weights_replicated_reads_the_weights_shardings_not_the_argument_bytes():
+    """Full fine-tuning in bfloat16 on 4 chips (CPU devices; nothing compiled): fsdp 4 holds
+    a quarter of the float32 master weights and AdamW moments a chip, more bytes than the
+    bfloat16 weights (what the column once compared), and is no replicated copy; data 4
+    holds every element of them on every chip, and is."""
+    import dataclasses as dc
+    from d1jax.plan import compile as plan_lib
+    from d1jax.plan.programs import PlanSpec, build_programs
+    c = config_lib.grpo("sudoku", "tiny")
+    c.lora.enabled, c.model.param_dtype = False, "bfloat16"
+    spec = PlanSpec.of(plan_lib.as_spec(c))
+    assert spec.run.optim.master_dtype == jnp.float32
+
+    def estimates(shape):
+        mesh = dc.replace(spec.run.mesh, shape=shape).build(jax.devices()[:4])
+        fields = {f.name: 0 for f in dc.fields(plan_lib.Estimate)}
+        out = {}
+        for p in build_programs(spec, mesh):
+            fields.update(program=p.name, mesh=dict(mesh.shape), weight_bytes=p.weight_bytes,
+                          argument_bytes=plan_lib._per_chip_bytes(p.args),
+                          weight_share=plan_lib.weight_share(p.weight_args))
+            out[p.name] = plan_lib.Estimate(**fields)
+        return out
+
+    sharded, replicated = estimates((1, 4, 1)), estimates((4, 1, 1))
+    update = sharded["grpo_update"]
+    assert update.argument_bytes >= update.weight_bytes  # the old test's YES
+    for name in ("rollout", "rollout_logps", "grpo_update"):
+        assert sharded[name].weight_share < 0.3, name  # a quarter (norm scales whole)
+        assert not sharded[name].weights_replicated, name
+        assert replicated[name].weight_share == 1.0 and replicated[name].weights_replicated
+    # one chip holds everything, and that is no waste
+    one = dc.replace(replicated["rollout"], mesh={"data": 1, "fsdp": 1, "tensor": 1})
+    assert not one.weights_replicated
+
+
+@needs_tpu
+def test_plan_only_the_programs_named(sampler_by_fsdp):
+    from d1jax.plan import compile as plan_lib
+    c = _eval_config(vocab=1152)
+    c.eval.gen_lengths = (16, 32)
+    only = plan_lib.plan(c, "v5e:2x2", (1, 4, 1), programs=("eval_sampler_16",))
+    assert [e.program for e in only] == ["eval_sampler_16"]
+    assert only[0].cached  # the fixture's program: read back, not compiled again
+    with pytest.raises(ValueError, match="no program 'rollout' in this run: its programs are "
+                                         "eval_sampler_16, eval_sampler_32"):
+        plan_lib.plan(c, "v5e:2x2", (1, 4, 1), programs=("rollout",))
+
+
 @needs_tpu
 def test_oversized_config_is_refused_with_one_line(tmp_path):
     from d1jax.plan import compile as plan_lib
@@ -534,6 +583,18 @@ def test_advice_names_only_changes_the_batch_checks_accept():
     assert plan_lib.advice(dc.replace(grpo, program="rollout_logps"), gsm8k) == \
         "fewer prompts per step (--config.grpo.prompts_per_step), more chips or a chip with " \
         "more HBM"
+    # the rollout: smaller sampler calls (TraDo's 1,024 rows, fsdp 4), then a shorter completion
+    trado = plan_lib.as_spec(grid.load_config("configs/sdar/tracerl_math.py"))
+    rollout = dc.replace(grpo, program="rollout")
+    assert plan_lib.advice(rollout, dc.replace(trado, grpo_run=dc.replace(
+        trado.grpo_run, rollout_batch=0))).startswith(
+        "generate in smaller sampler calls: --config.grpo.rollout_batch=512 (now 1024 rows")
+    assert plan_lib.advice(rollout, trado).startswith(
+        f"generate in smaller sampler calls: --config.grpo.rollout_batch="
+        f"{trado.grpo_run.rollout_batch // 2} (now {trado.grpo_run.rollout_batch} rows")
+    smallest = dc.replace(trado, grpo_run=dc.replace(trado.grpo_run, rollout_batch=4))
+    assert plan_lib.advice(rollout, smallest).startswith(
+        "generate a shorter completion (--config.sampler.gen_length=1000)")
 
 
 def test_topology_names():

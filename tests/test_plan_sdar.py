@@ -42,3 +42,30 @@ def test_tiny_tracerl_programs_compile_with_the_trace():
         batch = program.args[1]
         rows, completion = batch.completion_ids.shape
         assert batch.per_row["decoded_at"].shape == (rows, completion), program.name
+
+
+@needs_tpu
+def test_the_rollout_is_planned_at_rollout_batch_rows():
+    """grpo.rollout_batch: the sampler program takes that many rows, one of the step's calls
+    (nothing compiled here); a size the run would refuse is refused the same way."""
+    import dataclasses
+
+    from d1jax.config import ConfigError
+    from d1jax.plan import chips, compile as plan_lib, report
+    from d1jax.plan.programs import PlanSpec, build_programs
+    _, devices = chips.topology_devices("v5e:2x2")
+    c = grid.load_config("configs/sdar/tracerl_math.py:tiny")
+    rows = c.grpo.prompts_per_step * c.grpo.num_generations  # 8, on 4 chips
+    c.grpo.rollout_batch = 4
+    spec = PlanSpec.of(plan_lib.as_spec(c))
+    mesh = dataclasses.replace(spec.run.mesh, shape=(1, 4, 1)).build(devices)
+    rollout, logps, update = build_programs(spec, mesh)
+    assert rollout.args[1].shape[0] == 4 and rollout.calls == rows // 4
+    assert rollout.sequences == 4 and logps.args[1].completion_ids.shape[0] == rows
+    fields = {f.name: 0 for f in dataclasses.fields(plan_lib.Estimate)}
+    fields.update(program="rollout", mesh=dict(mesh.shape), calls=rollout.calls, refused=True)
+    assert "| rollout (1 of 2 calls) | 1,4,1 |" in report.table([plan_lib.Estimate(**fields)])
+    c.grpo.rollout_batch = 2  # not a multiple of the 4 data-parallel chips
+    with pytest.raises(ConfigError, match="grpo.rollout_batch=2 is not a multiple of the "
+                                          "data-parallel size 4"):
+        build_programs(PlanSpec.of(plan_lib.as_spec(c)), mesh)

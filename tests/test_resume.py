@@ -73,7 +73,7 @@ MAY_CHANGE_TOO = {  # the other fields that may change, by name
     "train.async_checkpoints", "train.compile_cache", "train.export_hf",
     "train.if_incompatible", "train.keep_best_metric", "train.max_to_keep",
     "train.sample_every", "train.stop_after", "train.stopped_exit_code",
-    "sft.eps", "sft.num_epochs", "grpo.num_epochs", "grpo.token_mean",
+    "sft.eps", "sft.num_epochs", "grpo.num_epochs", "grpo.token_mean", "grpo.rollout_batch",
     "sampler.loop", "sampler.alg", "sampler.top_p", "sampler.top_k",
     "grpo.justgrpo.gain", "grpo.justgrpo.position_chunk",
     "grpo.tracerl.beta", "grpo.tracerl.block_size", "grpo.tracerl.lower_p",

@@ -19,6 +19,10 @@ scores the boxed answer of MATH_train; random_masking and coupled: ``grpo.tracer
       --config.model.path=/path/to/TraDo-8B-Instruct
   python -m d1jax.main --config=configs/sdar/tracerl_math.py:tiny --workdir=/tmp/trado  # letters
 
+Fits v5p-8 as shipped; on v6e-8 the update needs every chip on the tensor axis:
+``--config.mesh.shape="(1,1,8)" --config.optim.grad_accum=1024`` (docs/tpu_plan.md, "SDAR and
+TraDo-8B"). The rollout runs in 16 sampler calls of 64 rows (``grpo.rollout_batch``).
+
 ``:sdar`` starts from SDAR-*-Chat (``$SDAR_PATH``) instead of TraDo (``$TRADO_PATH``).
 Fields and their meaning: docs/configs.md; builder d1jax/config/defaults.py (grpo;
 config.grpo.tracerl for its own knobs); docs/objectives.md (TraceRL).
@@ -40,6 +44,11 @@ def get_config(arg=None):
     # rl_trado.yaml: experiment.total_step, num_response_per_task, num_task_per_step,
     # max_prompt_len; accumulation for memory only (1 row a micro-batch on 8 chips)
     config.dllm_rl(c, tiny, steps=80, responses=16, tasks=64, max_prompt=784, grad_accum=128)
+    if not tiny:
+        # 1,024 rows fit no slice as one sampler call (docs/tpu_plan.md, "SDAR and
+        # TraDo-8B"): 16 calls of 4 tasks x 16, which fit v5p-8 and v6e-8 (128 rows: v5p-8
+        # only), as their engine rolls out in batches
+        c.grpo.rollout_batch = 64
     return c
 
 

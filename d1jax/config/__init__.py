@@ -5,10 +5,12 @@ from pathlib import Path
 
 from d1jax.config import defaults
 from d1jax.config.defaults import (ConfigError, base, check_batch, check_workdir, dllm_rl,
-                                   eval_config, full_finetuning, grpo, sampler_fields, sft)
+                                   eval_config, full_finetuning, grpo, rollout_chunks,
+                                   sampler_fields, sft, smaller_rollout_batch)
 
 __all__ = ["ConfigError", "base", "check_batch", "check_inputs", "check_workdir", "dllm_rl",
-           "eval_config", "full_finetuning", "grpo", "sampler_fields", "sft"]
+           "eval_config", "full_finetuning", "grpo", "rollout_chunks", "sampler_fields", "sft",
+           "smaller_rollout_batch"]
 
 
 def check_inputs(config, data: bool = True) -> None:

@@ -160,6 +160,35 @@ def check_batch(global_batch: int, group: int, data_parallel: int, what: str,
             f"from fsdp to the tensor axis (config.mesh.shape)")
 
 
+def rollout_chunks(rows: int, rollout_batch: int, data_parallel: int,
+                   processes: int = 1) -> int:
+    """Sampler calls of one rollout of ``rows`` rows (all hosts) in calls of
+    ``rollout_batch`` rows (``grpo.rollout_batch``; 0: one call of every row). Each call
+    must split evenly over the data-parallel devices and each host's rows into the calls."""
+    if rollout_batch == 0:
+        return 1
+    what = f"grpo.rollout_batch={rollout_batch}"
+    if rollout_batch < 0 or rows % rollout_batch:
+        raise ConfigError(f"{what} must be 0 (one call) or a positive divisor of the rollout's "
+                          f"{rows} rows (grpo.prompts_per_step x num_generations)")
+    if rollout_batch % data_parallel:
+        raise ConfigError(f"{what} is not a multiple of the data-parallel size {data_parallel} "
+                          "(mesh data x fsdp): every device generates an equal share of each "
+                          "call; set a multiple of it")
+    if rollout_batch % processes:
+        raise ConfigError(f"{what} does not split over the {processes} processes (each host "
+                          "generates its share of every call)")
+    return rows // rollout_batch
+
+
+def smaller_rollout_batch(rows: int, rollout_batch: int, data_parallel: int) -> int | None:
+    """The largest ``grpo.rollout_batch`` at most half of the current one (0: all ``rows``)
+    that ``rollout_chunks`` accepts; None where none is."""
+    now = rollout_batch or rows
+    fits = [k for k in range(data_parallel, now // 2 + 1, data_parallel) if rows % k == 0]
+    return fits[-1] if fits else None
+
+
 # d1's per-task inner iterations (slurm_scripts/*_base.sbatch NUM_ITER).
 _MU = {"gsm8k": 12, "math500": 12, "sudoku": 8, "countdown": 8}
 

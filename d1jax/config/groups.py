@@ -245,6 +245,11 @@ class GRPOKnobs:
     num_generations: int = knob(6, "G: completions per prompt.", tiny=4)
     prompts_per_step: int = knob(16, "Prompts per optimizer step, all hosts (8 GPUs x 6 x 2 "
                                  "accum / G in d1).", tiny=2)
+    rollout_batch: int = knob(
+        0, "Rows per rollout sampler call, all hosts (0: all prompts_per_step x G rows in one "
+        "call). Must divide that and be a multiple of the data-parallel size (mesh data x "
+        "fsdp); one program serves every call. Chunks draw other samples than one call (the "
+        "samplers draw a whole batch's noise from one key; chunk c > 0 uses fold_in(key, c)).")
     num_iterations: int = knob(12, "mu: inner updates per rollout, each with a fresh mask seed "
                                "(d1: 12 gsm8k, math500; 8 sudoku, countdown).", tiny=2)
     beta: float = knob(0.04, "beta: weight of the k3 KL to the reference policy (wd1, spg: 0, "

@@ -25,6 +25,8 @@ _TOPOLOGY = flags.DEFINE_string("topology", "v5p:2x2x1",
 _MESH = flags.DEFINE_string("mesh", "", "data,fsdp,tensor sizes (one may be -1); default: "
                                         "config.mesh.shape.")
 _JSON = flags.DEFINE_string("json", "", "Also write the figures to this JSON file.")
+_PROGRAMS = flags.DEFINE_list("programs", [], "Plan only these programs (e.g. rollout,"
+                               "grpo_update); default every program of the run.")
 _CACHE = flags.DEFINE_string("cache_dir", None, "Compiled figures kept for the next plan "
                              "(d1jax/plan/cache.py); default $D1JAX_PLAN_CACHE or "
                              "~/.cache/d1jax/plan; '' plans without a cache.")
@@ -73,7 +75,8 @@ def _plan(config, workdir: None) -> None:
     plan_lib.require_libtpu()
     try:
         estimates = plan_lib.plan(run, _TOPOLOGY.value, _mesh_shape(_MESH.value),
-                                  on_estimate=_progress, cache_dir=_CACHE.value)
+                                  on_estimate=_progress, cache_dir=_CACHE.value,
+                                  programs=tuple(_PROGRAMS.value))
     except (ValueError, ImportError) as e:  # a topology or mesh the planner cannot use
         if isinstance(e, ConfigError):
             raise

@@ -68,6 +68,9 @@ class Estimate:
     vocab_tensor_bytes: int | None  # largest per-chip tensor with the vocab axis; None: refused
     tokens: int = 0
     sequences: int = 0
+    calls: int = 1  # calls of the program a step (figures above are per call)
+    # Share of the weights' elements a chip's weight arguments hold (``weight_share``).
+    weight_share: float = 0.0
     cached: bool = False  # figures read from the plan cache (compile_s: lowering and reading)
     # XLA refused to compile it for lack of HBM: total_bytes is what its message names (the
     # arguments by the rules, the rest as temporaries); no time, no vocab figure.
@@ -102,8 +105,11 @@ class Estimate:
 
     @property
     def weights_replicated(self) -> bool:
-        """A chip holds a whole copy of the weights (fine on one chip, waste on many)."""
-        return self.chips > 1 and self.argument_bytes >= self.weight_bytes
+        """A chip holds a whole copy of the weights (fine on one chip, waste on many): its
+        weight arguments, by their shardings, hold every element. Counted in elements, not
+        bytes: full fine-tuning's float32 master weights and AdamW moments, sharded, take
+        more bytes a chip than the bfloat16 weights while holding a 1/fsdp share."""
+        return self.chips > 1 and self.weight_share >= 1.0
 
     @property
     def logits_materialised(self) -> bool | None:
@@ -123,6 +129,16 @@ class Estimate:
                    sequences_per_s_per_chip=self.sequences / self.chips
                    / max(self.seconds, 1e-30))
         return out
+
+
+def weight_share(weights) -> float:
+    """Elements a chip holds of ``weights`` (ShapeDtypeStructs or arrays with shardings) over
+    their global count: 1.0 for a whole copy on every chip, 1/n sharded n ways."""
+    leaves = jax.tree.leaves(weights)
+    total = sum(math.prod(a.shape) for a in leaves)
+    held = sum(math.prod(a.sharding.shard_shape(a.shape) if a.sharding is not None else a.shape)
+               for a in leaves)
+    return held / total if total else 0.0
 
 
 def _per_chip_bytes(args) -> int:
@@ -230,7 +246,8 @@ def estimate(program: PlannedProgram, spec: PlanSpec, mesh, chip: chips.Chip, to
         logits_bytes_per_chip=program.logits_bytes // n,
         vocab_tensor_bytes=got.vocab_tensor_bytes,
         tokens=program.tokens,
-        sequences=program.sequences,
+        sequences=program.sequences, calls=program.calls,
+        weight_share=weight_share(program.weight_args),
         cached=cached, refused=got.refused)
 
 
@@ -264,12 +281,14 @@ def require_libtpu() -> None:
 
 
 def plan(run, topology: str, mesh_shape: tuple[int, ...] | None = None,
-         on_estimate=None, cache_dir: str | None = None) -> list[Estimate]:
+         on_estimate=None, cache_dir: str | None = None,
+         programs: tuple[str, ...] = ()) -> list[Estimate]:
     """Estimates for every program of ``run`` (a ``RunSpec``, or a config translated here
     once) on ``topology`` ("v5p:2x2x1", "v5e-8", ...); ``mesh_shape`` (data, fsdp, tensor)
     overrides the spec's mesh shape. ``on_estimate`` is called with each estimate as soon as
     it is ready (8B programs take minutes). ``cache_dir``: where compiled figures are kept
     (``cache.cache_dir``: default $D1JAX_PLAN_CACHE or ~/.cache/d1jax/plan; "" for none).
+    ``programs``: plan only those (by name; default all).
 
     The programs are traced one after the other and compiled at the same time, one thread
     each: XLA releases the GIL while it compiles."""
@@ -282,7 +301,13 @@ def plan(run, topology: str, mesh_shape: tuple[int, ...] | None = None,
     root = plan_cache.cache_dir(cache_dir)
     if root is not None:
         plan_cache.use_jax_cache(root)
-    programs, lowered = build_programs(spec, mesh), []
+    built = build_programs(spec, mesh)
+    names = [p.name for p in built]
+    unknown = sorted(set(programs) - set(names))
+    if unknown:
+        raise ValueError(f"no program {unknown[0]!r} in this run: its programs are "
+                         f"{', '.join(names)}")
+    programs, lowered = [p for p in built if not programs or p.name in programs], []
     for program in programs:
         t0 = time.perf_counter()
         lowered.append((lower(program, topology), time.perf_counter() - t0))
@@ -343,6 +368,13 @@ def advice(e: Estimate, run: spec_lib.RunSpec) -> str:
         return ("fewer prompts per step (--config.grpo.prompts_per_step), more chips or a "
                 "chip with more HBM")
     if run.sampler is not None and e.program == "rollout":
+        g, dp = run.grpo_run, e.mesh.get("data", 1) * fsdp
+        rows = step_rows(run)
+        k = config_lib.smaller_rollout_batch(rows, g.rollout_batch, dp)
+        if k is not None:
+            return (f"generate in smaller sampler calls: --config.grpo.rollout_batch={k} "
+                    f"(now {g.rollout_batch or rows} rows a call), or a shorter completion "
+                    f"(--config.sampler.gen_length={run.sampler.gen_length // 2})")
         return (f"generate a shorter completion (--config.sampler.gen_length="
                 f"{run.sampler.gen_length // 2}) or fewer prompts per step "
                 f"(--config.grpo.prompts_per_step)")

@@ -58,6 +58,11 @@ class PlannedProgram:
     logits_bytes: int  # Global bytes of float32 [B, L, V] logits of its batch.
     tokens: int = 0  # Tokens generated per call (samplers).
     sequences: int = 0  # Sequences generated per call (samplers).
+    calls: int = 1  # Calls a step (the rollout sampler: grpo.rollout_batch rows a call).
+    # The arguments holding the model's weights (params, or the state's trainable and
+    # frozen params: float32 master weights under full fine-tuning): whether a chip holds a
+    # whole copy is read from their shardings (``compile.weight_share``).
+    weight_args: Any = None
 
 
 class _TokenizerShape:
@@ -143,9 +148,10 @@ def build_programs(spec: PlanSpec, mesh: Mesh) -> list[PlannedProgram]:
     return builders[spec.run.stage](spec.run, model, mesh)
 
 
-def _sampler_program(name: str, steps: steps_lib.JittedSteps, rows: int, prompt: int
-                     ) -> PlannedProgram:
-    """The run's rollout / eval sampler on [rows, prompt] prompts."""
+def _sampler_program(name: str, steps: steps_lib.JittedSteps, rows: int, prompt: int,
+                     calls: int = 1) -> PlannedProgram:
+    """The run's rollout / eval sampler on [rows, prompt] prompts (one of ``calls`` a
+    step)."""
     model, scfg = steps.model, steps.sampler
     params = steps.abstract_state().policy_params()
     ids, mask = steps.prompts_like(rows, prompt)
@@ -160,13 +166,16 @@ def _sampler_program(name: str, steps: steps_lib.JittedSteps, rows: int, prompt:
     return PlannedProgram(name, lower, args, fwd, fwd, loop_bound=scfg.loop_steps,
                    weight_bytes=_nbytes(params),
                    logits_bytes=4 * rows * length * model.config.output_vocab,
-                   tokens=rows * scfg.gen_length, sequences=rows)
+                   tokens=rows * scfg.gen_length, sequences=rows, calls=calls,
+                   weight_args=params)
 
 
 def _step_program(name: str, steps: steps_lib.JittedSteps, args: tuple, batch, **figures
                   ) -> PlannedProgram:
-    """``steps.program(name)`` lowered on ``args`` (``batch`` among them)."""
-    return PlannedProgram(name, lambda: steps.program(name, batch).lower(*args), args, **figures)
+    """``steps.program(name)`` lowered on ``args`` (the state first, ``batch`` among them)."""
+    state = args[0]
+    return PlannedProgram(name, lambda: steps.program(name, batch).lower(*args), args,
+                          weight_args=(state.params, state.frozen), **figures)
 
 
 def _grpo_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[PlannedProgram]:
@@ -176,6 +185,8 @@ def _grpo_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[PlannedProg
     mu, v, micro = cfg.num_iterations, mcfg.output_vocab, rows // cfg.grad_accum
     config_lib.check_batch(rows, g.num_generations, build_lib.data_parallel_size(mesh),
                            "prompts_per_step x G", cfg.grad_accum)  # as the run checks
+    # The sampler generates the step's rows in calls of grpo.rollout_batch rows (0: one).
+    calls = config_lib.rollout_chunks(rows, g.rollout_batch, build_lib.data_parallel_size(mesh))
     # The old/ref pass sees every row at once, the update one micro-batch at a time.
     logps_steps = _steps(_on_accelerator(run, rows, comp, v), model, mesh)
     update_steps = _steps(_on_accelerator(run, micro, comp, v), model, mesh)
@@ -213,7 +224,7 @@ def _grpo_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[PlannedProg
     r = logps_steps.grpo_batch_like(rows, prompt, comp, for_update=False)
     b = update_steps.grpo_batch_like(rows, prompt, comp)
     return [
-        _sampler_program("rollout", update_steps, rows, prompt),
+        _sampler_program("rollout", update_steps, rows // calls, prompt, calls),
         _step_program("rollout_logps", logps_steps, (state, r), r, flops_model=logps_flops,
                       flops_hardware=logps_flops, loop_bound=1, weight_bytes=weights,
                       logits_bytes=logits),

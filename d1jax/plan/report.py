@@ -24,7 +24,7 @@ def _cells(e: Estimate) -> list[str]:
     # XLA refused the program: its total is the one figure XLA gave, no time was estimated
     fits = "NO (XLA)" if e.refused else "yes" if e.fits else "NO"
     return [
-        e.program, f"{m.get('data', 1)},{m.get('fsdp', 1)},{m.get('tensor', 1)}",
+        e.program + (f" (1 of {e.calls} calls)" if e.calls > 1 else ""), f"{m.get('data', 1)},{m.get('fsdp', 1)},{m.get('tensor', 1)}",
         "on" if e.remat else "off",
         f"{e.argument_bytes / GIB:.2f} ({e.argument_bytes_by_rules / GIB:.2f})",
         f"{e.temp_bytes / GIB:,.2f}", f"{e.total_bytes / GIB:,.2f}",

@@ -142,6 +142,15 @@ def hint(spec, program: str) -> str:
                     f", or {mesh}")
         if spec.stage == "sft":
             return f"{mesh}, or a smaller --config.sft.batch_size (a new run)"
+    if program == "rollout sampler":
+        from d1jax import config as config_lib
+        g = spec.grpo_run
+        rows = g.prompts_per_step * g.num_generations
+        shape = _mesh_shape(spec)
+        k = config_lib.smaller_rollout_batch(rows, g.rollout_batch, shape[0] * shape[1])
+        if k is not None:
+            return (f"generate in smaller sampler calls: --config.grpo.rollout_batch={k} "
+                    f"(now {g.rollout_batch or rows} rows a call), or {mesh}")
     if program.startswith("eval sampler"):
         return f"a smaller --config.eval.batch_size (now {spec.eval.batch_size}), or {mesh}"
     if program == "model setup":
@@ -157,6 +166,17 @@ def _mesh(spec) -> str:
     return f"a larger mesh: --config.mesh.shape (now {shape} on {n} device{'s' * (n > 1)})"
 
 
+def _mesh_shape(spec) -> list[int]:
+    """The run's (data, fsdp, tensor) on this process's devices (-1 resolved)."""
+    shape, n = list(spec.mesh.shape), jax.device_count()
+    if -1 in shape:
+        known = 1
+        for d in shape:
+            known *= d if d != -1 else 1
+        shape[shape.index(-1)] = max(n // known, 1)
+    return shape
+
+
 def _more_micro_batches(spec) -> int | None:
     """Twice ``optim.grad_accum`` where the step's rows per device split into that many."""
     from d1jax import config as config_lib
@@ -165,12 +185,7 @@ def _more_micro_batches(spec) -> int | None:
             spec.grpo_run.num_generations
     else:
         rows, group = spec.sft_run.batch_size, 1
-    shape, n = list(spec.mesh.shape), jax.device_count()
-    if -1 in shape:
-        known = 1
-        for d in shape:
-            known *= d if d != -1 else 1
-        shape[shape.index(-1)] = max(n // known, 1)
+    shape = _mesh_shape(spec)
     accum = 2 * spec.optim.grad_accum
     try:
         config_lib.check_batch(rows, group, shape[0] * shape[1], "batch", accum)

@@ -1,6 +1,7 @@
 """GRPOEngine: the jitted pieces of one diffu-GRPO iteration, wired to a mesh.
 
-rollout(): prompts -> G completions each (jitted sampler) -> decoded text -> task rewards
+rollout(): prompts -> G completions each (jitted sampler, in calls of ``grpo.rollout_batch``
+rows) -> decoded text -> task rewards
 -> group advantages -> old and reference per-token log-probs for all mu mask seeds (one
 batched estimator call each, before any update, as d1; the first seed's old ones come from
 the first update itself, ``pure_steps.first_old_from_update``; the reference is the base
@@ -15,11 +16,13 @@ import time
 import jax
 import numpy as np
 
+from d1jax import config as config_lib
 from d1jax import sharding
 from d1jax.model.tokenizer import encode_prompts
 from d1jax.objectives import advantages as adv_lib
 from d1jax.objectives.batch import GRPOBatch
 from d1jax.objectives.table import OBJECTIVES
+from d1jax.run.build import data_parallel_size
 from d1jax.run.spec import RunSpec
 from d1jax.train import jit_steps as steps_lib
 from d1jax.train import rollout as rl
@@ -42,6 +45,11 @@ class GRPOEngine:
         self.steps = steps_lib.for_run(spec, setup.model, setup.mesh, setup.ids,
                                         spec.train.num_steps)
         self.state = self.steps.init(setup.params)
+        g = spec.grpo_run  # rollout sampler calls a step (grpo.rollout_batch rows each)
+        self.rollout_chunks = config_lib.rollout_chunks(
+            g.prompts_per_step * g.num_generations, g.rollout_batch,
+            data_parallel_size(setup.mesh),
+            jax.process_count())
 
     def load(self, state) -> None:
         self.state = state
@@ -69,12 +77,26 @@ class GRPOEngine:
 
     def _generate(self, ids: np.ndarray, mask: np.ndarray, key):
         """(prompts then completions [B, Lp + gen_length] on the host, the sampler's
-        ``decoded_at`` [B, gen_length] as the device holds it: TraceRL's trace)."""
-        s = self.s
+        ``decoded_at`` [B, gen_length] on the device: TraceRL's trace).
+
+        In ``rollout_chunks`` calls of ``grpo.rollout_batch`` rows (one compiled program):
+        each host's rows split into equal pieces, call c taking piece c of every host, with
+        key ``key`` for c = 0 and ``fold_in(key, c)`` after. One call (the default) is the
+        rollout as it always was; more draw other samples of the same rows, as the samplers
+        draw each step's noise for the whole batch from one key."""
+        s, n = self.s, self.rollout_chunks
+        params = self.state.policy_params()
+        outs = []
         with sharding.activate(s.mesh, s.rules):
-            out = self.steps.generate(self.state.policy_params(), self._put(ids),
-                                      self._put(mask), key)
-        return sharding.global_to_host(out.ids, s.mesh, s.rules), out.decoded_at
+            for c, (i, m) in enumerate(zip(np.split(ids, n), np.split(mask, n))):
+                outs.append(self.steps.generate(params, self._put(i), self._put(m),
+                                                key if c == 0 else jax.random.fold_in(key, c)))
+        if n == 1:
+            return sharding.global_to_host(outs[0].ids, s.mesh, s.rules), outs[0].decoded_at
+        host = [[sharding.global_to_host(x, s.mesh, s.rules) for x in (o.ids, o.decoded_at)]
+                for o in outs]
+        return (np.concatenate([h[0] for h in host]),
+                self._put(np.concatenate([h[1] for h in host])))
 
     def _mask_seeds(self, key) -> np.ndarray:
         if self.spec.grpo_run.random_masking:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+
 from d1jax import config as config_lib
 from d1jax.run import context
 from d1jax.run.build import build, data_parallel_size
@@ -27,6 +29,8 @@ def run(config, workdir: str) -> dict:
     config_lib.check_batch(g.prompts_per_step * g.num_generations, g.num_generations,
                            data_parallel_size(mesh), "prompts_per_step x G",
                            spec.optim.grad_accum)
+    config_lib.rollout_chunks(g.prompts_per_step * g.num_generations, g.rollout_batch,
+                              data_parallel_size(mesh), jax.process_count())
     task = spec.task.build()
     examples = _train_examples(spec, task)
     total = g.num_steps(len(examples), spec.grpo.num_iterations, spec.train.num_steps)
