@@ -763,6 +763,16 @@ def test_seeds_command_aggregates_finished_runs_and_names_the_missing(tmp_path, 
     assert "2 runs on GPU (base) and cpu (GRPO) -->" in (tmp_path / "results.md").read_text()
     with pytest.raises(SystemExit, match="variants from"):
         seeds.main([f"--workdir={tmp_path}", "--variants=bf16"])
+    # --include: an earlier aggregate's summaries stand in for the runs not in the workdir.
+    earlier = {"runs": {"p1_unrolled": res["runs"]["p0_unrolled"],
+                        "p1_loop": res["runs"]["p0_loop"], "p0_loop": "not taken"}}
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    seeds.main([f"--workdir={tmp_path}", "--pretrain_seeds=0,1", "--aggregate_only",
+                f"--include={tmp_path / 'earlier.json'}"])
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["missing"] == [] and list(res["runs"]) == ["p0_unrolled", "p0_loop",
+                                                           "p1_unrolled", "p1_loop"]
+    assert res["runs"]["p0_loop"]["variant"] == "loop"  # its own results.json, not earlier's
 
 
 def aggregate_caption(res):
@@ -829,3 +839,28 @@ def test_plateau_summary_reads_each_budgets_loss_by_fifth_and_refuses_bad_budget
         stage = [] if any(a.startswith("--stage") for a in argv) else ["--stage=base"]
         with pytest.raises(SystemExit, match=match):
             plateau.main([*stage, *argv, f"--workdir={tmp_path}"])
+
+
+def test_reuse_copies_the_supervised_stages_and_only_their_evaluations(tmp_path):
+    """examples.demo.reuse: data, base and SFT (finished) and their cached evaluations go to a
+    new workdir, where the demo then runs only the RL stages; an unfinished source or a used
+    target is refused."""
+    from examples.demo import reuse
+    src = tmp_path / "src"
+    for stage in ("base", "sft", "d1_s0"):
+        (src / stage / "hf").mkdir(parents=True)
+        (src / stage / "hf" / "d1jax_export.json").write_text("{}")
+    (src / "data").mkdir()
+    (src / "data" / "train.csv").write_text("puzzle,solution\n")
+    (src / "eval_cache.json").write_text(json.dumps(
+        {"settings": {"n": 1}, "models": {"base": 1, "sft": 2, "d1_s0": 3}}))
+    reuse.main([str(src), str(tmp_path / "alt")])
+    alt = tmp_path / "alt"
+    assert sorted(p.name for p in alt.iterdir()) == ["base", "data", "eval_cache.json", "sft"]
+    assert json.loads((alt / "eval_cache.json").read_text()) == {
+        "settings": {"n": 1}, "models": {"base": 1, "sft": 2}}
+    with pytest.raises(SystemExit, match="is not empty"):
+        reuse.main([str(src), str(alt)])
+    (src / "sft" / "hf" / "d1jax_export.json").unlink()
+    with pytest.raises(SystemExit, match="has not finished"):
+        reuse.main([str(src), str(tmp_path / "alt2")])
