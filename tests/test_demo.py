@@ -864,3 +864,23 @@ def test_reuse_copies_the_supervised_stages_and_only_their_evaluations(tmp_path)
     (src / "sft" / "hf" / "d1jax_export.json").unlink()
     with pytest.raises(SystemExit, match="has not finished"):
         reuse.main([str(src), str(tmp_path / "alt2")])
+
+
+def test_compare_lists_each_runs_grpo_rows_and_issue_45s_claims(tmp_path, capsys):
+    """examples.demo.compare: per labelled run, the change of each GRPO row over its start on
+    both sets and the three claims, judged on both sets (here d1 > SFT and d1 > RL from the
+    base hold; RL from the base gains held-out only, so it does not)."""
+    from examples.demo import compare
+    res = _fake_demo_results((30, 29), (48, 49), [(52, 53), (50, 51)], [(31, 30), (31, 28)],
+                             (0.02, 0.01), (-0.01, 0.01))
+    mech = {"zero_std_ratio": {"first": 0.25, "last": 0.125}, "kl": {"mean": 0.01}}
+    for kind in ("grpo_base", "d1"):
+        res["rows"][kind]["mechanism"] = mech
+    (tmp_path / "r.json").write_text(json.dumps(res))
+    compare.main([f"fast={tmp_path / 'r.json'}"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("| fast (2 GRPO seeds) | +diffu-GRPO | 31.0 / 29.0 | +1.0 / +0.0 | ")
+    assert "| 25% -> 12% | 0.0100 | yes / no / yes |" in lines[2]
+    assert lines[3].startswith("| | d1 (SFT + diffu-GRPO) | 51.0 / 52.0 | +3.0 / +3.0 | 50.0 | +0.020")
+    with pytest.raises(SystemExit, match="label=<an existing results.json>"):
+        compare.main([str(tmp_path / "r.json")])
