@@ -27,6 +27,7 @@ from d1jax.run import spec as spec_lib
 from d1jax.run.build import build
 from examples.demo import config as demo_config
 from examples.demo import evaluation
+from examples.demo.data import prepare_data
 from examples.demo.seeds import VARIANTS
 
 
@@ -84,7 +85,6 @@ def main(argv=None) -> None:
     model_dir = args.workdir / args.stage / "hf"
     if not model_dir.is_dir():
         raise SystemExit(f"error: {model_dir} is absent: --stage names a finished stage")
-    from examples.demo.data import prepare_data
     data = prepare_data(demo, args.workdir)  # the run's own (kept when present)
     res = measure(demo, data, model_dir, args.samples)
     (args.workdir / f"sampler_gap_{args.stage}.json").write_text(json.dumps(res, indent=1))
