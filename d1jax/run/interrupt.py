@@ -99,6 +99,13 @@ def requested() -> str:
     return _REQUESTED
 
 
+def clear_requested() -> None:
+    """Forgets a stop asked earlier in this process: a new command in the same interpreter (a
+    notebook rerunning the demo after Ctrl-C) starts afresh."""
+    global _REQUESTED
+    _REQUESTED = ""
+
+
 def exit_now(checkpoints: Path | None, again: str = "", signame: str = "Ctrl-C") -> None:
     """Ends the process at once with one line naming the newest committed checkpoint (exit
     130 for Ctrl-C, 143 for SIGTERM: 128 + the signal, as a shell reports them)."""

@@ -133,6 +133,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict:
     """The whole demo; returns the results written to ``results.json``."""
     demo = config.demo
     demo_config.check(demo)
+    interrupt.clear_requested()  # a stop asked before this run (a notebook) is not for it
     s = demo.sampler  # every GRPO stage's rollout sampler: checked before any stage runs
     spec_lib.sampler_config(s, "demo.sampler.", s.gen_length, s.steps)
     wd = config_lib.check_workdir(workdir)
