@@ -4,8 +4,10 @@ its workdir; its task, data and stage configs, built on d1jax's public API."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -33,14 +35,100 @@ def run_main(*args, env=None, module="examples.demo"):
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
+def interrupted_demo(tmp_path_factory):
+    """The :ci demo sent SIGTERM once its base stage has logged steps: (workdir, exit code,
+    output, the stage folders and the base's checkpoint steps right after it exited)."""
     from tests.conftest import SHARED_D1
     if not SHARED_D1.is_dir():
         pytest.skip(f"d1 data folder {SHARED_D1} is absent (it sits beside the repo in CI)")
     wd = tmp_path_factory.mktemp("demo")
+    p = subprocess.Popen([sys.executable, "-m", "examples.demo", "--config=configs/demo_sudoku.py:ci",
+                          f"--workdir={wd}"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env={**os.environ, "XLA_FLAGS": ""})
+    metrics, deadline = wd / "base" / "metrics.jsonl", time.time() + 600
+    while (p.poll() is None and time.time() < deadline
+           and not (metrics.exists() and metrics.read_text().count("\n") >= 3)):
+        time.sleep(0.2)
+    p.send_signal(signal.SIGTERM)
+    out = p.communicate(timeout=600)[0]
+    ckpts = wd / "base" / "checkpoints"
+    steps = sorted(int(d.name) for d in ckpts.iterdir() if d.name.isdigit()) if ckpts.is_dir() else []
+    return wd, p.returncode, out, sorted(d.name for d in wd.iterdir() if d.is_dir()), steps
+
+
+@pytest.fixture(scope="module")
+def demo_run(interrupted_demo):
+    """The same command rerun to its end: it resumes the stopped base stage."""
+    wd = interrupted_demo[0]
     r = run_main("--config=configs/demo_sudoku.py:ci", f"--workdir={wd}")
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-5000:])
     return wd, r.stdout
+
+
+def test_sigterm_stops_the_demo_in_its_stage_and_the_rerun_resumes_it(interrupted_demo,
+                                                                       demo_run):
+    """SIGTERM during the base stage: it saves and the demo exits 75 in one line, starting no
+    later stage; the rerun continues the base from that checkpoint (every step logged once),
+    not from scratch. (Resumed steps equal uninterrupted ones: tests/test_resume.py.)"""
+    wd, code, out, dirs, steps = interrupted_demo
+    assert code == 75, out[-3000:]
+    assert "stopped at step" in out.strip().splitlines()[-1], out[-1000:]
+    assert "[demo] SFT" not in out and "sft" not in dirs and "d1_s1" not in dirs
+    assert steps and 0 < steps[-1] < 200
+    rows = [json.loads(line) for line in (wd / "base" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 201))
+
+
+def test_a_signal_in_a_stages_last_step_starts_no_other_stage(tmp_path, monkeypatch, capsys):
+    """A stop asked while a stage ends (its loop done, exporting) lets that stage finish and
+    keeps the next from starting: exit 75 (SIGTERM) in one line, resumable."""
+    from d1jax.run import interrupt
+    from examples.demo import run as demo_main
+    monkeypatch.setattr(interrupt, "_REQUESTED", "")
+    ran = []
+
+    def stage(cfg, stage_wd):  # the signal comes during the last step; the export follows
+        ran.append(Path(stage_wd).name)
+        interrupt.StopRequest().on_signal(signal.SIGTERM)
+        (Path(stage_wd) / "hf").mkdir(parents=True)
+        (Path(stage_wd) / "hf" / "d1jax_export.json").write_text("{}")
+    with pytest.raises(SystemExit) as e:
+        demo_main._run_stage("pretrain", stage, None, tmp_path / "base", print)
+    assert e.value.code == 75 and demo_main.finished(tmp_path / "base")
+    with pytest.raises(SystemExit):
+        demo_main._run_stage("SFT", stage, None, tmp_path / "sft", print)
+    assert ran == ["base"]
+    err = capsys.readouterr().err
+    assert "[demo] SIGTERM: stopped after pretrain (finished, kept); rerun" in err
+    assert "[demo] SIGTERM: stopped before SFT; rerun" in err
+
+
+CHILD = """import os, signal, sys, time
+from pathlib import Path
+flag = Path(sys.argv[sys.argv.index("--mark") + 1])
+signal.signal(signal.SIGTERM, lambda *a: (flag.write_text("SIGTERM"), sys.exit(75)))
+flag.write_text("started")
+time.sleep(60)
+"""
+
+
+def test_seeds_passes_sigterm_to_the_running_demo_and_starts_no_other(tmp_path):
+    """examples.demo.seeds, SIGTERM while its first run's demo runs: the demo receives it
+    (here a stand-in process), the second run never starts, exit 75 in one line."""
+    script = (f"import sys; from examples.demo import seeds; "
+              f"seeds.demo_command = lambda c, s, v, wd, e: [sys.executable, '-c', {CHILD!r}, "
+              f"'--mark', str(wd / 'mark')]; seeds.main(sys.argv[1:])")
+    p = subprocess.Popen([sys.executable, "-c", script, f"--workdir={tmp_path}",
+                          "--pretrain_seeds=0,1", "--variants=loop", "--jobs=1"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    mark, deadline = tmp_path / "p0_loop" / "mark", time.time() + 60
+    while time.time() < deadline and not mark.exists():
+        time.sleep(0.1)
+    p.send_signal(signal.SIGTERM)
+    out = p.communicate(timeout=60)[0]
+    assert p.returncode == 75, out
+    assert mark.read_text() == "SIGTERM" and not (tmp_path / "p1_loop").exists()
+    assert out.strip().splitlines()[-1].startswith("[seeds] SIGTERM: stopped; rerun"), out
 
 
 def test_stages_improve_in_the_order_the_recipe_builds_them(demo_run):
@@ -675,6 +763,16 @@ def test_seeds_command_aggregates_finished_runs_and_names_the_missing(tmp_path, 
     assert "2 runs on GPU (base) and cpu (GRPO) -->" in (tmp_path / "results.md").read_text()
     with pytest.raises(SystemExit, match="variants from"):
         seeds.main([f"--workdir={tmp_path}", "--variants=bf16"])
+    # --include: an earlier aggregate's summaries stand in for the runs not in the workdir.
+    earlier = {"runs": {"p1_unrolled": res["runs"]["p0_unrolled"],
+                        "p1_loop": res["runs"]["p0_loop"], "p0_loop": "not taken"}}
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    seeds.main([f"--workdir={tmp_path}", "--pretrain_seeds=0,1", "--aggregate_only",
+                f"--include={tmp_path / 'earlier.json'}"])
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["missing"] == [] and list(res["runs"]) == ["p0_unrolled", "p0_loop",
+                                                           "p1_unrolled", "p1_loop"]
+    assert res["runs"]["p0_loop"]["variant"] == "loop"  # its own results.json, not earlier's
 
 
 def aggregate_caption(res):
@@ -741,3 +839,48 @@ def test_plateau_summary_reads_each_budgets_loss_by_fifth_and_refuses_bad_budget
         stage = [] if any(a.startswith("--stage") for a in argv) else ["--stage=base"]
         with pytest.raises(SystemExit, match=match):
             plateau.main([*stage, *argv, f"--workdir={tmp_path}"])
+
+
+def test_reuse_copies_the_supervised_stages_and_only_their_evaluations(tmp_path):
+    """examples.demo.reuse: data, base and SFT (finished) and their cached evaluations go to a
+    new workdir, where the demo then runs only the RL stages; an unfinished source or a used
+    target is refused."""
+    from examples.demo import reuse
+    src = tmp_path / "src"
+    for stage in ("base", "sft", "d1_s0"):
+        (src / stage / "hf").mkdir(parents=True)
+        (src / stage / "hf" / "d1jax_export.json").write_text("{}")
+    (src / "data").mkdir()
+    (src / "data" / "train.csv").write_text("puzzle,solution\n")
+    (src / "eval_cache.json").write_text(json.dumps(
+        {"settings": {"n": 1}, "models": {"base": 1, "sft": 2, "d1_s0": 3}}))
+    reuse.main([str(src), str(tmp_path / "alt")])
+    alt = tmp_path / "alt"
+    assert sorted(p.name for p in alt.iterdir()) == ["base", "data", "eval_cache.json", "sft"]
+    assert json.loads((alt / "eval_cache.json").read_text()) == {
+        "settings": {"n": 1}, "models": {"base": 1, "sft": 2}}
+    with pytest.raises(SystemExit, match="is not empty"):
+        reuse.main([str(src), str(alt)])
+    (src / "sft" / "hf" / "d1jax_export.json").unlink()
+    with pytest.raises(SystemExit, match="has not finished"):
+        reuse.main([str(src), str(tmp_path / "alt2")])
+
+
+def test_compare_lists_each_runs_grpo_rows_and_issue_45s_claims(tmp_path, capsys):
+    """examples.demo.compare: per labelled run, the change of each GRPO row over its start on
+    both sets and the three claims, judged on both sets (here d1 > SFT and d1 > RL from the
+    base hold; RL from the base gains held-out only, so it does not)."""
+    from examples.demo import compare
+    res = _fake_demo_results((30, 29), (48, 49), [(52, 53), (50, 51)], [(31, 30), (31, 28)],
+                             (0.02, 0.01), (-0.01, 0.01))
+    mech = {"zero_std_ratio": {"first": 0.25, "last": 0.125}, "kl": {"mean": 0.01}}
+    for kind in ("grpo_base", "d1"):
+        res["rows"][kind]["mechanism"] = mech
+    (tmp_path / "r.json").write_text(json.dumps(res))
+    compare.main([f"fast={tmp_path / 'r.json'}"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("| fast (2 GRPO seeds) | +diffu-GRPO | 31.0 / 29.0 | +1.0 / +0.0 | ")
+    assert "| 25% -> 12% | 0.0100 | yes / no / yes |" in lines[2]
+    assert lines[3].startswith("| | d1 (SFT + diffu-GRPO) | 51.0 / 52.0 | +3.0 / +3.0 | 50.0 | +0.020")
+    with pytest.raises(SystemExit, match="label=<an existing results.json>"):
+        compare.main([str(tmp_path / "r.json")])

@@ -34,6 +34,7 @@ REASONS = ("", "SIGTERM", "Ctrl-C")  # index = the code should_stop gathers acro
 _ACTIVE: "StopRequest | None" = None  # the running loop's, between install and uninstall
 _WATCHING = False  # install_watcher ran in this process
 _CHECKPOINTS: Path | None = None  # where the command's run keeps checkpoints, if it does
+_REQUESTED = ""  # "SIGTERM" or "Ctrl-C": a loop was asked to stop in this process (requested())
 
 
 class StopRequest:
@@ -74,9 +75,10 @@ class StopRequest:
         self.on_signal(signum)
 
     def on_signal(self, signum: int) -> None:
+        global _REQUESTED
         if signum == signal.SIGTERM:
             if not self.is_set:
-                self.reason = "SIGTERM"
+                self.reason = _REQUESTED = "SIGTERM"
                 print("SIGTERM received: saving a checkpoint and stopping", flush=True)
                 self._event.set()
             return
@@ -84,10 +86,24 @@ class StopRequest:
             if not _WATCHING:  # in-process (a notebook): Python's own interrupt
                 raise KeyboardInterrupt
             exit_now(self.checkpoints, "again" if self.is_set else "")
-        self.reason = "Ctrl-C"
+        self.reason = _REQUESTED = "Ctrl-C"
         _say("Ctrl-C received: saving a checkpoint after this step and stopping "
              "(Ctrl-C again exits at once)")
         self._event.set()
+
+
+def requested() -> str:
+    """"SIGTERM" or "Ctrl-C" once a training loop of this process was asked to stop, else "".
+    A command that runs several loops in turn (examples/demo) asks it between them: a signal
+    that came during a loop's last step finished that run, and must not start the next."""
+    return _REQUESTED
+
+
+def clear_requested() -> None:
+    """Forgets a stop asked earlier in this process: a new command in the same interpreter (a
+    notebook rerunning the demo after Ctrl-C) starts afresh."""
+    global _REQUESTED
+    _REQUESTED = ""
 
 
 def exit_now(checkpoints: Path | None, again: str = "", signame: str = "Ctrl-C") -> None:

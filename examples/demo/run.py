@@ -24,6 +24,11 @@ every one can be resumed, evaluated (``python -m examples.demo`` with an eval co
 
 Rerunning the command resumes: finished stages (an ``hf`` export present) are skipped, an
 interrupted one continues from its last checkpoint, evaluations already written are kept.
+
+SIGTERM or Ctrl-C stops the demo at the first safe point, in one line and a non-zero exit: in
+a stage's training loop, that stage saves and stops (d1jax/run/interrupt.py; exit 75 for
+SIGTERM, 130 for Ctrl-C); a signal that came during a stage's last step lets it finish and
+starts no other stage; elsewhere (data, setup, evaluation: nothing unsaved) it exits at once.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -38,6 +44,7 @@ import jax
 import ml_collections as mlc
 
 from d1jax import config as config_lib
+from d1jax.run import interrupt
 from d1jax.run import spec as spec_lib
 from d1jax.train import grpo, sft
 from examples.demo import config as demo_config
@@ -50,11 +57,27 @@ def finished(stage_dir: Path) -> bool:
     return (stage_dir / "hf" / "d1jax_export.json").exists()
 
 
+# Exit code of a demo stopped by SIGTERM between stages: train.stopped_exit_code's default
+# (EX_TEMPFAIL, "rerun me"), as a stage stopped inside its loop exits.
+STOPPED_EXIT_CODE = 75
+
+
+def stop_if_asked(where: str) -> None:
+    """Ends the demo (one line, exit 75 or 130) when a stage's loop was asked to stop: a signal
+    during a stage's last step let it finish, and must not start the next stage."""
+    reason = interrupt.requested()
+    if reason:
+        print(f"[demo] {reason}: stopped {where}; rerun the same command to resume",
+              file=sys.stderr, flush=True)
+        raise SystemExit(interrupt.CTRL_C_EXIT if reason == "Ctrl-C" else STOPPED_EXIT_CODE)
+
+
 def _run_stage(name: str, fn, cfg, stage_dir: Path, log) -> float | None:
     """Runs one stage unless its export exists; returns its wall time, None when skipped."""
     if finished(stage_dir):
         log(f"[demo] {name}: done before, kept ({stage_dir})")
         return None
+    stop_if_asked(f"before {name}")
     t0 = time.perf_counter()
     log(f"[demo] {name} -> {stage_dir}")
     fn(cfg, str(stage_dir))
@@ -62,6 +85,7 @@ def _run_stage(name: str, fn, cfg, stage_dir: Path, log) -> float | None:
         raise SystemExit(f"[demo] {name} stopped before its last step; rerun to resume")
     dt = time.perf_counter() - t0
     log(f"[demo] {name}: {dt:.0f} s")
+    stop_if_asked(f"after {name} (finished, kept)")
     return dt
 
 
@@ -109,6 +133,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict:
     """The whole demo; returns the results written to ``results.json``."""
     demo = config.demo
     demo_config.check(demo)
+    interrupt.clear_requested()  # a stop asked before this run (a notebook) is not for it
     s = demo.sampler  # every GRPO stage's rollout sampler: checked before any stage runs
     spec_lib.sampler_config(s, "demo.sampler.", s.gen_length, s.steps)
     wd = config_lib.check_workdir(workdir)
