@@ -49,11 +49,13 @@ def test_tracerl_tiny_runs_through_main_and_exports(tmp_path):
     assert config.num_hidden_layers == 2
 
 
-@pytest.mark.parametrize("config_file,changes", [
-    ("configs/sdar/tracerl_math.py", {"num_iterations": 2}),  # the old pass of mu > 1
-    ("configs/sdar/grpo_gsm8k.py", {}),
-], ids=["tracerl", "diffu_grpo"])
-def test_configs_save_resume_and_export(config_file, changes, tmp_path):
+@pytest.mark.parametrize("config_file,changes,model_type", [
+    # TraceRL on LLaDA (configs/tracerl_math.py, rl_llada.yaml): the trace of LLaDA's block
+    # loop and the old pass of mu > 1; SDAR's TraceRL runs through main above
+    ("configs/tracerl_math.py", {"num_iterations": 2}, "llada"),
+    ("configs/sdar/grpo_gsm8k.py", {}, "sdar"),
+], ids=["tracerl_llada", "diffu_grpo"])
+def test_configs_save_resume_and_export(config_file, changes, model_type, tmp_path):
     """Stopped (with a save) after the first rollout's mu = 2 steps, resumed from the
     workdir to the end, then exported."""
     mod = load(config_file)
@@ -72,7 +74,9 @@ def test_configs_save_resume_and_export(config_file, changes, tmp_path):
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [x["step"] for x in rows] == [1, 2, 3, 4]
     assert all(np.isfinite(x["loss"]) for x in rows)
-    assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "sdar"
+    if "tracerl" in config_file:  # the trace's tokens were scored
+        assert all(x["scored_tokens"] > 0 for x in rows)
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == model_type
 
 
 def test_block_sft_tiny_trains_through_main_saves_and_exports(tmp_path):

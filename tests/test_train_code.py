@@ -1,6 +1,6 @@
 """The code check (configs/grpo_code_toy.py) end to end through ``python -m d1jax.main``: masked
-SFT from scratch on the generated code problems, then GRPO from its export with diffu-GRPO,
-coupled-GRPO and JustGRPO, each raising the code tasks' reward (unit tests run in the
+SFT from scratch on the generated code problems, then GRPO from its export with coupled-GRPO
+(DiffuCoder's) and JustGRPO, each raising the code tasks' reward (unit tests run in the
 sandbox's subprocesses, plus DiffuCoder's format reward).
 
 The oracle is the reward itself: every completion's asserts run in a child process, and the
@@ -92,7 +92,10 @@ def mean_reward(hf: Path, variant: str) -> tuple[float, float]:
     return float(task.weigh(columns).mean()), float(columns[:, 0].mean())
 
 
-@pytest.mark.parametrize("variant", ["diffu_grpo", "coupled_grpo", "justgrpo"])
+# diffu-GRPO (the config's default) learns the toy too (docs/testing.md); it is left out here
+# for the suite's time: its loss and rollouts are the coupled variant's less the complement
+# mask, and every other learning test runs it.
+@pytest.mark.parametrize("variant", ["coupled_grpo", "justgrpo"])
 def test_each_objective_raises_the_code_reward(warm_start, variant, tmp_path):
     main(f"--config={CONFIG}:{variant}", f"--workdir={tmp_path}",
          f"--config.model.path={warm_start}")
