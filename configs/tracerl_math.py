@@ -32,10 +32,7 @@ from d1jax import config
 
 
 def get_config(arg=None):
-    parts = [a for a in (arg or "").split(",") if a]
-    checkpoint = "dream" if "dream" in parts else "llada"
-    rest = ",".join(a for a in parts if a != "dream") or None
-    tiny = rest is not None and "tiny" in rest.split(",")
+    checkpoint, rest, tiny = config.checkpoint_word(arg, "dream", "llada")
     c = config.grpo("letters" if tiny else "math500", rest, objective="tracerl",
                     checkpoint=checkpoint)
     s = c.sampler

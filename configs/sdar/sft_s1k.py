@@ -30,10 +30,7 @@ from d1jax import config
 
 
 def get_config(arg=None):
-    parts = [a for a in (arg or "").split(",") if a]
-    checkpoint = "trado" if "trado" in parts else "sdar"
-    rest = ",".join(a for a in parts if a != "trado") or None
-    tiny = rest is not None and "tiny" in rest.split(",")
+    checkpoint, rest, tiny = config.checkpoint_word(arg, "trado", "sdar")
     c = config.sft(rest, checkpoint=checkpoint)
     c.sft.loss = "block"  # the family's own; named so the file says what it trains
     c.sft.lower_p, c.sft.upper_p = 0.1, 0.9

@@ -32,10 +32,7 @@ from d1jax import config
 
 
 def get_config(arg=None):
-    parts = [a for a in (arg or "").split(",") if a]
-    checkpoint = "sdar" if "sdar" in parts else "trado"
-    rest = ",".join(a for a in parts if a != "sdar") or None
-    tiny = rest is not None and "tiny" in rest.split(",")
+    checkpoint, rest, tiny = config.checkpoint_word(arg, "sdar", "trado")
     # :tiny runs offline on the letters toy task (a reward a random model varies on;
     # MATH needs its download).
     c = config.grpo("letters" if tiny else "math500", rest, objective="tracerl",

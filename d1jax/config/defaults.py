@@ -297,6 +297,14 @@ def _justgrpo(c: mlc.ConfigDict, tiny: bool) -> None:
         c.model.remat, c.model.unroll_layers = True, False
 
 
+def checkpoint_word(arg: str | None, word: str, default: str) -> tuple[str, str | None, bool]:
+    """(checkpoint, the argument's other words or None, tiny) of a config argument in which
+    the word ``word`` picks that checkpoint instead of ``default`` (``:dream,tiny``)."""
+    parts = [a for a in (arg or "").split(",") if a]
+    rest = ",".join(a for a in parts if a != word) or None
+    return word if word in parts else default, rest, "tiny" in (rest or "").split(",")
+
+
 def full_finetuning(c: mlc.ConfigDict, learning_rate: float) -> None:
     """Every parameter trained (no LoRA) by AdamW at a constant ``learning_rate``: b2 0.999,
     no weight decay, gradients clipped to norm 1, no warmup. JustGRPO's train.py and
