@@ -40,6 +40,35 @@ if SHARED_D1.is_dir():  # loaders read d1's files from here instead of downloadi
     os.environ.setdefault("D1JAX_DATA_DIR", str(SHARED_D1))
 
 
+# Seconds each long test file takes in a two-worker run on the 2-core CI machine (rounded,
+# from `--durations=0` sums; docs/testing.md, "Suite time"). `--dist loadfile` hands out whole
+# files; pytest-xdist would hand them out by test count, most first, which left the files with
+# few but long tests (multihost, the code toy, the sampler bench) to the end, where one worker
+# ran them while the other sat idle. The longest files go first instead (list scheduling,
+# longest first: the small files then even out the end); the others keep their order. Only the
+# order changes: every file still runs whole on one worker.
+LONG_FILES_S = {
+    "test_demo.py": 260, "test_faults.py": 220, "test_multihost.py": 185,
+    "test_published_checkpoints.py": 175, "test_update.py": 100, "test_train.py": 100,
+    "test_train_objectives.py": 90, "test_sampler_accuracy.py": 90, "test_train_code.py": 85,
+    "test_plan.py": 80, "test_dream_train.py": 80, "test_fast_sampler.py": 70,
+    "test_launch.py": 60, "test_oom.py": 60, "test_dream_cache.py": 60, "test_sdar_train.py": 60,
+    "test_bench_scale.py": 45, "test_readme.py": 45, "test_quant.py": 40,
+}
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist's controller: keep our order
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest files first (a stable sort: tests keep their order within a file). Every worker
+    collects the same order, which the controller requires."""
+    del config
+    items.sort(key=lambda item: -LONG_FILES_S.get(item.path.name, 0))
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
     """Drops the in-memory compiled programs after each test file (a later file reads them
