@@ -233,6 +233,42 @@ def test_eval_cli_scores_the_exported_d1_model(demo_run, tmp_path):
     assert acc == pytest.approx(res["per_run"]["d1_s1"]["d1_test"]["accuracy"], abs=1e-6)
 
 
+def test_sampler_gap_scores_greedy_as_the_table_and_pairs_the_two_samplers(demo_run,
+                                                                          monkeypatch):
+    """examples.demo.sampler_gap on the CI run's SFT export, rolling out with the shipped
+    demo's fast sampler: its greedy exact reward is the table's (the same 128 held-out
+    puzzles, d1's protocol), the fast and exact samples differ and the paired gap is the
+    difference of their means; with :ci's own rollout sampler, the exact one, the gap is zero
+    completion for completion (on 16 of the puzzles)."""
+    from examples.demo import sampler_gap
+    from examples.demo.data import prepare_data
+    wd, _ = demo_run
+    demo = demo_config.get_config("ci").demo
+    assert (demo.sampler.kv_cache, demo.sampler.threshold) == ("none", 1.0)
+    data = prepare_data(demo, wd)  # the run's own, kept
+    exact_rollouts = demo.sampler.to_dict()
+    demo.sampler.kv_cache, demo.sampler.threshold = "dual", 0.9
+    fast = sampler_gap.measure(demo, data, wd / "sft" / "hf", samples=1)
+    row = json.loads((wd / "results.json").read_text())["per_run"]["sft"]["heldout"]
+    greedy = fast["exact, greedy (evaluation)"]
+    assert greedy["completions"] == row["n"] == demo.eval.num_examples
+    assert greedy["reward"] == pytest.approx(row["reward"], abs=1e-12)
+    assert fast["rollout (fast)"] != fast["exact, sampled"]
+    for metric in ("reward", "accuracy"):  # accuracy in points in both
+        gap = fast[f"fast - exact, {metric}"]
+        assert gap["se"] > 0 and gap["mean"] == pytest.approx(
+            fast["rollout (fast)"][metric] - fast["exact, sampled"][metric], abs=1e-9)
+
+    eval_sets = sampler_gap.evaluation.eval_sets
+    monkeypatch.setattr(sampler_gap.evaluation, "eval_sets", lambda *a: {
+        k: v[:16] for k, v in eval_sets(*a).items()})
+    demo.sampler.update(exact_rollouts)
+    same = sampler_gap.measure(demo, data, wd / "sft" / "hf", samples=1)
+    assert same["rollout (fast)"] == same["exact, sampled"]
+    assert same["rollout (fast)"]["completions"] == 16
+    assert same["fast - exact, reward"] == same["fast - exact, accuracy"] == {"mean": 0.0, "se": 0.0}
+
+
 @pytest.mark.parametrize("flag,field", [
     ("--config.demo.grpo.starts=('sft', 'rl')", "demo.grpo.starts"),
     ("--config.demo.sampler.kv_cache=dual2", "demo.sampler.kv_cache='dual2'"),
