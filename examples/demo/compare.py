@@ -5,7 +5,14 @@ and mechanism, and issue 45's three claims.
   python -m examples.demo.compare fast=runs/demo_d1like_seeds/p2_loop/results.json \\
       exact=runs/alt_exact/p2_loop/results.json budget=runs/alt_budget/p2_loop/results.json
 
-Each argument is ``label=<a demo's results.json>`` (``python -m examples.demo``).
+Each argument is ``label=<a demo's results.json>`` (``python -m examples.demo``), or, for
+settings run over pretraining seeds and variants, ``label=<a multi-seed results.json>``
+(``python -m examples.demo.seeds``): then one line per run with the GRPO rows' change over
+their start, mean over GRPO seeds, and the claims under each label, and how many runs
+held each claim (all labels must name the same runs):
+
+  python -m examples.demo.compare fast=docs/demo_d1like_seeds_results.json \\
+      exact_budget=runs/eb/results.json
 """
 
 from __future__ import annotations
@@ -28,11 +35,23 @@ def _row(r: dict, kind: str, start: str) -> str:
             f"{m['kl']['mean']:.4f}")
 
 
-def _claims(r: dict) -> str:
-    acc = {k: [r["rows"][k][s]["mean"] for s in SETS] for k in ("base", "sft", "grpo_base", "d1")}
+CLAIMS = ("d1 > SFT", "RL from base > base", "d1 > RL from base")
+
+
+def held(acc: dict[str, list[float]]) -> list[bool]:
+    """Issue 45's three claims on greedy accuracy per set ({model: [held-out, d1 test]}),
+    each judged on both sets."""
     above = lambda a, b: all(x > y for x, y in zip(acc[a], acc[b]))
-    held = [above("d1", "sft"), above("grpo_base", "base"), above("d1", "grpo_base")]
-    return " / ".join("yes" if h else "no" for h in held)
+    return [above("d1", "sft"), above("grpo_base", "base"), above("d1", "grpo_base")]
+
+
+def _yes_no(flags: list[bool]) -> str:
+    return " / ".join("yes" if h else "no" for h in flags)
+
+
+def _claims(r: dict) -> str:
+    return _yes_no(held({k: [r["rows"][k][s]["mean"] for s in SETS]
+                         for k in ("base", "sft", "grpo_base", "d1")}))
 
 
 def table(results: dict[str, dict]) -> str:
@@ -50,6 +69,40 @@ def table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def multi_table(results: dict[str, dict]) -> str:
+    """Markdown for multi-seed results: per run, the base and SFT (shared by every label), and
+    per label the change of RL from the base and of d1 over their starts and the claims; then
+    how many runs held each claim, and all three, under each label."""
+    names = list(next(iter(results.values()))["runs"])
+    for label, r in results.items():
+        if list(r["runs"]) != names:
+            raise SystemExit(f"error: {label}'s runs {list(r['runs'])} are not {names}")
+    greedy = lambda run, kind: [run["rows"][kind][s]["greedy"] for s in SETS]
+    fmt = lambda xs: " / ".join(f"{x:.1f}" for x in xs)
+    change = lambda a, b: " / ".join(f"{x - y:+.1f}" for x, y in zip(a, b))
+    head = ["run", "base", "SFT"] + [f"{label}: {what}" for label in results for what in (
+        "RL from base, change over base", "d1, change over SFT", " / ".join(CLAIMS))]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    counts = {label: [0] * (len(CLAIMS) + 1) for label in results}
+    for name in names:
+        first = next(iter(results.values()))["runs"][name]
+        cells = [name, fmt(greedy(first, "base")), fmt(greedy(first, "sft"))]
+        for label, r in results.items():
+            run = r["runs"][name]
+            acc = {k: greedy(run, k) for k in ("base", "sft", "grpo_base", "d1")}
+            flags = held(acc)
+            for i, h in enumerate(flags + [all(flags)]):
+                counts[label][i] += h
+            cells += [change(acc["grpo_base"], acc["base"]), change(acc["d1"], acc["sft"]),
+                      _yes_no(flags)]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for label, c in counts.items():
+        lines.append(f"- {label}: " + ", ".join(f"{claim} {n} of {len(names)}" for claim, n in
+                                                zip(CLAIMS + ("all three",), c)))
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="label=<a demo run's results.json>")
@@ -60,7 +113,10 @@ def main(argv=None) -> None:
         if not path or not Path(path).is_file():
             raise SystemExit(f"error: {arg!r}: label=<an existing results.json>")
         results[label] = json.loads(Path(path).read_text())
-    print(table(results))
+    multi = {r.get("kind") == "multi_seed" for r in results.values()}
+    if len(multi) > 1:
+        raise SystemExit("error: single runs and multi-seed results mixed; compare like with like")
+    print(multi_table(results) if multi.pop() else table(results))
 
 
 if __name__ == "__main__":
