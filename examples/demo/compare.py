@@ -2,7 +2,7 @@
 alternatives): per run, the GRPO rows' accuracy, change over their start, rollout reward rise
 and mechanism, and issue 45's three claims.
 
-  python -m examples.demo.compare fast=runs/demo_d1like_seeds/p2_loop/results.json \\
+  python -m examples.demo.compare fast=runs/fast/p2_loop/results.json \\
       exact=runs/alt_exact/p2_loop/results.json budget=runs/alt_budget/p2_loop/results.json
 
 Each argument is ``label=<a demo's results.json>`` (``python -m examples.demo``), or, for
@@ -11,8 +11,8 @@ settings run over pretraining seeds and variants, ``label=<a multi-seed results.
 their start, mean over GRPO seeds, and the claims under each label, and how many runs
 held each claim (all labels must name the same runs):
 
-  python -m examples.demo.compare fast=docs/demo_d1like_seeds_results.json \\
-      exact_budget=runs/eb/results.json
+  python -m examples.demo.compare fast=docs/demo_d1like_fast_results.json \\
+      exact_budget=docs/demo_d1like_seeds_results.json
 """
 
 from __future__ import annotations

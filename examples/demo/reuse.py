@@ -1,10 +1,10 @@
 """A new demo workdir that starts from a finished run's base and SFT models: only the RL
 stages (and their evaluations) then run, under other GRPO settings.
 
-  python -m examples.demo.reuse runs/demo_d1like_seeds/p2_loop runs/alt_exact/p2_loop
-  python -m examples.demo --config=configs/demo_sudoku.py:d1like --workdir=runs/alt_exact/p2_loop \\
+  python -m examples.demo.reuse runs/demo_d1like_seeds/p2_loop runs/alt_fast/p2_loop
+  python -m examples.demo --config=configs/demo_sudoku.py:d1like --workdir=runs/alt_fast/p2_loop \\
       --config.demo.seed=2 --config.demo.model.unroll_layers=False \\
-      --config.demo.sampler.kv_cache=none --config.demo.sampler.threshold=1.0
+      --config.demo.sampler.kv_cache=dual --config.demo.sampler.threshold=0.9
 
 Copies ``data/``, ``base/`` and ``sft/`` (the demo skips a stage whose export exists,
 examples/demo/run.py), the compiled-program cache, and the evaluations of the base and SFT

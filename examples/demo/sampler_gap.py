@@ -1,11 +1,12 @@
 """The rollout's sampler against the evaluation's, on one exported model of a demo run.
 
   python -m examples.demo.sampler_gap --config=configs/demo_sudoku.py:d1like \\
-      --workdir=runs/demo_d1like_seeds/p2_loop --stage=sft --samples=4 --variant=loop
+      --workdir=runs/fast/p2_loop --stage=sft --samples=4 --variant=loop --rollout=fast
 
-The GRPO stages roll out with ``demo.sampler`` (the fast sampler: dual KV cache, confidence
-threshold 0.9); the evaluation decodes exactly (no cache, one token per step per block,
-d1's protocol). This scores the held-out puzzles with both at the rollout temperature, the
+The GRPO stages roll out with ``demo.sampler`` (the default demo's: the fast sampler, dual KV
+cache, confidence threshold 0.9; ``:d1like`` rolls out exactly, so ``--rollout=fast`` scores
+the default's fast sampler instead); the evaluation decodes exactly (no cache, one token per
+step per block, d1's protocol). This scores the held-out puzzles with both at the rollout temperature, the
 same seeds, ``--samples`` completions per puzzle, plus greedy exact decoding (the table's
 number), and prints the reward and accuracy of each and the difference fast - exact with its
 standard error over puzzles (paired: the same puzzles under both). Written to
@@ -78,8 +79,17 @@ def main(argv=None) -> None:
     parser.add_argument("--stage", default="sft", help="its stage whose export is scored")
     parser.add_argument("--samples", type=int, default=4, help="completions per puzzle")
     parser.add_argument("--variant", default="", help=f"the run's rounding variant {sorted(VARIANTS)}")
+    parser.add_argument("--rollout", choices=("config", "fast"), default="config",
+                        help="the rollout sampler scored: the config's demo.sampler, or the "
+                             "default demo's fast one")
     args = parser.parse_args(argv)
     demo = demo_config.get_config(args.config.partition(":")[2] or None).demo
+    if args.rollout == "fast":
+        fast = demo_config.get_config(None).demo.sampler
+        demo.sampler.kv_cache, demo.sampler.threshold = fast.kv_cache, fast.threshold
+    if (demo.sampler.kv_cache, demo.sampler.threshold) == ("none", 1.0):
+        print("[sampler_gap] the rollout sampler is the exact one: the gap is zero by "
+              "construction (--rollout=fast scores the default demo's)")
     if args.variant:  # the model program the run trained with (examples/demo/seeds.py)
         demo.model.unroll_layers = args.variant == "unrolled"
     model_dir = args.workdir / args.stage / "hf"
