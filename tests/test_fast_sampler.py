@@ -8,6 +8,8 @@ least the step's budget) and "fast_dllm" (the most confident position and every 
 p >= tau, until the block has no mask).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -163,17 +165,28 @@ def ref_step(x, logits, budget_i, s, cfg, conf_draw=None):
         x[j, s + order] = x0[j, order]
 
 
+@functools.lru_cache(maxsize=None)
+def _reference_forwards(model, block_length):
+    """The reference loop's model calls, jitted once per model and block length for every
+    case (weights and attention mask are arguments, not constants of each case's programs)."""
+    apply = lambda p, *a, **kw: model.apply({"params": p}, *a, **kw)
+    full = jax.jit(lambda p, x, att, s: apply(p, x, att, slice_start=s, slice_len=block_length,
+                                              method=model.prefill))
+    decode = jax.jit(lambda p, q, cache, s, att: apply(p, q, cache, s, att, head_len=block_length,
+                                                       method=model.decode_slice))
+    decode_at = jax.jit(lambda p, ids, idx, cache, win, s, att: apply(
+        p, ids, idx, cache, win, s, att, method=model.decode_at))
+    logits = jax.jit(lambda p, h: apply(p, h, method=model.logits))
+    return full, decode, decode_at, logits
+
+
 def reference_fast(model, params, ids, mask, cfg, rng):
     """Fast-dLLM's loops: a full forward at each block start (its logits serve step 0),
     then cached steps; a block ends when it has no mask left or its steps are spent."""
-    apply = lambda *a, **kw: model.apply({"params": params}, *a, **kw)
-    full = jax.jit(lambda x, s: apply(x, jnp.asarray(attn), slice_start=s,
-                                      slice_len=cfg.block_length, method=model.prefill))
-    decode = jax.jit(lambda q, cache, s: apply(q, cache, s, jnp.asarray(attn),
-                                               head_len=cfg.block_length,
-                                               method=model.decode_slice))
-    decode_at = jax.jit(lambda ids, idx, cache, win, s, att: apply(
-        ids, idx, cache, win, s, att, method=model.decode_at))
+    fwd = _reference_forwards(model, cfg.block_length)
+    full = lambda x, s: fwd[0](params, x, jnp.asarray(attn), s)
+    decode = lambda q, cache, s: fwd[1](params, q, cache, s, jnp.asarray(attn))
+    decode_at = lambda *a: fwd[2](params, *a)
     b, lp = ids.shape
     x = np.concatenate([ids, np.full((b, cfg.gen_length), cfg.mask_id, np.int32)], 1)
     attn = np.concatenate([mask, np.ones((b, cfg.gen_length), np.int32)], 1)
@@ -203,7 +216,7 @@ def reference_fast(model, params, ids, mask, cfg, rng):
                     one = jax.tree.map(lambda a: a[:, j:j + 1], (cache, window))
                     h, win_j = decode_at(x[j:j + 1], idx, *one, s, attn[j:j + 1])
                     window = jax.tree.map(lambda w, n: w.at[:, j].set(n[:, 0]), window, win_j)
-                    logits[j, idx[0]] = np.asarray(apply(h, method=model.logits))[0]
+                    logits[j, idx[0]] = np.asarray(fwd[3](params, h))[0]
             elif i > 0:
                 q_end = s + blk if cfg.kv_cache == "dual" else x.shape[1]
                 logits = decode(x[:, s:q_end], cache, s)
@@ -339,10 +352,11 @@ def test_parallel_composes_and_keeps_the_budget(tiny_model, peaked_params, tiny_
             assert (counts[:steps[blk]] >= np.minimum(budget[:steps[blk]], left[:steps[blk]])).all()
 
 
-@pytest.mark.parametrize("recompute", ["block", "masked"])
-def test_dual_parallel_sharded_equals_unsharded(recompute, tiny_model, tiny_config):
+def test_dual_parallel_sharded_equals_unsharded(tiny_model, tiny_config):
+    """On a (2, 2, 2) mesh, block recompute (masked recompute sharded: tests/test_dream_cache.py,
+    through the same sampler loop)."""
     c = tiny_config
-    cfg = sampler_cfg(c, kv_cache="dual", threshold=0.5, temperature=0.5, recompute=recompute,
+    cfg = sampler_cfg(c, kv_cache="dual", threshold=0.5, temperature=0.5, recompute="block",
                       block_length=8)
     ids, mask = prompts(c, b=8, pad=(0, 2, 4, 6, 0, 1, 3, 5))
     gen = smp.make_generate_fn(smp.model_fns(tiny_model), cfg)
