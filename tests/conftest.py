@@ -40,38 +40,6 @@ if SHARED_D1.is_dir():  # loaders read d1's files from here instead of downloadi
     os.environ.setdefault("D1JAX_DATA_DIR", str(SHARED_D1))
 
 
-# Seconds each long test file takes in a two-worker run on the 2-core CI machine (rounded,
-# from `--durations=0` sums; docs/testing.md, "Suite time"). `--dist loadfile` hands out whole
-# files; pytest-xdist would hand them out by test count, most first, which left the files with
-# few but long tests (multihost, the code toy, the sampler bench) to the end, where one worker
-# ran them while the other sat idle. The longest files go first instead (list scheduling,
-# longest first: the small files then even out the end); the others keep their order. Only the
-# order changes: every file still runs whole on one worker.
-LONG_FILES_S = {  # measured at c1d906c (1,547 s in all), less what later commits took out
-    "test_demo.py": 230, "test_fast_sampler.py": 215, "test_faults.py": 214,
-    "test_published_checkpoints.py": 179, "test_update.py": 172, "test_multihost.py": 149,
-    "test_dream_train.py": 147, "test_plan.py": 135, "test_train_code.py": 124,
-    "test_train.py": 119, "test_dream_cache.py": 118, "test_sampler_accuracy.py": 97,
-    "test_model.py": 97, "test_sdar_train.py": 70, "test_train_objectives.py": 68,
-    "test_bench_scale.py": 67, "test_quant.py": 57, "test_oom.py": 50, "test_logprob.py": 48,
-    "test_main.py": 47, "test_objectives_justgrpo.py": 41, "test_master_weights.py": 40,
-    "test_sampler.py": 38, "test_parallel_rule.py": 37, "test_blockwise.py": 36,
-    "test_launch.py": 33, "test_dream.py": 33, "test_block_diffusion.py": 32, "test_readme.py": 30,
-}
-
-
-def pytest_configure(config):
-    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist's controller: keep our order
-        config.option.loadscopereorder = False
-
-
-def pytest_collection_modifyitems(config, items):
-    """Longest files first (a stable sort: tests keep their order within a file). Every worker
-    collects the same order, which the controller requires."""
-    del config
-    items.sort(key=lambda item: -LONG_FILES_S.get(item.path.name, 0))
-
-
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
     """Drops the in-memory compiled programs after each test file (a later file reads them
