@@ -921,15 +921,17 @@ def test_compare_lists_each_runs_grpo_rows_and_issue_45s_claims(tmp_path, capsys
     with pytest.raises(SystemExit, match="label=<an existing results.json>"):
         compare.main([str(tmp_path / "r.json")])
 
+
 def test_compare_tallies_the_claims_per_run_of_multi_seed_results(tmp_path, capsys):
     """Multi-seed results (examples.demo.seeds) under two settings: one line per run, the
     changes over each start and the claims under each label, then the counts, by hand."""
     from examples.demo import compare
 
-    def multi(runs):
-        rows = lambda b, s, g, d: {k: {"heldout": {"greedy": v[0]}, "d1_test": {"greedy": v[1]}}
-                                   for k, v in zip(("base", "sft", "grpo_base", "d1"), (b, s, g, d))}
-        return {"kind": "multi_seed", "runs": {name: {"rows": rows(*v)} for name, v in runs.items()}}
+    def multi(runs):  # per run: (held-out, d1 test) greedy of base, SFT, RL from base, d1
+        rows = lambda *models: {k: {"heldout": {"greedy": v[0]}, "d1_test": {"greedy": v[1]}}
+                                for k, v in zip(("base", "sft", "grpo_base", "d1"), models)}
+        return {"kind": "multi_seed",
+                "runs": {name: {"rows": rows(*v)} for name, v in runs.items()}}
     fast = multi({"p0_loop": ((30, 29), (40, 41), (29, 30), (42, 40)),      # no / no / yes
                   "p1_loop": ((50, 50), (60, 60), (51, 51), (61, 62))})     # yes / yes / yes
     slow = multi({"p0_loop": ((30, 29), (40, 41), (31, 30), (41, 42)),      # yes / yes / yes
@@ -942,9 +944,9 @@ def test_compare_tallies_the_claims_per_run_of_multi_seed_results(tmp_path, caps
                         "no / no / yes | +1.0 / +1.0 | +1.0 / +1.0 | yes / yes / yes |")
     assert lines[3].endswith("| +1.0 / +1.0 | +1.0 / +2.0 | yes / yes / yes | +0.0 / +1.0 | "
                              "-1.0 / +1.0 | no / no / yes |")
-    assert lines[-2:] == [
-        "- fast: d1 > SFT 1 of 2, RL from base > base 1 of 2, d1 > RL from base 2 of 2, all three 1 of 2",
-        "- slow: d1 > SFT 1 of 2, RL from base > base 1 of 2, d1 > RL from base 2 of 2, all three 1 of 2"]
+    tally = ("d1 > SFT 1 of 2, RL from base > base 1 of 2, d1 > RL from base 2 of 2, "
+             "all three 1 of 2")
+    assert lines[-2:] == [f"- fast: {tally}", f"- slow: {tally}"]
     slow["runs"].pop("p1_loop")
     (tmp_path / "slow.json").write_text(json.dumps(slow))
     with pytest.raises(SystemExit, match="runs \\['p0_loop'\\] are not"):

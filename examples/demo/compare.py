@@ -36,6 +36,7 @@ def _row(r: dict, kind: str, start: str) -> str:
 
 
 CLAIMS = ("d1 > SFT", "RL from base > base", "d1 > RL from base")
+MODELS = ("base", "sft", "grpo_base", "d1")  # results' row names
 
 
 def held(acc: dict[str, list[float]]) -> list[bool]:
@@ -50,8 +51,7 @@ def _yes_no(flags: list[bool]) -> str:
 
 
 def _claims(r: dict) -> str:
-    return _yes_no(held({k: [r["rows"][k][s]["mean"] for s in SETS]
-                         for k in ("base", "sft", "grpo_base", "d1")}))
+    return _yes_no(held({k: [r["rows"][k][s]["mean"] for s in SETS] for k in MODELS}))
 
 
 def table(results: dict[str, dict]) -> str:
@@ -73,7 +73,8 @@ def multi_table(results: dict[str, dict]) -> str:
     """Markdown for multi-seed results: per run, the base and SFT (shared by every label), and
     per label the change of RL from the base and of d1 over their starts and the claims; then
     how many runs held each claim, and all three, under each label."""
-    names = list(next(iter(results.values()))["runs"])
+    first = next(iter(results.values()))["runs"]
+    names = list(first)
     for label, r in results.items():
         if list(r["runs"]) != names:
             raise SystemExit(f"error: {label}'s runs {list(r['runs'])} are not {names}")
@@ -85,11 +86,10 @@ def multi_table(results: dict[str, dict]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     counts = {label: [0] * (len(CLAIMS) + 1) for label in results}
     for name in names:
-        first = next(iter(results.values()))["runs"][name]
-        cells = [name, fmt(greedy(first, "base")), fmt(greedy(first, "sft"))]
+        cells = [name, fmt(greedy(first[name], "base")), fmt(greedy(first[name], "sft"))]
         for label, r in results.items():
             run = r["runs"][name]
-            acc = {k: greedy(run, k) for k in ("base", "sft", "grpo_base", "d1")}
+            acc = {k: greedy(run, k) for k in MODELS}
             flags = held(acc)
             for i, h in enumerate(flags + [all(flags)]):
                 counts[label][i] += h

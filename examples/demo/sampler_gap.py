@@ -6,10 +6,10 @@
 The GRPO stages roll out with ``demo.sampler`` (the default demo's: the fast sampler, dual KV
 cache, confidence threshold 0.9; ``:d1like`` rolls out exactly, so ``--rollout=fast`` scores
 the default's fast sampler instead); the evaluation decodes exactly (no cache, one token per
-step per block, d1's protocol). This scores the held-out puzzles with both at the rollout temperature, the
-same seeds, ``--samples`` completions per puzzle, plus greedy exact decoding (the table's
-number), and prints the reward and accuracy of each and the difference fast - exact with its
-standard error over puzzles (paired: the same puzzles under both). Written to
+step per block, d1's protocol). This scores the held-out puzzles with both at the rollout
+temperature, the same seeds, ``--samples`` completions per puzzle, plus greedy exact decoding
+(the table's number), and prints the reward and accuracy of each and the difference fast -
+exact with its standard error over puzzles (paired: the same puzzles under both). Written to
 ``<workdir>/sampler_gap_<stage>.json``.
 """
 
@@ -87,7 +87,7 @@ def main(argv=None) -> None:
     if args.rollout == "fast":
         fast = demo_config.get_config(None).demo.sampler
         demo.sampler.kv_cache, demo.sampler.threshold = fast.kv_cache, fast.threshold
-    if (demo.sampler.kv_cache, demo.sampler.threshold) == ("none", 1.0):
+    if demo.sampler.kv_cache == "none" and demo.sampler.threshold >= 1.0:  # decodes exactly
         print("[sampler_gap] the rollout sampler is the exact one: the gap is zero by "
               "construction (--rollout=fast scores the default demo's)")
     if args.variant:  # the model program the run trained with (examples/demo/seeds.py)
