@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from d1jax.model.predictor import MaskPredictor
-from d1jax.objectives import logprob, masking
+from d1jax.objectives import logprob, losses, masking
 
 Array = jax.Array
 
@@ -136,20 +136,14 @@ def justgrpo_objective(logps_bc: Array, old_logps_bc: Array | None, ref_logps_bc
     old_logps_bc None (their code, mu = 1): the detached current ones, r = 1.
     ``old_is_current``: as ``losses.grpo_loss``. ``scale_b``: ``loss_scale``'s weights.
     """
-    if old_logps_bc is None:
-        old_logps_bc = jax.lax.stop_gradient(logps_bc)
-    elif old_is_current is not None:
-        old_logps_bc = jnp.where(old_is_current, jax.lax.stop_gradient(logps_bc), old_logps_bc)
-    ratio = jnp.exp(logps_bc - old_logps_bc)
-    adv_b1 = advantages_b[:, None].astype(jnp.float32)
-    loss1, loss2 = ratio * adv_b1, jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * adv_b1
+    ratio = jnp.exp(logps_bc - losses.old_or_current(logps_bc, old_logps_bc, old_is_current))
+    loss1, loss2 = losses.clipped_terms(ratio, advantages_b, epsilon)
     per_token = -jnp.minimum(loss1, loss2)
     metrics = {}
     if beta != 0.0:
         if ref_logps_bc is None:
             raise ValueError("beta != 0 needs ref_logps (computed once per rollout)")
-        diff = ref_logps_bc - logps_bc
-        kl = jnp.exp(diff) - diff - 1.0
+        kl = losses.k3_kl(ref_logps_bc, logps_bc)
         per_token = per_token + beta * kl
         metrics["kl"] = jnp.mean(kl)
     loss = jnp.mean(jnp.sum(per_token, axis=1) * scale_b)

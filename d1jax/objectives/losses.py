@@ -22,6 +22,31 @@ def _masked_mean(x_bc: Array, mask_bc: Array, n: Array) -> Array:
     return jnp.sum(x_bc * mask_bc) / n
 
 
+def old_or_current(logps_bc: Array, old_logps_bc: Array | None,
+                   old_is_current: Array | None) -> Array:
+    """The old policy's log-probs for the ratio: the detached current ones when
+    ``old_logps_bc`` is None (mu == 1) or ``old_is_current`` (may be traced) is true."""
+    if old_logps_bc is None:
+        return jax.lax.stop_gradient(logps_bc)
+    if old_is_current is not None:
+        return jnp.where(old_is_current, jax.lax.stop_gradient(logps_bc), old_logps_bc)
+    return old_logps_bc
+
+
+def clipped_terms(ratio_bc: Array, advantages_b: Array, epsilon: float) -> tuple[Array, Array]:
+    """PPO's two surrogate terms (ratio A, clip(ratio, 1 - eps, 1 + eps) A), A per row; the
+    per-token policy loss is -min of the two, and a token counts as clipped where the first
+    is the smaller (d1's ``is_clipped`` as written)."""
+    adv_b1 = advantages_b[:, None].astype(jnp.float32)
+    return ratio_bc * adv_b1, jnp.clip(ratio_bc, 1.0 - epsilon, 1.0 + epsilon) * adv_b1
+
+
+def k3_kl(ref_logps_bc: Array, logps_bc: Array) -> Array:
+    """The k3 estimator of KL(policy || ref) per token: exp(ref - logp) - (ref - logp) - 1."""
+    diff = ref_logps_bc - logps_bc
+    return jnp.exp(diff) - diff - 1.0
+
+
 def grpo_loss(logps_bc: Array, old_logps_bc: Array | None, ref_logps_bc: Array | None,
               advantages_b: Array, completion_mask_bc: Array, *, epsilon: float, beta: float,
               max_tokens: int | None = None, old_is_current: Array | None = None,
@@ -60,21 +85,14 @@ def grpo_loss(logps_bc: Array, old_logps_bc: Array | None, ref_logps_bc: Array |
                          f"and advantages {advantages_b.shape} must be [B, C], [B, C], [B]")
     mask = completion_mask_bc.astype(jnp.float32)
     n_tokens = jnp.maximum(mask.sum(), 1.0)
-    if old_logps_bc is None:
-        old_logps_bc = jax.lax.stop_gradient(logps_bc)
-    elif old_is_current is not None:
-        old_logps_bc = jnp.where(old_is_current, jax.lax.stop_gradient(logps_bc), old_logps_bc)
-    ratio = jnp.exp(logps_bc - old_logps_bc)
-    adv_b1 = advantages_b[:, None].astype(jnp.float32)
-    loss1 = ratio * adv_b1
-    loss2 = jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * adv_b1
+    ratio = jnp.exp(logps_bc - old_or_current(logps_bc, old_logps_bc, old_is_current))
+    loss1, loss2 = clipped_terms(ratio, advantages_b, epsilon)
     per_token = -jnp.minimum(loss1, loss2)
     metrics: dict[str, Array] = {}
     if beta != 0.0:
         if ref_logps_bc is None:
             raise ValueError("beta != 0 needs ref_logps (computed once per rollout)")
-        diff = ref_logps_bc - logps_bc
-        kl = jnp.exp(diff) - diff - 1.0
+        kl = k3_kl(ref_logps_bc, logps_bc)
         per_token = per_token + beta * kl
         metrics["kl"] = _masked_mean(kl, mask, n_tokens)
     if group_tokens_b is not None:

@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from d1jax.model.predictor import MaskPredictor
-from d1jax.objectives import blockwise
+from d1jax.objectives import blockwise, losses
 
 Array = jax.Array
 METHODS = ("TraceRL", "random_masking", "coupled")
@@ -174,15 +174,11 @@ def tracerl_objective(logps_bc: Array, old_logps_bc: Array | None, advantages_b:
     w = ``policy_weight_bc`` (None: 1). ``clamp``: the bound on the log-ratios inside exp
     (rl_sdar.py's 10; None: none, as rl_llada.py / rl_dream.py).
     ``old_logps_bc`` None, or ``old_is_current`` true: the detached current ones."""
-    if old_logps_bc is None:
-        old_logps_bc = jax.lax.stop_gradient(logps_bc)
-    elif old_is_current is not None:
-        old_logps_bc = jnp.where(old_is_current, jax.lax.stop_gradient(logps_bc), old_logps_bc)
+    old_logps_bc = losses.old_or_current(logps_bc, old_logps_bc, old_is_current)
     diff = jnp.where(scored_bc, logps_bc - old_logps_bc, 0.0)
     bound = (lambda x: x) if clamp is None else (lambda x: jnp.clip(x, -clamp, clamp))
     ratio = jnp.exp(bound(diff))
-    adv = advantages_b[:, None].astype(jnp.float32)
-    s1, s2 = ratio * adv, jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * adv
+    s1, s2 = losses.clipped_terms(ratio, advantages_b, epsilon)
     policy = jnp.minimum(s1, s2) if policy_weight_bc is None else (
         jnp.minimum(s1, s2) * policy_weight_bc)
     per_token = -jnp.where(scored_bc, policy, 0.0)
