@@ -1,6 +1,6 @@
 """The CPU demo: d1's recipe in miniature on 4x4 Sudoku (Table 1 of the paper).
 
-  python -m examples.demo --config=configs/demo_sudoku.py --workdir=runs/demo          # 705 s measured (12 min)
+  python -m examples.demo --config=configs/demo_sudoku.py --workdir=runs/demo          # 1,627 s on a busy 2-core VM
   python -m examples.demo --config=configs/demo_sudoku.py:compare --workdir=runs/demo  # + wd1, SPG, coupled-GRPO: ~1,700 s summed over stages
   python -m examples.demo --config=configs/demo_sudoku.py:ci --workdir=runs/demo_ci    # shortened, for tests
   python -m examples.demo --config=configs/demo_sudoku.py:d1like --workdir=runs/demo_d1like

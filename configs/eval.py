@@ -4,7 +4,8 @@
       --config.model.path=/path/to/LLaDA-8B-Instruct
   python -m d1jax.eval --config=configs/eval.py:sudoku-tiny --workdir=/tmp/eval_tiny  # CPU smoke run
 
-The argument is the task (gsm8k, math500, sudoku, countdown), optionally with "-tiny".
+The argument is the task (gsm8k, math500, sudoku, countdown, humaneval, mbpp), optionally with
+"-tiny".
 Fields and their meaning: docs/configs.md; builder d1jax/config/defaults.py (eval_config).
 """
 

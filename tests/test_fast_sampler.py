@@ -19,6 +19,7 @@ import d1jax
 from d1jax.model.llada import model as model_lib
 from d1jax import sampling as smp
 from d1jax import sharding
+from tests.test_sampler import ref_budget
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +192,7 @@ def reference_fast(model, params, ids, mask, cfg, rng):
     x = np.concatenate([ids, np.full((b, cfg.gen_length), cfg.mask_id, np.int32)], 1)
     attn = np.concatenate([mask, np.ones((b, cfg.gen_length), np.int32)], 1)
     spb, blk = cfg.steps_per_block, cfg.block_length
-    budget = smp.num_transfer_tokens(blk, spb)
+    budget = ref_budget(blk, spb)  # LLaDA's get_num_transfer_tokens
     fast_dllm = cfg.parallel_rule == "fast_dllm"
     max_steps, stride = (blk, blk) if fast_dllm else (spb, spb)  # fast_dllm: no step cap
     steps_taken = []
@@ -343,7 +344,7 @@ def test_parallel_composes_and_keeps_the_budget(tiny_model, peaked_params, tiny_
     assert not (comp == c.mask_token_id).any() and not (comp == c.eos_token_id).any()
     steps = np.asarray(out.block_steps)
     assert (steps >= 1).all() and (steps <= 4).all() and steps.sum() < 8
-    budget = smp.num_transfer_tokens(8, 4)
+    budget = ref_budget(8, 4)
     for row in np.asarray(out.decoded_at):
         for blk in range(2):
             local = row[blk * 8:(blk + 1) * 8] - blk * 4

@@ -75,6 +75,12 @@ def test_library_types_take_every_knob_of_their_group_by_name():
     fields = lambda cls: {f.name for f in dataclasses.fields(cls)}  # noqa: E731
     assert names(groups.SamplerKnobs) <= fields(smp.SamplerConfig)
     assert names(groups.LoraKnobs) - fields(LoraConfig) == {"enabled"}
+    from d1jax.objectives import coupled_grpo, justgrpo, spg, tracerl, wd1
+    for group, target in [(groups.WD1Knobs, wd1.WD1Config), (groups.SPGKnobs, spg.SPGConfig),
+                          (groups.CoupledGRPOKnobs, coupled_grpo.CoupledGRPOConfig),
+                          (groups.JustGRPOKnobs, justgrpo.JustGRPOConfig),
+                          (groups.TraceRLKnobs, tracerl.TraceRLConfig)]:
+        assert names(group) <= fields(target), (group.__name__, names(group) - fields(target))
 
 
 def test_a_run_config_carries_its_groups_into_the_spec():

@@ -142,7 +142,7 @@ EVAL_TINY = "--config=configs/eval.py:sudoku-tiny"
      "error: config.model.path='/nope' is not a directory"),
     ("d1jax.eval", ["--config=configs/eval.py:sudokuu-tiny"],
      "error: --config=configs/eval.py:sudokuu-tiny: unknown eval config 'sudokuu-tiny': use "
-     "':TASK' or ':TASK-tiny' with TASK one of gsm8k, math500, sudoku, countdown"),
+     "':TASK' or ':TASK-tiny' with TASK one of gsm8k, math500, sudoku, countdown, humaneval, mbpp"),
     ("d1jax.eval", ["--config=configs/eval.py:sudoku-tinyy"],
      "error: --config=configs/eval.py:sudoku-tinyy: unknown eval config 'sudoku-tinyy'"),
     ("d1jax.plan", ["--config=configs/grpo_gsm8k.py:tiyn"],

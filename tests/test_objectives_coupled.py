@@ -97,5 +97,6 @@ def test_one_step_moves_likelihoods_by_advantage_sign(tiny_model, tiny_params, t
 @pytest.mark.parametrize("kw", [dict(t_min=0.0), dict(t_min=0.6, t_max=0.5), dict(t_max=1.0),
                                 dict(beta=-0.1)])
 def test_config_rejects_bad_values(kw):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as err:
         cg.CoupledGRPOConfig(**kw)
+    assert all(f"{k}={v}" in str(err.value) for k, v in kw.items()), err.value  # names it

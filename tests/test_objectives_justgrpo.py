@@ -297,9 +297,11 @@ def test_config_carries_train_py_values_and_tiny_runs(tmp_path):
     tiny = justgrpo_gsm8k.get_config("tiny")
     spec = spec_lib.from_config(tiny)
     assert isinstance(spec.grpo.hparams, jg.JustGRPOConfig)
-    # run.spec passes no hparams yet: the defaults apply, equal to the config's knobs.
-    assert spec.grpo.hparams.gain == tiny.grpo.justgrpo.gain
-    assert (spec.grpo.hparams.position_chunk or 0) == tiny.grpo.justgrpo.position_chunk
+    assert spec.grpo.hparams.position_chunk is None  # knob 0: chosen by the token budget
+    changed = justgrpo_gsm8k.get_config("tiny")
+    changed.grpo.justgrpo.gain, changed.grpo.justgrpo.position_chunk = 3.0, 2  # not defaults
+    h = spec_lib.from_config(changed).grpo.hparams
+    assert (h.gain, h.position_chunk) == (3.0, 2)  # JustGRPOConfig: 8.0, None
     data = tmp_path / "train.jsonl"
     data.write_text("\n".join(json.dumps(
         {"question": f"Tom has {i} apples and buys 3 more. How many now?",

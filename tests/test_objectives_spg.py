@@ -151,5 +151,6 @@ def test_one_step_moves_likelihoods_by_advantage_sign(tiny_model, tiny_params, t
 @pytest.mark.parametrize("kw", [dict(min_t=0.6, max_t=0.5), dict(eubo_beta=0.0),
                                 dict(mix_weight=1.5), dict(num_t=0), dict(p_mask_prompt=-0.1)])
 def test_config_rejects_bad_values(kw):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as err:
         spg.SPGConfig(**kw)
+    assert all(f"{k}={v}" in str(err.value) for k, v in kw.items()), err.value  # names it

@@ -102,5 +102,6 @@ def test_one_step_moves_likelihoods_by_advantage_sign(tiny_model, tiny_params, t
 
 @pytest.mark.parametrize("kw", [dict(group_size=0)])
 def test_config_rejects_bad_values(kw):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as err:
         wd1.WD1Config(**kw)
+    assert all(f"{k}={v}" in str(err.value) for k, v in kw.items()), err.value  # names it

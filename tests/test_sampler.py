@@ -218,7 +218,7 @@ def test_budgets_and_no_mask_left(tiny_model, tiny_params, tiny_config):
     comp = np.asarray(out.ids)[:, ids.shape[1]:]
     assert not (comp == c.mask_token_id).any()
     np.testing.assert_array_equal(np.asarray(out.block_steps), [3, 3, 3])
-    want = np.tile(smp.num_transfer_tokens(8, 3), 3)  # [3, 3, 2] per block
+    want = np.tile(ref_budget(8, 3), 3)  # [3, 3, 2] per block
     for row in np.asarray(out.decoded_at):
         np.testing.assert_array_equal(np.bincount(row, minlength=9), want)
         assert all(3 * (p // 8) <= row[p] < 3 * (p // 8 + 1) for p in range(24))

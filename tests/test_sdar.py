@@ -184,7 +184,7 @@ def test_config_reads_their_config_json():
     assert cfg.num_params() == 8_822_848_512 // 2  # its index.json's total_size, bfloat16
     for bad in ({"use_sliding_window": True}, {"attention_bias": True}, {"hidden_act": "gelu"},
                 {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}):
-        with pytest.raises(UnsupportedConfigError):
+        with pytest.raises(UnsupportedConfigError, match=next(iter(bad))):  # names the field
             sdar.SDARConfig.from_hf_dict({**SDAR_4B_CONFIG, **bad})
     back = sdar.SDARConfig.from_hf_dict(cfg.to_hf_dict())
     assert back == cfg and "block_align" not in cfg.to_hf_dict()

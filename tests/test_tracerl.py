@@ -115,7 +115,9 @@ def test_random_variants_match_their_rows(loaded, sd, method):
     batch = grpo_batch(ids[:, :L0], pm, ids[:, L0:], np.ones((len(ids), L1)), adv)
     loss, _, grads, prepared = _grads_and_loss(model, params, cfg, batch)
     rnd = np.asarray(prepared.per_row["round"])
-    tails = [rnd == 0] + ([rnd == 1] if method == "coupled" else [])
+    first = rnd == 0  # the draw; the second copy of coupled is its complement, built here
+    assert set(np.unique(rnd)) <= ({0, 1} if method == "coupled" else {0, -1})
+    tails = [first] + ([~first] if method == "coupled" else [])
     model_t = port.TorchSDAR(sd, model.config)
     ext, p_mask, tok, labels, keep = port.masked_rows(
         torch.tensor(np.concatenate([ids] * len(tails))), np.concatenate(tails), L0, MASK, PAD, 0)

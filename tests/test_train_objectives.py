@@ -92,3 +92,6 @@ def test_objective_knobs_reach_the_typed_config():
     c = config_lib.grpo("sudoku", "tiny", objective="coupled_grpo")
     h = spec_lib.from_config(c).grpo.hparams
     assert (h.beta, h.epsilon, h.t_min, h.t_max) == (0.04, 0.5, 0.2, 0.8)
+    c.grpo.coupled_grpo.t_min, c.grpo.coupled_grpo.t_max = 0.3, 0.6  # not the defaults
+    h = spec_lib.from_config(c).grpo.hparams
+    assert (h.t_min, h.t_max) == (0.3, 0.6)

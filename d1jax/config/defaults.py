@@ -376,7 +376,7 @@ def eval_config(arg: str | None, checkpoint: str = "llada") -> mlc.ConfigDict:
     from d1jax.tasks import CODE_TASKS, TASK_NAMES
     if task not in TASK_NAMES + CODE_TASKS or variant not in ("", "tiny"):
         raise ConfigError(f"unknown eval config {arg!r}: use ':TASK' or ':TASK-tiny' with TASK "
-                          f"one of {', '.join(TASK_NAMES)} (e.g. ':sudoku-tiny')")
+                          f"one of {', '.join(TASK_NAMES + CODE_TASKS)} (e.g. ':sudoku-tiny')")
     tiny = variant == "tiny"
     c = base("eval", task, tiny, checkpoint=checkpoint)
     c.lora.enabled = False  # Evaluate plain weights (export LoRA runs first: <workdir>/hf).

@@ -40,11 +40,12 @@ class ModelKnobs:
 
     family: str = knob(
         "llada", 'Model family (d1jax.model.family): "llada" (LLaDA-8B), "dream" (Dream-v0-7B, '
-        'DiffuCoder-7B) or "sdar" (SDAR, TraDo; block diffusion, model only so far); must match '
-        "model.path's config.json. Set by the builders' checkpoint kind.")
+        'DiffuCoder-7B) or "sdar" (SDAR, TraDo; block diffusion); must match model.path\'s '
+        "config.json. Set by the builders' checkpoint kind.")
     path: str = knob(
         "", "Local HF checkpoint dir (config.json, *.safetensors, tokenizer); $LLADA_PATH "
-        "($DREAM_PATH, $DIFFUCODER_PATH) by default, \"\" in the tiny configs.")
+        "($DREAM_PATH, $DIFFUCODER_PATH, $SDAR_PATH, $TRADO_PATH) by default, \"\" in the tiny "
+        "configs.")
     tokenizer_path: str = knob(
         "", 'Tokenizer dir; "": model.path (or a tiny one trained on the task text when '
         "random_init).")
@@ -121,8 +122,8 @@ class OptimKnobs:
 class TaskKnobs:
     """The task and its data: ``config.task``."""
 
-    name: str = knob("", "gsm8k, math500, sudoku, countdown, humaneval, mbpp (or s1k for SFT); "
-                     "set by the builders.")
+    name: str = knob("", "gsm8k, math500, sudoku, countdown, humaneval, mbpp, letters (the "
+                     "install check's toy; or s1k for SFT); set by the builders.")
     source: str | None = knob(
         "", '"d1": d1\'s training data (sudoku, countdown); "spg": SPG\'s Sudoku split with its '
         '3-shot prompt; "toy": generated code problems (humaneval, mbpp); a local data file/dir '

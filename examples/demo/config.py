@@ -20,7 +20,7 @@ from examples.demo import task as demo_task
 def get_config(arg: str | None) -> mlc.ConfigDict:
     """base -> SFT -> diffu-GRPO on 4x4 Sudoku (examples/demo/run.py).
 
-    ``arg``: None (the README's run, 705 s measured on one shared core), "d1like" (the same
+    ``arg``: None (the README's run, 1,627 s on a busy 2-core VM), "d1like" (the same
     recipe with d1's design of SFT data: Latin-square puzzles, a family beside the RL task, in
     its answer format, examples/demo/latin.py; "d1like,ci" shortens it as "ci"), "compare" (the same,
     plus wd1, SPG and coupled-GRPO from the SFT model on diffu-GRPO's budget; it reuses a
