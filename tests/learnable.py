@@ -36,9 +36,22 @@ def config(objective: str = "diffu_grpo", **changes):
 # Least rise of the reward (``rise`` below) a run of OVERRIDES must show, whatever the objective
 # and seed; docs/testing.md has the measurements behind it.
 MIN_RISE = 0.01
+# The frozen control's changes: the loop refuses a learning rate of 0, and at 1e-12 the policy
+# does not move measurably, so its rollouts are the untrained model's on the run's own prompts
+# and sampling keys (the same seed), whatever the objective (docs/testing.md).
+FROZEN = {"optim.learning_rate": 1e-12}
+# Least ``gain`` over that control an objective's run must show (docs/testing.md).
+MIN_GAIN = 0.01
 
 
 def rise(rewards: list[float], k: int = 5) -> float:
     """Mean reward of the last ``k`` rollouts minus the first rollout's (the untrained model's;
     most of the rise comes within a few rollouts). One reward per rollout: metrics rows[::mu]."""
     return sum(rewards[-k:]) / k - rewards[0]
+
+
+def gain(rewards: list[float], frozen: list[float], k: int = 5) -> float:
+    """Mean reward of the last ``k`` rollouts minus the frozen control's over the same rollouts
+    (one reward per rollout each). Paired on prompts and sampling keys, it leaves out the
+    rollout-to-rollout noise that ``rise`` keeps: a policy that does not move scores 0."""
+    return sum(rewards[-k:]) / k - sum(frozen[-k:]) / k

@@ -26,13 +26,25 @@ def trained(request, tmp_path_factory):
     return objective, wd, read_jsonl(wd / "metrics.jsonl")
 
 
-def test_objective_raises_the_reward(trained):
+@pytest.fixture(scope="module")
+def frozen(tmp_path_factory):
+    """The rewards of the learnable run with the policy held still (``learnable.FROZEN``), one
+    per rollout: the untrained model on every objective's prompts and sampling keys."""
+    c = learnable.config("diffu_grpo", **learnable.FROZEN)
+    wd = tmp_path_factory.mktemp("frozen")
+    grpo.run(c, str(wd))
+    return [r["reward"] for r in read_jsonl(wd / "metrics.jsonl")][::c.grpo.num_iterations]
+
+
+def test_objective_raises_the_reward(trained, frozen):
     objective, wd, rows = trained
     mu = learnable.config(objective).grpo.num_iterations
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert all(np.isfinite(r["loss"]) and OWN_METRIC[objective] in r for r in rows)
     rewards = [r["reward"] for r in rows][::mu]  # one per rollout
-    assert learnable.rise(rewards) > learnable.MIN_RISE, np.round(rewards, 3).tolist()
+    assert len(rewards) == len(frozen) and rewards[0] == frozen[0]  # paired: same first rollout
+    assert learnable.gain(rewards, frozen) > learnable.MIN_GAIN, (
+        np.round(rewards, 3).tolist(), np.round(frozen, 3).tolist())
 
 
 def test_objective_checkpoints_and_resumes_exactly(trained, tmp_path):
