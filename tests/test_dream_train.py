@@ -248,12 +248,17 @@ def dream_run(tmp_path_factory):
     return wd, read_jsonl(wd / "metrics.jsonl")
 
 
-def test_diffu_grpo_on_dream_raises_the_reward(dream_run):
+def test_diffu_grpo_on_dream_raises_the_reward(dream_run, tmp_path):
+    """Against the frozen control on the same prompts and keys (docs/testing.md)."""
     _, rows = dream_run
     mu = learnable.config("diffu_grpo").grpo.num_iterations
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     rewards = [r["reward"] for r in rows][::mu]
-    assert learnable.rise(rewards) > learnable.MIN_RISE, np.round(rewards, 3).tolist()
+    grpo.run(learnable.config("diffu_grpo", **DREAM, **learnable.FROZEN), str(tmp_path))
+    frozen = [r["reward"] for r in read_jsonl(tmp_path / "metrics.jsonl")][::mu]
+    assert rewards[0] == frozen[0]  # paired: the same first rollout
+    assert learnable.gain(rewards, frozen) > learnable.MIN_GAIN, (
+        np.round(rewards, 3).tolist(), np.round(frozen, 3).tolist())
 
 
 def test_dream_export_is_a_dream_checkpoint_of_the_trained_policy(dream_run):
