@@ -19,7 +19,7 @@ import d1jax
 from d1jax.model.llada import model as model_lib
 from d1jax import sampling as smp
 from d1jax import sharding
-from tests.test_sampler import ref_budget
+from tests.test_sampler import assert_sharded_equals_unsharded, ref_budget
 
 
 @pytest.fixture(scope="module")
@@ -360,15 +360,7 @@ def test_dual_parallel_sharded_equals_unsharded(tiny_model, tiny_config):
     cfg = sampler_cfg(c, kv_cache="dual", threshold=0.5, temperature=0.5, recompute="block",
                       block_length=8)
     ids, mask = prompts(c, b=8, pad=(0, 2, 4, 6, 0, 1, 3, 5))
-    gen = smp.make_generate_fn(smp.model_fns(tiny_model), cfg)
-    params = d1jax.init_params(tiny_model, jax.random.key(0))
-    want = np.asarray(gen(params, ids, mask, jax.random.key(3)).ids)
-    mesh = sharding.make_mesh((2, 2, 2))
-    sparams = d1jax.init_params(tiny_model, jax.random.key(0), mesh)
-    bs = sharding.batch_sharding(mesh)
-    with sharding.activate(mesh):
-        got = gen(sparams, jax.device_put(ids, bs), jax.device_put(mask, bs), jax.random.key(3))
-    np.testing.assert_array_equal(np.asarray(got.ids), want)
+    assert_sharded_equals_unsharded(tiny_model, smp.model_fns(tiny_model), cfg, ids, mask)
 
 
 def test_fast_preset():

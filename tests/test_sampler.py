@@ -257,19 +257,24 @@ def test_gumbel_max_samples_softmax(temperature):
     assert abs(gs.mean() - np.euler_gamma) < 0.01 and abs(gs.var() - np.pi ** 2 / 6) < 0.02
 
 
-def test_sharded_equals_unsharded(tiny_model, tiny_config):
-    c = tiny_config
-    cfg = cfg_for(c, block_length=8, steps=8, temperature=0.5)
-    ids, mask = make_prompts(c.vocab_size, c.pad_token_id, b=8, pad=(0, 2, 4, 6, 0, 1, 3, 5))
-    params = d1jax.init_params(tiny_model, jax.random.key(0))
-    gen = smp.make_generate_fn(smp.model_apply_fn(tiny_model), cfg)
+def assert_sharded_equals_unsharded(model, fns, cfg, ids, mask):
+    """The sampler's tokens on a (2, 2, 2) mesh (params and batch sharded) equal one device's."""
+    params = d1jax.init_params(model, jax.random.key(0))
+    gen = smp.make_generate_fn(fns, cfg)
     want = np.asarray(gen(params, ids, mask, jax.random.key(3)).ids)
     mesh = sharding.make_mesh((2, 2, 2))
-    sparams = d1jax.init_params(tiny_model, jax.random.key(0), mesh)
+    sparams = d1jax.init_params(model, jax.random.key(0), mesh)
     bs = sharding.batch_sharding(mesh)
     with sharding.activate(mesh):
         got = gen(sparams, jax.device_put(ids, bs), jax.device_put(mask, bs), jax.random.key(3))
     np.testing.assert_array_equal(np.asarray(got.ids), want)
+
+
+def test_sharded_equals_unsharded(tiny_model, tiny_config):
+    c = tiny_config
+    cfg = cfg_for(c, block_length=8, steps=8, temperature=0.5)
+    ids, mask = make_prompts(c.vocab_size, c.pad_token_id, b=8, pad=(0, 2, 4, 6, 0, 1, 3, 5))
+    assert_sharded_equals_unsharded(tiny_model, smp.model_apply_fn(tiny_model), cfg, ids, mask)
 
 
 def test_bad_settings_are_refused():

@@ -55,6 +55,55 @@ def hostile(sentinel: Path, port: int) -> dict[str, str]:
         "forge_results": ("import os\nfor fd in range(1, 16):\n    try:\n"
                           "        os.write(fd, b'0' * 32 + b' 0 1\\n' + b'0' * 32 + b' done\\n')\n"
                           "    except OSError:\n        pass\nos._exit(0)\n"),
+        # The guard's own state and what it calls, rebound by the program (the hook reads
+        # only what it captured).
+        "unguard_policy": ("import sys, os\nsys.modules['__main__']._REFUSED = frozenset()\n"
+                           f"os.system('touch {s}/pwned')\n"),
+        "unguard_builtins": ("import builtins, os\nbuiltins.any = lambda x: False\n"
+                             "builtins.isinstance = lambda *a: False\n"
+                             "os.fsdecode = lambda p: os.getcwd()\n"
+                             f"open('{s}/pwned', 'w').write('x')\n"),
+        "unguard_realpath": ("import os, posixpath\nposixpath._joinrealpath = "
+                             "lambda *a: (os.getcwd(), True)\nos.path.realpath = lambda *a, **k: "
+                             f"os.getcwd()\nopen('{s}/pwned', 'w').write('x')\n"),
+        # The child's frames hold the result channel: every way CPython hands out a frame.
+        "forge_via_getframe": ("import sys, os\nl = sys._getframe(1).f_locals\n"
+                               "for i, _ in l['programs']:\n    l['report'](f'{i} 1')\n"
+                               "l['report']('done')\nos._exit(0)\n"),
+        "forge_via_traceback": ("import os\ntry:\n    raise Exception\nexcept Exception as e:\n"
+                                "    l = e.__traceback__.tb_frame.f_back.f_locals\n"
+                                "l['report']('0 1')\nl['report']('done')\nos._exit(0)\n"),
+        "forge_via_gc": ("import gc, os\nr = [o for o in gc.get_objects() if getattr(o, "
+                         "'__name__', '') == 'report'][0]\nr('0 1')\nr('done')\nos._exit(0)\n"),
+        "forge_via_signal_handler": (
+            "import os, signal, time\ndef h(sig, frame):\n    l = frame.f_back.f_locals\n"
+            "    l['report']('0 1')\n    l['report']('done')\n    os._exit(0)\n"
+            "signal.signal(signal.SIGALRM, h)\nsignal.setitimer(signal.ITIMER_REAL, 0.01)\n"
+            "time.sleep(0.5)\n"),
+        "forge_via_settrace": "import sys\nsys.settrace(lambda *a: None)\n",
+        "read_result_channel": ("import os\nfor fd in range(3, 20):\n    try:\n"
+                                "        n = os.pread(fd, 64, 0).split(b' ')[0]\n"
+                                "    except OSError:\n        continue\n"
+                                "    os.write(fd, n + b' 0 1\\n' + n + b' done\\n')\n    os._exit(0)\n"
+                                "raise RuntimeError('no channel read')\n"),
+        "clear_append_flag": "import fcntl\nfcntl.fcntl(3, fcntl.F_SETFL, 0)\n",
+        "threads_reimported": ("import sys\ndel sys.modules['_thread']\nimport _thread\n"
+                               "_thread.start_new_thread(lambda: None, ())\n"),
+        # Secrets, memory and files outside: reads are limited too.
+        "read_parent_environ": "import os\nopen('/proc/%d/environ' % os.getppid(), 'rb').read()\n",
+        "read_own_memory": "open('/proc/self/mem', 'rb')\n",
+        "read_outside": f"open('{s}/keep.txt').read()\n",
+        "immutable_flag": ("import fcntl, struct\nf = open('x', 'w')\n"
+                           "fcntl.ioctl(f, 0x40086602, struct.pack('i', 0x10))\n"),
+        # A directory fd outside, or one the hook resolves elsewhere: dir_fd= is not in the
+        # open event.
+        "dir_fd_outside": (f"import os\nd = os.open('{s}', os.O_RDONLY)\n"
+                           "os.open('pwned', os.O_WRONLY | os.O_CREAT, dir_fd=d)\n"),
+        "dir_fd_after_chdir": ("import os\nos.mkdir('a')\nd = os.open('.', os.O_RDONLY)\n"
+                               "os.chdir('a')\nos.open('../pwned', os.O_WRONLY | os.O_CREAT, "
+                               "dir_fd=d)\n"),
+        "dir_fd_via_symlink": (f"import os\nos.symlink('{s}', 'ln')\nd = os.open('ln', os.O_RDONLY)\n"
+                               "os.open('pwned', os.O_WRONLY | os.O_CREAT, dir_fd=d)\n"),
     }
 
 
@@ -155,6 +204,30 @@ def test_exit_and_timeouts_fail_only_their_program():
     o = sandbox.run(GOOD, ["assert f(1) == 2", "import os; os._exit(0)", "assert f(2) == 3"],
                     LIMITS)
     assert o.passed == (True, False, False) and o.status == "died"
+
+
+def test_a_program_cannot_change_how_later_ones_run_or_are_reported():
+    """The loop's exec, os.write and timer are captured before any program runs."""
+    tests = ["import builtins; builtins.exec = lambda *a, **k: None", "assert False",
+             "import os; w = os.write\nos.write = lambda fd, b: w(fd, b.replace(b' 0 ', b' 1 '))",
+             "assert False", "assert f(1) == 2"]
+    o = sandbox.run(GOOD, tests, LIMITS)
+    assert o.passed == (True, False, True, False, True) and o.status == "done", o
+
+
+def test_ordinary_programs_still_run_under_the_guard():
+    """What solutions use: the standard library (namedtuple, enum, typing and logging ask for
+    frames and fall back), files and temporary directories inside the sandbox, pathlib."""
+    program = ("import collections, enum, logging, math, re, tempfile, typing, pathlib, os\n"
+               "P = collections.namedtuple('P', 'x y')\nT = typing.TypeVar('T')\n"
+               "E = enum.Enum('E', 'a b')\nlogging.getLogger('x').warning('w')\n"
+               "with tempfile.TemporaryDirectory() as d:\n    open(d + '/f', 'w').write('1')\n"
+               "with tempfile.TemporaryFile() as t:\n    t.write(b'x')\n"
+               "pathlib.Path('p').mkdir()\n(pathlib.Path('p') / 'q').write_text('z')\n"
+               "assert open('p/q').read() == 'z' and math.gcd(4, 6) == 2 and re.match('a', 'a')\n"
+               "os.remove('p/q')\nos.rmdir('p')\n")
+    o = sandbox.run(GOOD, [program], LIMITS)
+    assert o.passed == (True,), o.errors
 
 
 def test_fresh_directory_minimal_env_and_only_stdio(monkeypatch, tmp_path):

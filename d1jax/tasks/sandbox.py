@@ -12,11 +12,12 @@ variables, no bytecode written) that holds
   again after it ends, so nothing it started outlives it;
 * a fresh temporary directory as cwd (and HOME, TMPDIR), removed afterwards;
 * a minimal environment and no inherited fds but stdio (``close_fds``); its stdout is an
-  anonymous file of the parent's (read after it ends, at most ``file_mb``); user output goes
-  to /dev/null;
+  unlinked file of the parent's, write-only and O_APPEND (read after it ends, at most
+  ``file_mb``); user output goes to /dev/null;
 * rlimits (address space, CPU, file size, open files, no core, NPROC 0) and, where the kernel
-  allows, a network namespace of its own; an audit hook refusing fork/exec/kill/sockets/ctypes
-  and writes outside its directory (``sandbox_child.py`` lists them).
+  allows, a network namespace of its own; an audit hook refusing fork/exec/kill/sockets/ctypes,
+  writes outside its directory, reads outside it and the standard library, and every way to
+  a frame (``sandbox_child.py`` lists them).
 
 A test passes only if its program returned normally and the child said so on the result
 channel with the run's nonce: ``sys.exit(0)``, ``os._exit(0)``, a crash, a kill or a timeout
@@ -96,6 +97,21 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
+def _result_channel():
+    """(reader, writer fd) of one unlinked file: the child gets the writer, write-only and
+    O_APPEND, so it cannot read earlier lines (their nonce) or write over them (its guard
+    refuses fcntl, which could clear O_APPEND)."""
+    fd, path = tempfile.mkstemp(prefix="d1jax-sandbox-results-")
+    try:
+        sink = os.open(path, os.O_WRONLY | os.O_APPEND)
+    except OSError:
+        os.close(fd)
+        raise
+    finally:
+        os.unlink(path)
+    return os.fdopen(fd, "rb"), sink
+
+
 def run(code: str, tests: Sequence[str], limits: Limits = Limits()) -> Outcome:
     """Runs ``code + "\\n" + test`` for each test as its own program (a fresh namespace each),
     all in one sandboxed child; see the module docstring."""
@@ -112,11 +128,12 @@ def run_programs(programs: Sequence[str], limits: Limits = Limits()) -> Outcome:
     workdir = tempfile.mkdtemp(prefix="d1jax-sandbox-")
     t0 = time.perf_counter()
     status, rc, pid = "died", None, -1
-    with tempfile.TemporaryFile() as results:
+    results, sink = _result_channel()
+    with results:
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-B", str(CHILD)], stdin=subprocess.PIPE,
-                stdout=results, stderr=subprocess.DEVNULL, cwd=workdir, env=_env(workdir),
+                stdout=sink, stderr=subprocess.DEVNULL, cwd=workdir, env=_env(workdir),
                 close_fds=True, start_new_session=True)
             pid = proc.pid
             try:
@@ -128,6 +145,7 @@ def run_programs(programs: Sequence[str], limits: Limits = Limits()) -> Outcome:
             rc = proc.returncode
             _kill_group(proc.pid)  # anything it left behind in its group
         finally:
+            os.close(sink)
             shutil.rmtree(workdir, ignore_errors=True)
         results.seek(0)
         text = results.read(limits.file_mb * 1024 * 1024).decode("utf-8", "replace")

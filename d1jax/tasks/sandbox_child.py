@@ -13,7 +13,9 @@ the limits and a random nonce. Before any program runs, the child
    the result channel, where only lines that start with the nonce count;
 4. installs an audit hook (PEP 578; it cannot be removed) that refuses process creation,
    signals to other processes, rlimit changes, threads, ctypes, sockets (unless allowed),
-   code-object construction, and writes, deletions, renames and links outside its directory.
+   code-object construction, chdir, symlinks, fcntl; writes, deletions, renames and links
+   outside its directory; reads outside it and the standard library; directory fds outside
+   it; and every way to a frame (this process's frames hold the result channel).
 
 Each program then runs in a fresh namespace under a per-program alarm; after it returns the
 child writes ``<nonce> <i> 1`` (passed) or ``<nonce> <i> 0 <error>`` and finally
@@ -33,20 +35,40 @@ _REFUSED = frozenset((
     "os.system", "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn",
     "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill", "resource.setrlimit",
     "resource.prlimit", "_thread.start_new_thread", "code.__new__", "os.chroot",
-    "sys.remote_exec", "pty.spawn", "os.startfile"))
+    "sys.remote_exec", "pty.spawn", "os.startfile",
+    # fixed cwd and no symlinks: then a directory fd (only of the sandbox's own directories)
+    # resolves a relative path as the hook does, so ``dir_fd=`` cannot reach outside
+    "os.chdir", "os.symlink",
+    # what reaches the child's own frames, objects or memory (and with them the result
+    # channel): trace and profile hooks, the collector's object lists, ioctls
+    "sys.settrace", "sys.setprofile", "sys._current_frames", "gc.get_objects",
+    "gc.get_referrers", "gc.get_referents", "fcntl.ioctl",
+    # fcntl could clear the result channel's O_APPEND (then a program could overwrite lines)
+    "fcntl.fcntl"))
+# sys._getframe is refused with ValueError, what the standard library catches where frames
+# are optional (collections.namedtuple, enum, typing, logging: the caller's module name).
+_FRAME_EVENTS = frozenset(("sys._getframe",))
+# Attributes that hand out frames (audited as object.__getattr__).
+_FRAME_ATTRS = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame"))
 _SOCKET_EVENTS = frozenset(("socket.__new__", "socket.connect", "socket.bind",
                             "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
                             "socket.gethostbyname", "socket.gethostbyaddr"))
-_REFUSED_IMPORTS = frozenset(("_ctypes", "ctypes", "_posixsubprocess", "cffi", "_cffi_backend"))
+# Imports refused: ctypes and kin, and a fresh load of the modules the guard replaces parts
+# of (``del sys.modules[...]`` then ``import`` would bring back the originals).
+_REFUSED_IMPORTS = frozenset(("_ctypes", "ctypes", "_posixsubprocess", "cffi", "_cffi_backend",
+                              "_thread", "_signal"))
 # Events whose path arguments must lie inside the sandbox directory: event -> (positions of
 # the paths, positions of dir_fd arguments, which must be absent: None or -1).
 _PATH_ARGS = {"os.remove": ((0,), (1,)), "os.rmdir": ((0,), (1,)),
               "os.rename": ((0, 1), (2, 3)), "os.mkdir": ((0,), (2,)),
               "os.chmod": ((0,), (2,)), "os.chown": ((0,), (3,)), "os.link": ((0, 1), (2, 3)),
-              "os.symlink": ((1,), (2,)), "os.truncate": ((0,), ()), "os.utime": ((0,), (3,)),
+              "os.truncate": ((0,), ()), "os.utime": ((0,), (3,)),
               "os.setxattr": ((0,), ()), "os.removexattr": ((0,), ()),
               "shutil.rmtree": ((0,), (1,))}
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+# Files outside the directory and the standard library that programs may open (read).
+_READABLE = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/etc/localtime",
+             "/usr/share/zoneinfo")
 
 
 class ProgramTimeout(BaseException):
@@ -79,56 +101,150 @@ def set_limits(lim: dict) -> None:
 
 
 def install_guard(root: str, network: bool) -> None:
-    inside = lambda p: p == root or p.startswith(root + os.sep)
-    realpath = os.path.realpath
-    busy = [False]
+    """Installs the audit hook. Programs share this interpreter and may rebind anything a
+    module or ``builtins`` holds, so the hook reads only what it captured here: the policy,
+    the C functions it calls (``os.lstat``, ``os.readlink``, ``os.getcwd``, ``os.fspath``)
+    and the builtins it uses; paths are resolved by its own loop, not ``os.path``'s Python.
+    Writes must land in ``root``; reads in ``root``, the standard library (``sys.path``: this
+    child runs ``-I -S``) or ``_READABLE``; only ``root``'s directories are opened (the open
+    event does not show ``dir_fd=``: with the cwd fixed and no symlinks, a path relative to
+    one of them resolves where the hook resolved it, or deeper)."""
+    refused, frame_events, frame_attrs = _REFUSED, _FRAME_EVENTS, _FRAME_ATTRS
+    sockets, refused_imports, path_args = _SOCKET_EVENTS, _REFUSED_IMPORTS, _PATH_ARGS
+    write_flags, str_, bytes_, int_, len_ = _WRITE_FLAGS, str, bytes, int, len
+    type_, os_error, perm_error, value_error = type, OSError, PermissionError, ValueError
+    lstat, readlink, getcwd = os.lstat, os.readlink, os.getcwd
+    link_mode, dir_mode, fmt = 0o120000, 0o040000, 0o170000
 
-    def path_ok(path) -> bool:
-        if isinstance(path, int):  # an open fd: its file was admitted when it was opened
-            return True
+    def resolve(path: str) -> str:
+        """The absolute path with every symlink that exists resolved (os.path.realpath)."""
+        if not path.startswith("/"):
+            path = getcwd() + "/" + path
+        todo, done, hops = [p for p in path.split("/") if p and p != "."], [], 0
+        while todo:
+            name = todo.pop(0)
+            if name == "..":
+                if done:
+                    done.pop()
+                continue
+            here = "/" + "/".join(done + [name])
+            try:
+                mode = lstat(here).st_mode
+            except os_error:
+                done.append(name)
+                continue
+            if mode & fmt == link_mode:
+                hops += 1
+                if hops > 40:
+                    raise value_error("too many symlinks")
+                target = readlink(here)
+                if target.startswith("/"):
+                    done = []
+                todo = [p for p in target.split("/") if p and p != "."] + todo
+                continue
+            done.append(name)
+        return "/" + "/".join(done)
+
+    def under(p: str, top: str) -> bool:
+        return p == top or p.startswith(top + "/")
+
+    real_root = resolve(root)
+    stdlib = tuple(resolve(p) for p in sys.path if p)
+    readable = tuple(resolve(p) for p in _READABLE)
+
+    def as_str(path):
+        """The path's text; None for an int (an open fd: admitted when it was opened). Only
+        str and bytes are read: a path object's __fspath__ is the program's code, and could
+        answer the hook one path and the open another."""
+        if type_(path) is int_:
+            return None
+        if type_(path) is bytes_:
+            return path.decode("utf-8", "surrogateescape")
+        if type_(path) is str_:
+            return path
+        raise value_error("not a str or bytes path")
+
+    def inside(path) -> bool:
         try:
-            return inside(realpath(os.fsdecode(path)))
-        except (TypeError, ValueError):
+            text = as_str(path)
+            return text is None or under(resolve(text), real_root)
+        except (TypeError, value_error, os_error):
             return False
 
-    def hook(event, args):
-        if busy[0]:  # realpath's own calls
-            return
-        busy[0] = True
+    def opened_ok(path, writes: bool) -> bool:
         try:
-            if event in _REFUSED or event.startswith("ctypes."):
-                raise PermissionError(f"sandbox: {event} is not allowed")
-            if not network and event in _SOCKET_EVENTS:
-                raise PermissionError(f"sandbox: no network ({event})")
-            if event == "import" and args[0].partition(".")[0] in _REFUSED_IMPORTS:
-                raise PermissionError(f"sandbox: import of {args[0]} is not allowed")
-            if event == "open":
-                path, mode, flags = args
-                writes = ((isinstance(mode, str) and any(c in mode for c in "wax+"))
-                          or (isinstance(flags, int) and flags & _WRITE_FLAGS))
-                if writes and not path_ok(path):
-                    raise PermissionError(f"sandbox: no writes outside its directory ({path!r})")
-            elif event in _PATH_ARGS:
-                paths, dir_fds = _PATH_ARGS[event]
-                if any(i < len(args) and args[i] not in (None, -1) for i in dir_fds):
-                    raise PermissionError(f"sandbox: {event} with a dir_fd is not allowed")
-                for i in paths:
-                    if i < len(args) and not path_ok(args[i]):
-                        raise PermissionError(f"sandbox: {event} outside its directory "
-                                              f"({args[i]!r})")
-        finally:
-            busy[0] = False
+            text = as_str(path)
+            if text is None:
+                return True
+            p = resolve(text)
+            if p == "/dev/null":
+                return True
+            try:
+                if lstat(p).st_mode & fmt == dir_mode:  # a directory fd: only the sandbox's
+                    return under(p, real_root)
+            except os_error:
+                pass
+            if under(p, real_root):
+                return True
+            return not writes and (any_under(p, stdlib) or any_under(p, readable))
+        except (TypeError, value_error, os_error):
+            return False
 
-    for name in _REFUSED_IMPORTS:  # already-imported modules come back as ImportError
-        sys.modules[name] = None
+    def any_under(p: str, tops: tuple) -> bool:
+        for top in tops:
+            if under(p, top):
+                return True
+        return False
+
+    def shown(path) -> str:
+        return repr(path) if type_(path) in (str_, bytes_, int_) else type_(path).__name__
+
+    def hook(event, args):  # calls only C functions: none of them raises an audit event
+        if event in refused or event.startswith("ctypes."):
+            raise perm_error(f"sandbox: {event} is not allowed")
+        if event in frame_events:
+            raise value_error(f"sandbox: {event} is not allowed")
+        if event == "object.__getattr__" and len_(args) > 1 and args[1] in frame_attrs:
+            raise perm_error(f"sandbox: {args[1]} is not allowed")
+        if not network and event in sockets:
+            raise perm_error(f"sandbox: no network ({event})")
+        if event == "import" and str_.partition(args[0], ".")[0] in refused_imports:
+            raise perm_error(f"sandbox: import of {args[0]} is not allowed")
+        if event == "open":
+            path, mode, flags = args
+            writes = ((type_(mode) is str_ and ("w" in mode or "a" in mode or "x" in mode
+                                                or "+" in mode))
+                      or (type_(flags) is int_ and flags & write_flags))
+            if not opened_ok(path, bool(writes)):
+                raise perm_error(f"sandbox: no {'writes' if writes else 'reads'} of "
+                                 f"{shown(path)} (outside its directory, or a directory)")
+        elif event in path_args:
+            paths, dir_fds = path_args[event]
+            for i in dir_fds:
+                if i < len_(args) and type_(args[i]) is int_ and args[i] != -1:
+                    raise perm_error(f"sandbox: {event} with a dir_fd is not allowed")
+            for i in paths:
+                if i < len_(args) and not inside(args[i]):
+                    raise perm_error(f"sandbox: {event} outside its directory "
+                                     f"({shown(args[i])})")
+
+    for name in ("_ctypes", "ctypes", "_posixsubprocess", "cffi", "_cffi_backend"):
+        sys.modules[name] = None  # already-imported modules come back as ImportError
     # CPython 3.11 has no audit event for new threads: replace the primitive that makes them
     # before ``threading`` (not imported yet) binds it. Threads would open a race between
-    # the hook's path check and the open it admits.
+    # the hook's path check and the open it admits. A signal handler receives the running
+    # frame: programs keep the child's handlers.
+    import _signal
     import _thread
+    import signal
 
     def no_threads(*args, **kwargs):
         raise PermissionError("sandbox: threads are not allowed")
+
+    def no_handlers(*args, **kwargs):
+        raise PermissionError("sandbox: signal handlers are not allowed")
     _thread.start_new_thread = _thread.start_new = no_threads
+    _signal.signal = signal.signal = no_handlers
     sys.addaudithook(hook)
 
 
@@ -151,8 +267,12 @@ def main() -> None:
     os.close(null)
     set_limits(lim)
 
+    # What the loop below calls, captured: programs may rebind builtins and module attributes.
+    write, run, setitimer, timer, str_ = os.write, exec, signal.setitimer, signal.ITIMER_REAL, str
+    base_exception, builtins_ = BaseException, __builtins__
+
     def report(line: str) -> None:
-        os.write(out, f"{nonce} {line}\n".encode("utf-8", "replace"))
+        write(out, f"{nonce} {line}\n".encode("utf-8", "replace"))
 
     report(f"net {net}")
     compiled = []
@@ -168,20 +288,21 @@ def main() -> None:
     signal.signal(signal.SIGALRM, on_alarm)
     if lim["python_guard"]:
         install_guard(root, lim["network"])
+    program_s = lim["program_s"]
     for i, code in compiled:
-        if isinstance(code, str):
+        if code.__class__ is str_:
             report(f"{i} 0 {_one_line(code)}")
             continue
         error = None
-        signal.setitimer(signal.ITIMER_REAL, lim["program_s"])
+        setitimer(timer, program_s)
         try:
-            exec(code, {"__name__": module_name, "__builtins__": __builtins__})
+            run(code, {"__name__": module_name, "__builtins__": builtins_})
         except ProgramTimeout:
             error = "timeout"
-        except BaseException as e:  # SystemExit and KeyboardInterrupt included: a fail
-            error = f"{type(e).__name__}: {e}"
+        except base_exception as e:  # SystemExit and KeyboardInterrupt included: a fail
+            error = f"{e.__class__.__name__}: {e}"
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            setitimer(timer, 0)
         report(f"{i} 1" if error is None else f"{i} 0 {_one_line(error)}")
     report("done")
     os._exit(0)  # no atexit handlers of the programs
