@@ -110,6 +110,13 @@ def test_a_run_config_carries_its_groups_into_the_spec():
     ("grpo.token_mean", "batch", r"^grpo.token_mean='batch': choose one of group, step$"),
     ("model.param_dtype", "int8",
      r"^model.param_dtype='int8': choose one of float32, bfloat16, float16$"),
+    # Counts below their least value (d1jax.main: before any data, model or workdir).
+    ("grpo.num_generations", 1, r"^grpo.num_generations=1: must be >= 2$"),
+    ("sampler.block_length", 0, r"^sampler.block_length=0: must be >= 1$"),
+    ("train.log_every", 0, r"^train.log_every=0: must be >= 1$"),
+    ("task.num_train", -1, r"^task.num_train=-1: must be >= 0$"),
+    ("eval.gen_lengths", (), r"^eval.gen_lengths=\(\): needs at least one value, each >= 1$"),
+    ("eval.gen_lengths", (32, 0), r"^eval.gen_lengths=\(32, 0\): needs at least one value"),
 ])
 def test_a_bad_value_is_refused_naming_the_knob_the_value_and_what_is_allowed(key, value,
                                                                               message):

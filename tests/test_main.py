@@ -136,6 +136,10 @@ EVAL_TINY = "--config=configs/eval.py:sudoku-tiny"
     ("d1jax.main", [TINY, "--config.task.name=sudokuu"],
      "error: config.task: unknown task 'sudokuu': choose one of gsm8k, math500, sudoku, "
      "countdown"),
+    ("d1jax.main", [TINY, "--config.train.num_steps=0"],  # no epochs either: nothing to run
+     "error: train.num_steps=0: no optimizer step to run"),
+    ("d1jax.main", [TINY, "--config.grpo.num_generations=1"],
+     "error: grpo.num_generations=1: must be >= 2"),
     ("d1jax.main", [TINY, "--config.train.if_incompatible=x"],
      "error: train.if_incompatible='x': choose one of refuse, move_aside"),
     ("d1jax.eval", [EVAL_TINY, "--config.model.path=/nope", "--config.model.random_init="],
@@ -306,3 +310,22 @@ def test_compile_cache_dir_expands_the_home_as_the_workdir_check_does(monkeypatc
     assert config_lib.check_workdir("~/runs/a") == tmp_path / "runs/a"
     c.train.compile_cache = "gs://bucket/xla"
     assert cli.compile_cache_dir(c, "~/runs/a") == "gs://bucket/xla"
+
+
+@pytest.mark.parametrize("stage,knob", [("grpo", "grpo.prompts_per_step=2"),
+                                        ("sft", "sft.batch_size=8")])
+def test_training_data_smaller_than_a_batch_is_refused_before_anything_is_built(
+        tmp_path, stage, knob):
+    """A data file with too few rows: one ConfigError naming it and the batch, before the
+    tokenizer or model (a rerun on good data must not find a tokenizer trained on nothing)."""
+    from d1jax import config as config_lib
+    from d1jax.config import ConfigError
+    from d1jax.train import grpo, sft
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    c = config_lib.grpo("sudoku", "tiny") if stage == "grpo" else config_lib.sft("tiny")
+    c.task.source = str(empty)
+    with pytest.raises(ConfigError, match=rf"^task.source='{empty}': 0 examples, fewer than "
+                                          rf"{knob}$"):
+        (grpo if stage == "grpo" else sft).run(c, str(tmp_path / "run"))
+    assert not (tmp_path / "run" / "tokenizer").exists()

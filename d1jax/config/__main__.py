@@ -49,6 +49,8 @@ def _rows(cls, prefix: str) -> list[str]:
         default, tiny = f.metadata["default"], f.metadata["tiny"]
         allowed = f" One of {', '.join(map(str, f.metadata['choices']))}." \
             if f.metadata["choices"] else ""
+        if f.metadata.get("low") is not None:
+            allowed += f" At least {f.metadata['low']}."
         rows.append(f"| `{prefix}{f.name}` | {_type(f)} | {_cell(default)} | "
                     f"{_cell(tiny) if tiny != default else ''} | {doc}{allowed} |")
     return rows

@@ -81,7 +81,7 @@ class LoraKnobs:
 
     enabled: bool = knob(True, "Train LoRA adapters (d1); False: full fine-tuning with a "
                          "frozen reference copy.")
-    rank: int = knob(128, "r.", tiny=8)
+    rank: int = knob(128, "r.", tiny=8, low=1)
     alpha: float = knob(64.0, "alpha; adapters scale by alpha / r (d1 SFT: 256).", tiny=16.0)
     dropout: float = knob(0.05, "Dropout on the adapter input.", tiny=0.0)
     targets: tuple[str, ...] = knob(
@@ -109,7 +109,7 @@ class OptimKnobs:
         "(DiffuCoder's coupled-GRPO).")
     min_lr_rate: float = knob(0.0, 'With "cosine_with_min_lr": the final learning rate as a '
                               "share of the peak (DiffuCoder: 0.1).")
-    grad_accum: int = knob(2, "Micro-batches accumulated per optimizer step.", tiny=1)
+    grad_accum: int = knob(2, "Micro-batches accumulated per optimizer step.", tiny=1, low=1)
     master_weights: str = knob(
         "float32", 'Full fine-tuning with a bfloat16 model.param_dtype: "float32" keeps float32 '
         "master weights and AdamW moments, cast to bfloat16 for each forward (DeepSpeed, "
@@ -130,7 +130,7 @@ class TaskKnobs:
         'in the Hugging Face schema or a Hub id; "": the public data (gsm8k, math500, s1k), '
         "generated puzzles (sudoku, countdown).", parse=lambda s: s or None,
         kind=(str, type(None)))
-    num_train: int = knob(0, "Use only the first N training examples (0: all).", tiny=256)
+    num_train: int = knob(0, "Use only the first N training examples (0: all).", tiny=256, low=0)
 
 
 @frozen
@@ -150,10 +150,10 @@ class SamplerKnobs:
     """The sampler: ``config.sampler`` (the spec holds a ``d1jax.sampling.SamplerConfig``).
     Evaluation configs have no gen_length or steps: eval.gen_lengths, steps = length / 2."""
 
-    gen_length: int = knob(256, "Completion length (max_completion_length).", tiny=32)
+    gen_length: int = knob(256, "Completion length (max_completion_length).", tiny=32, low=1)
     steps: int = knob(128, "Diffusion steps over the whole completion (diffusion_steps).",
-                      tiny=16)
-    block_length: int = knob(32, "Semi-autoregressive block length (d1: 32).", tiny=16)
+                      tiny=16, low=1)
+    block_length: int = knob(32, "Semi-autoregressive block length (d1: 32).", tiny=16, low=1)
     temperature: float = knob(0.9, "Rollouts: d1's DiffuGRPOConfig default; eval: 0, greedy "
                               "(d1).")
     cfg_scale: float = knob(0.0, "Classifier-free guidance scale.")
@@ -171,7 +171,7 @@ class SamplerKnobs:
     recompute: str = knob("block", "Dual cache steps recompute the whole block (Fast-dLLM) or "
                           'only "masked" positions.')
     cache_refresh: int = knob(0, "With kv_cache: refresh it once this many block tokens were "
-                              "decoded (0: at block starts only).")
+                              "decoded (0: at block starts only).", low=0)
     first_position: bool = knob(
         False, 'With parallel_rule "fast_dllm": a block\'s first step unmasks its first '
         "position alone (Fast-dLLM's Dream loop).")
@@ -184,7 +184,7 @@ class SamplerKnobs:
                     "maskgit_plus, topk_margin, entropy).")
     top_p: float = knob(1.0, 'loop "dream": nucleus filter of the token draw (< 1 applies it).')
     top_k: int = knob(50, 'loop "dream": keep the k largest logits (0: none; 50: '
-                      "diffusion_generate's value when the call names none).")
+                      "diffusion_generate's value when the call names none).", low=0)
 
 
 @frozen
@@ -243,16 +243,17 @@ class GRPOKnobs:
     """GRPO-style RL: ``config.grpo`` (the update's share becomes an
     ``objectives.GRPOConfig``)."""
 
-    num_generations: int = knob(6, "G: completions per prompt.", tiny=4)
+    num_generations: int = knob(6, "G: completions per prompt.", tiny=4, low=2)
     prompts_per_step: int = knob(16, "Prompts per optimizer step, all hosts (8 GPUs x 6 x 2 "
-                                 "accum / G in d1).", tiny=2)
+                                 "accum / G in d1).", tiny=2, low=1)
     rollout_batch: int = knob(
         0, "Rows per rollout sampler call, all hosts (0: all prompts_per_step x G rows in one "
         "call). Must divide that and be a multiple of the data-parallel size (mesh data x "
         "fsdp); one program serves every call. Chunks draw other samples than one call (the "
-        "samplers draw a whole batch's noise from one key; chunk c > 0 uses fold_in(key, c)).")
+        "samplers draw a whole batch's noise from one key; chunk c > 0 uses fold_in(key, c)).",
+        low=0)
     num_iterations: int = knob(12, "mu: inner updates per rollout, each with a fresh mask seed "
-                               "(d1: 12 gsm8k, math500; 8 sudoku, countdown).", tiny=2)
+                               "(d1: 12 gsm8k, math500; 8 sudoku, countdown).", tiny=2, low=1)
     beta: float = knob(0.04, "beta: weight of the k3 KL to the reference policy (wd1, spg: 0, "
                        "they have none).")
     epsilon: float = knob(0.5, "epsilon: PPO ratio clipping.")
@@ -271,7 +272,7 @@ class GRPOKnobs:
     num_epochs: int = knob(
         10, "Passes over the training prompts (d1: num_train_epochs 10); the run's optimizer "
         "steps are then epochs x (prompts // prompts_per_step) x mu (TRL's count), printed at "
-        "the start; 0: train.num_steps.", tiny=0)
+        "the start; 0: train.num_steps.", tiny=0, low=0)
     objective: str = knob("diffu_grpo", "Policy loss: diffu_grpo, wd1, spg, coupled_grpo, "
                           "justgrpo or tracerl (d1jax.objectives.table.OBJECTIVES); knobs of "
                           "each below.")
@@ -293,7 +294,7 @@ class GRPOKnobs:
         False, "True: keep a reference copy (of the adapters under LoRA) mixed toward the "
         "policy every ref_model_sync_steps (TRL's SyncRefModelCallback without PEFT).")
     ref_model_sync_steps: int = knob(64, "With sync_ref_model: optimizer steps between "
-                                     "reference syncs.", tiny=4)
+                                     "reference syncs.", tiny=4, low=1)
     ref_model_mixup_alpha: float = knob(0.6, "With sync_ref_model: ref <- alpha * policy + "
                                         "(1 - alpha) * ref.")
 
@@ -303,9 +304,9 @@ class SFTKnobs:
     """SFT (d1's stage 1; block SFT on block diffusion models): ``config.sft``."""
 
     batch_size: int = knob(16, "Sequences per optimizer step, all hosts (d1: 1 per GPU x 4 "
-                           "accumulation x 4 GPUs).", tiny=8)
-    max_length: int = knob(4096, "Prompt + completion tokens (longer are cut).", tiny=256)
-    num_epochs: int = knob(20, "Epochs (d1: 20); 0: run train.num_steps.", tiny=0)
+                           "accumulation x 4 GPUs).", tiny=8, low=1)
+    max_length: int = knob(4096, "Prompt + completion tokens (longer are cut).", tiny=256, low=1)
+    num_epochs: int = knob(20, "Epochs (d1: 20); 0: run train.num_steps.", tiny=0, low=0)
     eps: float = knob(1e-3, "masked: lower bound of the mask ratio t ~ U(eps, 1).")
     tokenize: str = knob(
         "joint", '"joint": template the whole conversation (d1); "split": prompt and completion '
@@ -328,10 +329,10 @@ class EvalKnobs:
 
     gen_lengths: tuple[int, ...] = knob(
         (128, 256, 512), "d1: 128, 256, 512; code: 256, 512 (DiffuCoder, JustGRPO); steps = "
-        "length / 2.", tiny=(32,))
-    batch_size: int = knob(8, "Prompts per generate call, all hosts.")
+        "length / 2.", tiny=(32,), low=1)
+    batch_size: int = knob(8, "Prompts per generate call, all hosts.", low=1)
     num_examples: int = knob(0, "Examples scored (0: all; d1: 256 for sudoku and countdown, "
-                             "all otherwise).", tiny=16)
+                             "all otherwise).", tiny=16, low=0)
     model_name: str = knob("d1jax", "Model name in the output file names.")
 
 
@@ -339,10 +340,11 @@ class EvalKnobs:
 class LoopSpec:
     """Checkpointing, logging, stopping and export of a training loop: ``config.train``."""
 
-    num_steps: int = knob(1000, "Optimizer steps in the whole run.", tiny=4)
-    log_every: int = knob(1, "Metrics every N optimizer steps.")
-    sample_every: int = knob(20, "Sample completions as text every N steps.", tiny=2)
-    save_every: int = knob(100, "Checkpoint every N optimizer steps.", tiny=2)
+    num_steps: int = knob(1000, "Optimizer steps in the whole run (when the stage's num_epochs "
+                          "is 0; the run refuses 0 steps).", tiny=4, low=0)
+    log_every: int = knob(1, "Metrics every N optimizer steps.", low=1)
+    sample_every: int = knob(20, "Sample completions as text every N steps.", tiny=2, low=1)
+    save_every: int = knob(100, "Checkpoint every N optimizer steps.", tiny=2, low=1)
     max_to_keep: int = knob(5, "Newest checkpoints kept.", tiny=2)
     keep_best_metric: str = knob(
         "", 'Also keep the best checkpoint by this logged metric ("" off).')

@@ -36,12 +36,15 @@ _MISSING = object()
 
 
 def knob(default: Any, doc: str, *, tiny: Any = _MISSING, choices: tuple = (),
-         parse: Callable[[Any], Any] | None = None, kind: Any = None) -> Any:
+         parse: Callable[[Any], Any] | None = None, kind: Any = None,
+         low: int | None = None) -> Any:
     """A dataclass field: the config's default, the knob's meaning, its CPU-sized default,
     the values allowed, and where the spec holds another form, the function that makes it
-    (the config's value then checked against ``kind``, default the default's type)."""
+    (the config's value then checked against ``kind``, default the default's type).
+    ``low``: the least value allowed (of each element, for a tuple, which must not be
+    empty)."""
     meta = {"doc": doc, "default": default, "tiny": default if tiny is _MISSING else tiny,
-            "choices": tuple(choices), "parse": parse,
+            "choices": tuple(choices), "parse": parse, "low": low,
             "kind": kind if kind is not None or parse is None else type(default)}
     if parse is None:
         return dataclasses.field(default=default, metadata=meta)
@@ -126,6 +129,17 @@ def _is(value: Any, kind: Any) -> bool:
     return isinstance(value, kinds)
 
 
+def _check_low(low: int | None, value: Any, where: str) -> None:
+    from d1jax.config.defaults import ConfigError
+    if low is None or value is None:
+        return
+    if isinstance(value, tuple):
+        if not value or min(value) < low:
+            raise ConfigError(f"{where}={value!r}: needs at least one value, each >= {low}")
+    elif value < low:
+        raise ConfigError(f"{where}={value!r}: must be >= {low}")
+
+
 def translate(cls, config_group, prefix: str, **derived: Any):
     """``cls`` from a config group (a ConfigDict or a mapping): each knob read once, checked
     against its type and allowed values (``ConfigError`` naming ``prefix.knob``, the value
@@ -144,6 +158,7 @@ def translate(cls, config_group, prefix: str, **derived: Any):
         choices = f.metadata["choices"]
         if choices and value not in choices:
             raise ConfigError(f"{where}={value!r}: choose one of {', '.join(map(str, choices))}")
+        _check_low(f.metadata.get("low"), value, where)
         values[f.name] = f.metadata["parse"](value) if f.metadata["parse"] else value
     return cls(**values, **derived)
 

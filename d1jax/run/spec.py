@@ -368,6 +368,8 @@ def from_config(c, *, weights: bool = True) -> RunSpec:
     planner compiles LLaDA-8B's shapes, no weights needed)."""
     if c.stage not in STAGES:
         raise ConfigError(f"stage={c.stage!r}: must be one of {', '.join(STAGES)}")
+    if not isinstance(c.max_prompt_length, int) or c.max_prompt_length < 1:
+        raise ConfigError(f"max_prompt_length={c.max_prompt_length!r}: must be an int >= 1")
     model = _model(c, weights)
     mesh = knobs.translate(MeshSpec, c.mesh, "mesh")
     rules = {**dict(sharding.DEFAULT_RULES), **dict(mesh.rules)}
@@ -388,4 +390,8 @@ def from_config(c, *, weights: bool = True) -> RunSpec:
         spec = dataclasses.replace(spec, sft=sft, sft_run=run)
     else:
         spec = dataclasses.replace(spec, eval=_eval(c))
+    run = spec.grpo_run or spec.sft_run
+    if run is not None and not run.num_epochs and spec.train.num_steps < 1:
+        raise ConfigError(f"train.num_steps={spec.train.num_steps}: no optimizer step to run (set "
+                          f"train.num_steps >= 1, or {c.stage}.num_epochs)")
     return spec

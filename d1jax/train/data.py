@@ -14,6 +14,16 @@ import jax
 import numpy as np
 
 
+def check_examples(n_examples: int, batch: int, knob: str, source: str | None) -> None:
+    """A ConfigError, before a model or tokenizer is built, for training data smaller than
+    one batch (with that, every run has at least one optimizer step: spec.from_config
+    refuses train.num_steps 0 without num_epochs)."""
+    from d1jax.config import ConfigError
+    if n_examples < batch:
+        where = f"task.source={source!r}" if source else "the task's training data"
+        raise ConfigError(f"{where}: {n_examples} examples, fewer than {knob}={batch}")
+
+
 class ExampleIterator:
     """Yields lists of examples (this host's share of one global batch)."""
 

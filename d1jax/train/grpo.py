@@ -18,6 +18,7 @@ from d1jax import config as config_lib
 from d1jax.run import context
 from d1jax.run.build import build, data_parallel_size
 from d1jax.train import engine, loop
+from d1jax.train.data import check_examples
 
 
 def run(config, workdir: str) -> dict:
@@ -34,6 +35,7 @@ def run(config, workdir: str) -> dict:
     task = spec.task.build()
     examples = _train_examples(spec, task)
     total = g.num_steps(len(examples), spec.grpo.num_iterations, spec.train.num_steps)
+    check_examples(len(examples), g.prompts_per_step, "grpo.prompts_per_step", spec.task.source)
     if g.num_epochs:  # d1's run length: epochs, counted as TRL counts them
         print(f"grpo: num_epochs {g.num_epochs} of {len(examples)} prompts, "
               f"{g.prompts_per_step} a step, mu {spec.grpo.num_iterations}: {total} optimizer "

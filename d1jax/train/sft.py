@@ -25,7 +25,7 @@ from d1jax.run.spec import RunSpec
 from d1jax.tasks import s1k
 from d1jax.train import jit_steps as steps_lib
 from d1jax.train import loop
-from d1jax.train.data import ExampleIterator
+from d1jax.train.data import ExampleIterator, check_examples
 from d1jax.train.sft_data import encode_sft, trajectory_examples
 
 
@@ -89,6 +89,7 @@ def run(config, workdir: str, data: SFTData | None = None) -> dict:
     mesh = spec.mesh.build()
     config_lib.check_batch(spec.sft_run.batch_size, 1, data_parallel_size(mesh),
                            "sft.batch_size", spec.optim.grad_accum)
+    check_examples(len(rows), spec.sft_run.batch_size, "sft.batch_size", spec.task.source)
     s = build(spec, wd, mesh, texts=lambda: [m["content"] for r in rows[:512] for m in r["prompt"]]
               + [r["completion"] for r in rows[:512]])
     return loop.train(spec, wd, s, SFTEngine(spec, s, data))
