@@ -1,8 +1,10 @@
 """The example iterator: deterministic order, exact mid-epoch resume, host sharding; and
 how ``tasks.sources.read_file`` reports a malformed record (file and line)."""
 
+import numpy as np
 import pytest
 
+from d1jax.tasks import sources
 from d1jax.train.data import ExampleIterator
 
 
@@ -95,3 +97,22 @@ def test_good_files_load_and_remember_where_rows_came_from(tmp_path):
     assert where(jsonl_rows, 1) == f"{tmp_path / 'r.jsonl'} line 3"  # blank lines count
     assert where(parquet_rows, 1) == f"{tmp_path / 'r.parquet'} row index 1"
     assert where([{"a": 1}], 0) == "row index 0"
+
+
+def test_an_unknown_file_type_is_a_bad_record_naming_the_suffixes(tmp_path):
+    bad = tmp_path / "rows.txt"
+    bad.write_text("a\n")
+    with pytest.raises(sources.BadRecordError, match=r"rows.txt: unsupported data file type "
+                                                     r"'.txt' \(use one of "):
+        sources.read_file(bad)
+
+
+def test_d1_eval_subset_is_d1s_draw_and_a_smaller_source_is_scored_whole():
+    """d1's eval.py: np.random.seed(42); np.random.choice(len, size, replace=False)."""
+    rows = list(range(500))
+    np.random.seed(42)
+    assert sources.d1_eval_subset(rows, 256) == list(np.random.choice(500, 256, replace=False))
+    small = list(range(40))
+    np.random.seed(42)
+    assert sources.d1_eval_subset(small, 256) == list(np.random.choice(40, 40, replace=False))
+    assert sources.d1_eval_subset(small, None) == small

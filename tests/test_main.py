@@ -155,6 +155,8 @@ EVAL_TINY = "--config=configs/eval.py:sudoku-tiny"
      "error: --config.grpo.beta=abc: expected a float (the config has 0.04), got 'abc'"),
     ("d1jax.plan", [TINY, "--config.model.path=/nope"],
      "error: config.model.path='/nope' is not a directory"),
+    ("d1jax.plan", [TINY, "--json=/nonexistent/dir/plan.json"],
+     "error: --json=/nonexistent/dir/plan.json: its directory does not exist"),
 ])
 def test_bad_flags_values_variants_and_paths_are_one_line(module, args, message, tmp_path):
     """Exit 1, one `error:` line on stderr (no traceback, no libtpu lines), nothing written."""
@@ -329,3 +331,59 @@ def test_training_data_smaller_than_a_batch_is_refused_before_anything_is_built(
                                           rf"{knob}$"):
         (grpo if stage == "grpo" else sft).run(c, str(tmp_path / "run"))
     assert not (tmp_path / "run" / "tokenizer").exists()
+
+
+def test_a_run_refuses_a_workdir_that_holds_the_checkpoint_it_reads(tmp_path, tiny_config,
+                                                                     tiny_params):
+    """The workdir itself, or its hf/ (an export would replace it; move_aside would move it):
+    refused before the workdir is touched."""
+    from d1jax import config as config_lib
+    from d1jax.config import ConfigError
+    from d1jax.model.llada import weights
+    from d1jax.run import context
+    ckpt = tmp_path / "sft" / "hf"
+    weights.save_hf_checkpoint(ckpt, tiny_config, tiny_params)
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    c = config_lib.grpo("sudoku", "tiny")
+    c.model.path, c.model.random_init = str(ckpt), ""
+    c.train.if_incompatible = "move_aside"
+    for wd, message in [(ckpt, "is config.model.path: a run writes config.json"),
+                        (tmp_path / "sft", "is inside the workdir's hf/, which this run writes")]:
+        with pytest.raises(ConfigError, match=message):
+            context.prepare(c, str(wd))
+    assert sorted(p.name for p in (tmp_path / "sft").iterdir()) == ["hf"]
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
+
+
+def test_an_eval_workdir_refuses_another_models_results(tmp_path):
+    """Its *_generations.json name the model they came from: another model's evaluation is
+    refused before anything is generated or overwritten."""
+    import json
+    from d1jax import config as config_lib
+    from d1jax.config import ConfigError
+    from d1jax.eval import evaluate
+    earlier = tmp_path / "sudoku_d1jax_32_16_0_generations.json"
+    earlier.write_text(json.dumps({"generations": [], "model_path": "/models/base"}))
+    c = config_lib.eval_config("sudoku-tiny")
+    with pytest.raises(ConfigError, match=r"holds an evaluation of model_path='/models/base' "
+                                          r"\(sudoku_d1jax_32_16_0_generations.json\); this one "
+                                          r"is of ''"):
+        evaluate.run(c, str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [earlier.name]
+
+
+def test_a_model_path_without_a_checkpoint_or_tokenizer_is_one_line(tmp_path, tiny_config,
+                                                                     tiny_params):
+    from d1jax import config as config_lib
+    from d1jax.config import ConfigError
+    from d1jax.model.llada import weights
+    from d1jax.model.tokenizer import TokenizerError, load_tokenizer
+    from d1jax.run import spec as spec_lib
+    (tmp_path / "empty").mkdir()
+    c = config_lib.grpo("sudoku", "tiny")
+    c.model.path, c.model.random_init = str(tmp_path / "empty"), ""
+    with pytest.raises(ConfigError, match=r"has no config.json: not a Hugging Face checkpoint"):
+        spec_lib.from_config(c)
+    weights.save_hf_checkpoint(tmp_path / "weights_only", tiny_config, tiny_params)
+    with pytest.raises(TokenizerError, match=r"holds no tokenizer .*config.model.tokenizer_path"):
+        load_tokenizer(tmp_path / "weights_only")

@@ -89,7 +89,25 @@ def run(config, workdir: str) -> list[dict]:
             held.release()
 
 
+def _check_same_model(spec: RunSpec, wd: Path) -> None:
+    """An evaluation workdir holds one model's results: refuses before anything is generated
+    when an earlier *_generations.json there names another model path (it would be
+    overwritten, and accuracy.json would mix the two)."""
+    for path in sorted(wd.glob("*_generations.json")):
+        try:
+            earlier = json.loads(path.read_text()).get("model_path")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if (earlier or "") != (spec.model.path or ""):
+            from d1jax.config import ConfigError
+            raise ConfigError(
+                f"workdir {wd} holds an evaluation of model_path={earlier!r} ({path.name}); "
+                f"this one is of {spec.model.path!r}: use another --workdir, or move its "
+                "*_generations.json and accuracy.* away first")
+
+
 def _evaluate_and_write(spec: RunSpec, wd: Path) -> list[dict]:
+    _check_same_model(spec, wd)
     task = spec.task.build()
     examples = list(task.load_test(spec.task.source))
     if spec.eval.num_examples:

@@ -47,12 +47,19 @@ class TokenizerError(CheckpointError):
     """A tokenizer that does not fit its checkpoint (special ids, vocabulary)."""
 
 
+# The files a Hugging Face tokenizer directory holds one of (fast, BPE, sentencepiece, config).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "tokenizer_config.json")
+
+
 def load_tokenizer(path: str | os.PathLike):
     """A ``transformers`` tokenizer from a local directory, left padding for batching."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"tokenizer directory {path} does not exist")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise TokenizerError(f"{path} holds no tokenizer ({', '.join(TOKENIZER_FILES)}); "
+                             "set config.model.tokenizer_path to the checkpoint's tokenizer")
     if (path / "tokenizer.json").exists():  # LLaDA's: no custom code needed (auto_map ignored)
         tok = PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
     elif _tokenizer_class(path) in QWEN2_BPE_CLASSES and (path / "vocab.json").exists():

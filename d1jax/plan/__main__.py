@@ -12,6 +12,7 @@ compiled from ``--cache_dir`` (d1jax/plan/cache.py).
 
 from __future__ import annotations
 
+import os
 import sys
 
 from absl import app, flags
@@ -72,6 +73,9 @@ def _plan(config, workdir: None) -> None:
     from d1jax.plan import compile as plan_lib, report
     del workdir
     run = plan_lib.as_spec(config)  # the one translation of the config
+    if _JSON.value and not os.path.isdir(os.path.dirname(os.path.abspath(_JSON.value))):
+        raise ConfigError(f"--json={_JSON.value}: its directory does not exist (checked before "
+                          "compiling)")
     plan_lib.require_libtpu()
     try:
         estimates = plan_lib.plan(run, _TOPOLOGY.value, _mesh_shape(_MESH.value),

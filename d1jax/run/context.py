@@ -144,11 +144,34 @@ def export_hf(workdir: Path, setup, state, source_dir: str | None) -> Path:
     return out
 
 
+def _check_model_outside(spec: RunSpec, workdir: str) -> None:
+    """The checkpoint a run reads must not be its workdir (a run writes config.json there)
+    nor inside what the run writes, exports or moves aside (``hf/``, ``checkpoints/``...)."""
+    wd = Path(workdir).expanduser().resolve()
+    written = [wd / name for name in resume.RUN_FILES + ("tokenizer",)]
+    for key in ("path", "tokenizer_path"):
+        given = getattr(spec.model, key)
+        if not given:
+            continue
+        p = Path(given).expanduser().resolve()
+        if p == wd:
+            raise config_lib.ConfigError(
+                f"--workdir {workdir} is config.model.{key}: a run writes config.json, "
+                "checkpoints/ and hf/ there; use another --workdir")
+        inside = next((w for w in written if p == w or w in p.parents), None)
+        if inside is not None:
+            raise config_lib.ConfigError(
+                f"config.model.{key}={given!r} is inside the workdir's {inside.name}/, which "
+                "this run writes (an export, or a move aside, would replace what it reads); "
+                "copy it out or use another --workdir")
+
+
 def prepare(config, workdir: str) -> tuple[RunSpec, Path]:
     """Before any compute: the config translated and validated, then the workdir, locked for
     this run (``lock.WorkdirBusy`` if another process writes there; ``RunContext.close``, or
     the process's exit, releases it)."""
     spec = spec_lib.from_config(config)
+    _check_model_outside(spec, workdir)
     wd = config_lib.check_workdir(workdir)
     lock = lock_lib.acquire(wd)
     try:

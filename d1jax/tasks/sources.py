@@ -126,8 +126,8 @@ def read_file(path: str | os.PathLike) -> Rows:
     if suffix == ".parquet":
         import pyarrow.parquet as pq
         return Rows(pq.read_table(path).to_pylist(), str(path))
-    raise ValueError(f"{path}: unsupported data file type {suffix!r} "
-                     f"(use one of {', '.join(_FILE_SUFFIXES)})")
+    raise BadRecordError(f"{path}: unsupported data file type {suffix!r} "
+                         f"(use one of {', '.join(_FILE_SUFFIXES)})")
 
 
 def _read_csv(path: Path) -> Rows:
@@ -256,11 +256,12 @@ def d1_eval_subset(rows: list, size: int | None, seed: int = 42) -> list:
 
     d1 (eval/eval.py) seeds NumPy's global generator with 42 and draws
     ``np.random.choice(len(rows), size, replace=False)``; size None or -1 keeps all rows.
+    A source with fewer rows than ``size`` (a user's own test file; d1's code would stop) is
+    scored whole, in the order d1's draw of all of them gives.
     """
     if size is None or size < 0:
         return list(rows)
-    if size > len(rows):
-        raise ValueError(f"subsample {size} is larger than the {len(rows)} rows")
+    size = min(size, len(rows))
     idx = np.random.RandomState(seed).choice(len(rows), size, replace=False)
     return [rows[i] for i in idx]
 
