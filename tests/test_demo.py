@@ -274,7 +274,9 @@ def test_sampler_gap_scores_greedy_as_the_table_and_pairs_the_two_samplers(demo_
     ("--config.demo.sampler.kv_cache=dual2", "demo.sampler.kv_cache='dual2'"),
     ("--config.demo.eval.sampled_sets=('heldout', 'test')", "demo.eval.sampled_sets"),
     ("--config.demo.grpo.objectives=('wd1', 'ppo')", "demo.grpo.objectives"),
-    ("--config.demo.pretrain.solved_depth=-1", "demo.pretrain.solved_depth=-1")])
+    ("--config.demo.pretrain.solved_depth=-1", "demo.pretrain.solved_depth=-1"),
+    ("--config.demo.grpo.num_generations=1", "demo.grpo.num_generations=1: must be >= 2"),
+    ("--config.demo.data.num_empty=(20, 20)", "demo.data.num_empty=(20, 20)")])
 def test_bad_demo_switches_fail_before_any_stage_runs(tmp_path, flag, field):
     wd = tmp_path / "wd"
     r = run_main("--config=configs/demo_sudoku.py:ci", flag, f"--workdir={wd}")

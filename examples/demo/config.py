@@ -223,6 +223,20 @@ def check(demo: mlc.ConfigDict) -> None:
     for name in ("answer_noise", "format_noise"):
         if not 0.0 <= demo.pretrain[name] <= 1.0:
             raise ConfigError(f"demo.pretrain.{name}={demo.pretrain[name]}: must be in [0, 1]")
+    # Counts the stages would refuse only when they start (after the stages before them).
+    for key, low in (("pretrain.steps", 1), ("pretrain.batch_size", 1), ("pretrain.save_every", 1),
+                     ("sft.steps", 1), ("sft.batch_size", 1), ("sft.save_every", 1),
+                     ("grpo.steps", 1), ("grpo.num_generations", 2), ("grpo.prompts_per_step", 1),
+                     ("grpo.num_iterations", 1), ("grpo.save_every", 1), ("grpo.lora_rank", 1),
+                     ("eval.batch_size", 1), ("eval.num_examples", 1), ("data.num_heldout", 1),
+                     ("data.num_train", 1)):
+        group, name = key.split(".")
+        if demo[group][name] < low:
+            raise ConfigError(f"demo.{key}={demo[group][name]}: must be >= {low}")
+    low, high = tuple(demo.data.num_empty)
+    if not 0 <= low <= high <= 16:
+        raise ConfigError(f"demo.data.num_empty={(low, high)}: empty cells (low, high) of a 4x4 "
+                          "grid, 0 <= low <= high <= 16")
 
 
 # ------------------------------------------------------------------------- stage configs
