@@ -113,3 +113,19 @@ def test_rollout_chunks_counts_the_calls():
     assert rollout_chunks(1024, 0, 4) == 1
     assert rollout_chunks(1024, 128, 4) == 8
     assert rollout_chunks(1024, 1024, 8, 2) == 1
+
+
+def test_prompts_longer_than_max_prompt_length_lose_their_start_and_are_counted(setup):
+    """TRL's max_prompt_length keeps a prompt's last tokens; the engine is told how many were
+    cut (it says so once a run)."""
+    s = setup[1]
+    tokens = lambda t: s.tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    long, short = "Write letters. abcd efgh " * 6, "Write letters."
+    n = len(tokens(long))
+    seen = []
+    ids, mask = encode_prompts(s.tokenizer, [long, short], n - 3, on_truncate=seen.append)
+    assert seen == [1]
+    assert ids[0].tolist() == tokens(long)[3:] and mask[0].all()
+    assert mask[1].sum() == len(tokens(short)) and ids[1, -mask[1].sum():].tolist() == tokens(short)
+    encode_prompts(s.tokenizer, [long, short], n, on_truncate=seen.append)
+    assert seen == [1]  # nothing cut: not called

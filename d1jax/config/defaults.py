@@ -96,6 +96,8 @@ def check_workdir(workdir: str) -> Path:
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"workdir {path} is a file, not a directory") from None
         raise ConfigError(f"workdir {path} is not writable ({e.strerror})") from None
     return path
 

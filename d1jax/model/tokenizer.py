@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -182,12 +182,19 @@ def _turn_end(tok) -> int | None:
     return next((vocab[t] for t in turn_ends() if t in vocab), None)
 
 
-def encode_prompts(tokenizer, texts: Sequence[str], length: int) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and attention mask [N, length], left-padded with pad, left-truncated."""
+def encode_prompts(tokenizer, texts: Sequence[str], length: int,
+                   on_truncate: Callable[[int], None] | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and attention mask [N, length], left-padded with pad, left-truncated (as
+    TRL's max_prompt_length); ``on_truncate(n)`` is called when n > 0 prompts were cut."""
     pad = tokenizer.pad_token_id
     ids = np.full((len(texts), length), pad, np.int32)
     mask = np.zeros((len(texts), length), np.int32)
-    for i, t in enumerate(tokenizer(list(texts), add_special_tokens=False)["input_ids"]):
+    encoded = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    cut = sum(len(t) > length for t in encoded)
+    if cut and on_truncate is not None:
+        on_truncate(cut)
+    for i, t in enumerate(encoded):
         t = t[-length:]
         if len(t):
             ids[i, length - len(t):] = t

@@ -98,6 +98,14 @@ class GRPOEngine:
         return (np.concatenate([h[0] for h in host]),
                 self._put(np.concatenate([h[1] for h in host])))
 
+    def _said_truncated(self, n: int) -> None:
+        """Once a run: prompts longer than max_prompt_length lose their start (as in d1)."""
+        if not getattr(self, "_truncation_said", False) and jax.process_index() == 0:
+            print(f"grpo: {n} prompts of a rollout are longer than max_prompt_length="
+                  f"{self.spec.max_prompt_length} tokens and lose their start, as in d1 (TRL); "
+                  "raise max_prompt_length to keep them whole (said once)", flush=True)
+        self._truncation_said = True
+
     def _mask_seeds(self, key) -> np.ndarray:
         if self.spec.grpo_run.random_masking:
             return np.asarray(jax.random.randint(key, (self.mu,), 0, 2 ** 12), np.int32)
@@ -109,7 +117,8 @@ class GRPOEngine:
         s, g = self.s, self.spec.grpo_run
         t0 = time.perf_counter()
         texts = rl.chat_prompts(s.tokenizer, task, examples)
-        ids, mask = encode_prompts(s.tokenizer, texts, self.spec.max_prompt_length)
+        ids, mask = encode_prompts(s.tokenizer, texts, self.spec.max_prompt_length,
+                                   on_truncate=self._said_truncated)
         k_gen, k_seed = jax.random.split(jax.random.fold_in(self.key, rollout_idx))
         seqs, decoded_at = self._generate(ids, mask, k_gen)
         t_gen = time.perf_counter() - t0
