@@ -84,7 +84,8 @@ def hostile(sentinel: Path, port: int) -> dict[str, str]:
         "read_result_channel": ("import os\nfor fd in range(3, 20):\n    try:\n"
                                 "        n = os.pread(fd, 64, 0).split(b' ')[0]\n"
                                 "    except OSError:\n        continue\n"
-                                "    os.write(fd, n + b' 0 1\\n' + n + b' done\\n')\n    os._exit(0)\n"
+                                "    os.write(fd, n + b' 0 1\\n' + n + b' done\\n')\n"
+                                "    os._exit(0)\n"
                                 "raise RuntimeError('no channel read')\n"),
         "clear_append_flag": "import fcntl\nfcntl.fcntl(3, fcntl.F_SETFL, 0)\n",
         "threads_reimported": ("import sys\ndel sys.modules['_thread']\nimport _thread\n"
@@ -102,7 +103,8 @@ def hostile(sentinel: Path, port: int) -> dict[str, str]:
         "dir_fd_after_chdir": ("import os\nos.mkdir('a')\nd = os.open('.', os.O_RDONLY)\n"
                                "os.chdir('a')\nos.open('../pwned', os.O_WRONLY | os.O_CREAT, "
                                "dir_fd=d)\n"),
-        "dir_fd_via_symlink": (f"import os\nos.symlink('{s}', 'ln')\nd = os.open('ln', os.O_RDONLY)\n"
+        "dir_fd_via_symlink": (f"import os\nos.symlink('{s}', 'ln')\n"
+                               "d = os.open('ln', os.O_RDONLY)\n"
                                "os.open('pwned', os.O_WRONLY | os.O_CREAT, dir_fd=d)\n"),
     }
 
