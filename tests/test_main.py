@@ -387,3 +387,11 @@ def test_a_model_path_without_a_checkpoint_or_tokenizer_is_one_line(tmp_path, ti
     weights.save_hf_checkpoint(tmp_path / "weights_only", tiny_config, tiny_params)
     with pytest.raises(TokenizerError, match=r"holds no tokenizer .*config.model.tokenizer_path"):
         load_tokenizer(tmp_path / "weights_only")
+    # A run's workdir given for its export: the error points at the export.
+    from d1jax.model import family
+    from d1jax.model.hf_checkpoint import CheckpointError
+    run = tmp_path / "run"
+    weights.save_hf_checkpoint(run / "hf", tiny_config, tiny_params)
+    (run / "config.json").write_text('{"stage": "sft", "model": {}}')
+    with pytest.raises(CheckpointError, match=rf"a d1jax run's workdir: its model is {run}/hf$"):
+        family.check_checkpoint(run, "llada")

@@ -195,6 +195,8 @@ def check_checkpoint(path: str | os.PathLike, name: str,
                 f"no {fam.title} checkpoint (config.json model_type={model_type!r})")
         hint = f"set --config.model.family={found}" if found else (
             f"d1jax reads {', '.join(f.title for f in FAMILIES.values())} checkpoints")
+        if not found and "stage" in raw and (path / "hf" / "config.json").is_file():
+            hint = f"this is a d1jax run's workdir: its model is {path / 'hf'}"
         raise hf_checkpoint.CheckpointError(f"it holds {what} but config.model.family={name!r}: "
                                       f"{hint}")
     config = fam.read_config(path)
