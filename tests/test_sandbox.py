@@ -103,6 +103,26 @@ def hostile(sentinel: Path, port: int) -> dict[str, str]:
         "dir_fd_after_chdir": ("import os\nos.mkdir('a')\nd = os.open('.', os.O_RDONLY)\n"
                                "os.chdir('a')\nos.open('../pwned', os.O_WRONLY | os.O_CREAT, "
                                "dir_fd=d)\n"),
+        # What has no audit event, or escapes the hook: a sub-interpreter, a fresh builtin
+        # module, another function's code, signals and priorities of other processes, nodes,
+        # fd-based metadata changes, listings.
+        "subinterpreter": ("import _xxsubinterpreters as si\n"
+                           "si.run_string(si.create(), 'import os; os.system(\"true\")')\n"),
+        "fresh_signal_module": (
+            "import importlib.util, importlib.machinery, signal\n"
+            "spec = importlib.machinery.BuiltinImporter.find_spec('_signal')\n"
+            "m = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(m)\n"
+            "m.signal(signal.SIGUSR1, lambda *a: None)\n"),
+        "swap_handler_code": ("import signal\ndef evil(sig, frame):\n    pass\n"
+                              "signal.getsignal(signal.SIGALRM).__code__ = evil.__code__\n"),
+        "pidfd_signal_parent": ("import os, signal\n"
+                                "signal.pidfd_send_signal(os.pidfd_open(os.getppid()), 0)\n"),
+        "renice_parent": ("import os\np = os.getpriority(os.PRIO_PROCESS, os.getppid())\n"
+                          "os.setpriority(os.PRIO_PROCESS, os.getppid(), p)\n"),
+        "mkfifo_outside": f"import os\nos.mkfifo('{s}/pwned')\n",
+        "fchmod_stdlib_file": ("import os\nfd = os.open(os.__file__, os.O_RDONLY)\n"
+                               "os.chmod(fd, os.fstat(fd).st_mode & 0o7777)\n"),
+        "list_outside": f"import os\nos.listdir('{s}')\n",
         "dir_fd_via_symlink": (f"import os\nos.symlink('{s}', 'ln')\n"
                                "d = os.open('ln', os.O_RDONLY)\n"
                                "os.open('pwned', os.O_WRONLY | os.O_CREAT, dir_fd=d)\n"),
@@ -217,6 +237,15 @@ def test_a_program_cannot_change_how_later_ones_run_or_are_reported():
     assert o.passed == (True, False, True, False, True) and o.status == "done", o
 
 
+def test_a_deep_tree_is_removed_and_the_caller_carries_on():
+    """shutil.rmtree recurses: 3000 nested directories made it raise RecursionError in the
+    trainer; the directory is removed all the same."""
+    deep = ("import os\nos.mkdir('a')\nfor i in range(3000):\n    os.mkdir('n')\n"
+            "    os.rename('a', 'n/a')\n    os.rename('n', 'a')\n")
+    o = sandbox.run(deep + GOOD, TEST, sandbox.Limits(wall_s=10.0, program_s=8.0, cpu_s=10))
+    assert o.passed == (True,), o.errors
+
+
 def test_ordinary_programs_still_run_under_the_guard():
     """What solutions use: the standard library (namedtuple, enum, typing and logging ask for
     frames and fall back), files and temporary directories inside the sandbox, pathlib."""
@@ -240,9 +269,11 @@ def test_fresh_directory_minimal_env_and_only_stdio(monkeypatch, tmp_path):
                  "assert os.listdir('.') == [], os.listdir('.')\n"
                  "assert 'D1JAX_TRAINER_SECRET' not in os.environ\n"
                  "assert set(os.environ) <= {'PATH', 'HOME', 'TMPDIR', 'LANG', 'LC_ALL'}\n"
-                 "fds = sorted(int(x) for x in os.listdir('/proc/self/fd'))\n"
-                 # 0-2 -> /dev/null, the result channel, and the fd listdir holds open
-                 "assert len(fds) <= 5, fds\n"
+                 "def is_open(fd):\n    try:\n        os.fstat(fd)\n    except OSError:\n"
+                 "        return False\n    return True\n"
+                 # 0-2 -> /dev/null and the result channel
+                 "fds = [fd for fd in range(256) if is_open(fd)]\n"
+                 "assert len(fds) <= 4, fds\n"
                  "assert os.path.realpath(os.getcwd()) == os.path.realpath(os.environ['HOME'])\n")
         o = sandbox.run(probe, ["pass"], LIMITS)
     finally:

@@ -97,6 +97,18 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
+def _remove(workdir: str) -> None:
+    """Deletes the child's directory, however deep it nested it (shutil.rmtree recurses and
+    would raise RecursionError; then ``rm -rf``, which does not)."""
+    try:
+        shutil.rmtree(workdir, ignore_errors=True)
+    except RecursionError:
+        pass
+    if os.path.lexists(workdir):
+        subprocess.run(["rm", "-rf", "--one-file-system", workdir], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+
 def _result_channel():
     """(reader, writer fd) of one unlinked file: the child gets the writer, write-only and
     O_APPEND, so it cannot read earlier lines (their nonce) or write over them (its guard
@@ -146,7 +158,7 @@ def run_programs(programs: Sequence[str], limits: Limits = Limits()) -> Outcome:
             _kill_group(proc.pid)  # anything it left behind in its group
         finally:
             os.close(sink)
-            shutil.rmtree(workdir, ignore_errors=True)
+            _remove(workdir)
         results.seek(0)
         text = results.read(limits.file_mb * 1024 * 1024).decode("utf-8", "replace")
     wall = time.perf_counter() - t0

@@ -56,7 +56,26 @@ _SOCKET_EVENTS = frozenset(("socket.__new__", "socket.connect", "socket.bind",
 # Imports refused: ctypes and kin, and a fresh load of the modules the guard replaces parts
 # of (``del sys.modules[...]`` then ``import`` would bring back the originals).
 _REFUSED_IMPORTS = frozenset(("_ctypes", "ctypes", "_posixsubprocess", "cffi", "_cffi_backend",
-                              "_thread", "_signal"))
+                              "_thread", "_signal", "_imp",
+                              # a sub-interpreter has no audit hook of ours
+                              "_xxsubinterpreters", "_xxinterpchannels", "_interpreters",
+                              "_interpchannels", "_interpqueues"))
+# Function attributes that would let a program rewrite the child's own functions (its signal
+# handler, say) with its code (audited as object.__setattr__; __defaults__ stays settable:
+# collections.namedtuple sets it).
+_FUNCTION_ATTRS = frozenset(("__code__",))
+# Module functions with no audit event that act on other processes, make device or fifo
+# nodes, or read what a listing or link holds: replaced by refusals (``os`` and ``posix``
+# share the function objects; ``_imp.create_builtin`` refuses a fresh copy of the modules).
+_NO_EVENT = {"posix": ("mkfifo", "mknod", "pidfd_open", "setpriority", "sched_setaffinity",
+                       "sched_setscheduler", "sched_setparam", "setns", "unshare", "setsid",
+                       "setpgid", "setpgrp"),
+             "_signal": ("pidfd_send_signal", "signal")}
+# Events whose fd argument is refused (the file behind an fd may lie outside: a read-only fd
+# of a standard-library file, or /dev/null): metadata changes need a path inside.
+_NO_FD = frozenset(("os.chmod", "os.chown", "os.utime", "os.setxattr", "os.removexattr"))
+# Listings and link reads: their path must be readable under the read policy.
+_LISTING = frozenset(("os.listdir", "os.scandir"))
 # Events whose path arguments must lie inside the sandbox directory: event -> (positions of
 # the paths, positions of dir_fd arguments, which must be absent: None or -1).
 _PATH_ARGS = {"os.remove": ((0,), (1,)), "os.rmdir": ((0,), (1,)),
@@ -111,6 +130,7 @@ def install_guard(root: str, network: bool) -> None:
     one of them resolves where the hook resolved it, or deeper)."""
     refused, frame_events, frame_attrs = _REFUSED, _FRAME_EVENTS, _FRAME_ATTRS
     sockets, refused_imports, path_args = _SOCKET_EVENTS, _REFUSED_IMPORTS, _PATH_ARGS
+    function_attrs, no_fd, listing = _FUNCTION_ATTRS, _NO_FD, _LISTING
     write_flags, str_, bytes_, int_, len_ = _WRITE_FLAGS, str, bytes, int, len
     type_, os_error, perm_error, value_error = type, OSError, PermissionError, ValueError
     lstat, readlink, getcwd = os.lstat, os.readlink, os.getcwd
@@ -150,7 +170,7 @@ def install_guard(root: str, network: bool) -> None:
 
     real_root = resolve(root)
     stdlib = tuple(resolve(p) for p in sys.path if p)
-    readable = tuple(resolve(p) for p in _READABLE)
+    readable_files = tuple(resolve(p) for p in _READABLE)
 
     def as_str(path):
         """The path's text; None for an int (an open fd: admitted when it was opened). Only
@@ -186,7 +206,19 @@ def install_guard(root: str, network: bool) -> None:
                 pass
             if under(p, real_root):
                 return True
-            return not writes and (any_under(p, stdlib) or any_under(p, readable))
+            return not writes and (any_under(p, stdlib) or any_under(p, readable_files))
+        except (TypeError, value_error, os_error):
+            return False
+
+    def readable(path) -> bool:
+        """A path (or an fd: only of this directory's) the program may read or list."""
+        try:
+            if path is None:  # os.listdir(): the cwd
+                path = "."
+            if type_(path) is int_:
+                return under(readlink(f"/proc/self/fd/{path}"), real_root)
+            p = resolve(as_str(path))
+            return under(p, real_root) or any_under(p, stdlib) or any_under(p, readable_files)
         except (TypeError, value_error, os_error):
             return False
 
@@ -206,6 +238,10 @@ def install_guard(root: str, network: bool) -> None:
             raise value_error(f"sandbox: {event} is not allowed")
         if event == "object.__getattr__" and len_(args) > 1 and args[1] in frame_attrs:
             raise perm_error(f"sandbox: {args[1]} is not allowed")
+        if event == "object.__setattr__" and len_(args) > 1 and args[1] in function_attrs:
+            raise perm_error(f"sandbox: setting {args[1]} is not allowed")
+        if event in listing and len_(args) > 0 and not readable(args[0]):
+            raise perm_error(f"sandbox: no listing of {shown(args[0])}")
         if not network and event in sockets:
             raise perm_error(f"sandbox: no network ({event})")
         if event == "import" and str_.partition(args[0], ".")[0] in refused_imports:
@@ -224,11 +260,14 @@ def install_guard(root: str, network: bool) -> None:
                 if i < len_(args) and type_(args[i]) is int_ and args[i] != -1:
                     raise perm_error(f"sandbox: {event} with a dir_fd is not allowed")
             for i in paths:
+                if i < len_(args) and event in no_fd and type_(args[i]) is int_:
+                    raise perm_error(f"sandbox: {event} of an fd is not allowed")
                 if i < len_(args) and not inside(args[i]):
                     raise perm_error(f"sandbox: {event} outside its directory "
                                      f"({shown(args[i])})")
 
-    for name in ("_ctypes", "ctypes", "_posixsubprocess", "cffi", "_cffi_backend"):
+    for name in ("_ctypes", "ctypes", "_posixsubprocess", "cffi", "_cffi_backend",
+                 "_xxsubinterpreters", "_xxinterpchannels", "_interpreters"):
         sys.modules[name] = None  # already-imported modules come back as ImportError
     # CPython 3.11 has no audit event for new threads: replace the primitive that makes them
     # before ``threading`` (not imported yet) binds it. Threads would open a race between
@@ -238,13 +277,39 @@ def install_guard(root: str, network: bool) -> None:
     import _thread
     import signal
 
+    import _imp
+    import posix
+
     def no_threads(*args, **kwargs):
         raise PermissionError("sandbox: threads are not allowed")
-
-    def no_handlers(*args, **kwargs):
-        raise PermissionError("sandbox: signal handlers are not allowed")
     _thread.start_new_thread = _thread.start_new = no_threads
-    _signal.signal = signal.signal = no_handlers
+
+    def refusal(name):
+        def refuse(*args, **kwargs):
+            raise PermissionError(f"sandbox: {name} is not allowed")
+        return refuse
+    for module_name, names in _NO_EVENT.items():
+        for name in names:
+            if hasattr(sys.modules[module_name], name):
+                refuse = refusal(name)
+                for module in (sys.modules[module_name], os if module_name == "posix" else signal):
+                    setattr(module, name, refuse)
+    real_readlink = os.readlink
+
+    def checked_readlink(path, *args, **kwargs):
+        if not readable(path):
+            raise PermissionError(f"sandbox: no readlink of {shown(path)}")
+        return real_readlink(path, *args, **kwargs)
+    os.readlink = posix.readlink = checked_readlink
+    # A fresh copy of a builtin module (importlib's BuiltinImporter, no import event) would
+    # bring the replaced functions back.
+    create_builtin = _imp.create_builtin
+
+    def checked_create_builtin(spec):
+        if str_.partition(spec.name, ".")[0] in refused_imports or spec.name in ("posix",):
+            raise perm_error(f"sandbox: a fresh {spec.name} is not allowed")
+        return create_builtin(spec)
+    _imp.create_builtin = checked_create_builtin
     sys.addaudithook(hook)
 
 
