@@ -123,6 +123,13 @@ def hostile(sentinel: Path, port: int) -> dict[str, str]:
         "fchmod_stdlib_file": ("import os\nfd = os.open(os.__file__, os.O_RDONLY)\n"
                                "os.chmod(fd, os.fstat(fd).st_mode & 0o7777)\n"),
         "list_outside": f"import os\nos.listdir('{s}')\n",
+        # Third review: a sub-interpreter through CPython's test module, a directory fd of
+        # /dev through shm_open(".."), code objects through marshal (crafted bytecode reads
+        # memory past its constants).
+        "subinterpreter_via_testcapi": "import _testcapi\n_testcapi.run_in_subinterp('pass')\n",
+        "shm_open_dotdot": "import _posixshmem, os\n_posixshmem.shm_open('..', os.O_RDONLY, 0)\n",
+        "marshal_code": ("import marshal\n"
+                         "marshal.loads(marshal.dumps(compile('1', 'x', 'eval')))\n"),
         "dir_fd_via_symlink": (f"import os\nos.symlink('{s}', 'ln')\n"
                                "d = os.open('ln', os.O_RDONLY)\n"
                                "os.open('pwned', os.O_WRONLY | os.O_CREAT, dir_fd=d)\n"),

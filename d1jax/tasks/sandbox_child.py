@@ -43,6 +43,9 @@ _REFUSED = frozenset((
     # channel): trace and profile hooks, the collector's object lists, ioctls
     "sys.settrace", "sys.setprofile", "sys._current_frames", "gc.get_objects",
     "gc.get_referrers", "gc.get_referents", "fcntl.ioctl",
+    # a sub-interpreter (any route) runs without this hook; marshal builds code objects
+    # (crafted bytecode reads and writes memory: no Python-level guard holds then)
+    "cpython.PyInterpreterState_New", "marshal.loads", "marshal.load",
     # fcntl could clear the result channel's O_APPEND (then a program could overwrite lines)
     "fcntl.fcntl"))
 # sys._getframe is refused with ValueError, what the standard library catches where frames
@@ -59,7 +62,19 @@ _REFUSED_IMPORTS = frozenset(("_ctypes", "ctypes", "_posixsubprocess", "cffi", "
                               "_thread", "_signal", "_imp",
                               # a sub-interpreter has no audit hook of ours
                               "_xxsubinterpreters", "_xxinterpchannels", "_interpreters",
-                              "_interpchannels", "_interpqueues"))
+                              "_interpchannels", "_interpqueues",
+                              # no audit events: shared memory (shm_open("..") is a
+                              # directory fd of /dev), semaphores
+                              "_posixshmem", "_multiprocessing"))
+# CPython's test and example extension modules (sub-interpreters, raw code objects, file
+# reads and writes, threads, none audited): refused by prefix.
+_REFUSED_PREFIXES = ("_test", "_xx", "xx", "_ctypes_test")
+# Imported before the guard, from their .pyc, for the programs: after it, modules compile from
+# source (no .pyc: marshal is refused), which costs each child a few ms more per module.
+_PRELOAD = ("typing", "re", "collections", "itertools", "functools", "math", "heapq", "bisect",
+            "string", "operator", "copy", "random", "fractions", "decimal", "statistics",
+            "datetime", "hashlib", "enum", "dataclasses", "abc", "io", "tempfile", "shutil",
+            "struct", "array", "numbers", "textwrap", "unicodedata", "contextlib")
 # Function attributes that would let a program rewrite the child's own functions (its signal
 # handler, say) with its code (audited as object.__setattr__; __defaults__ stays settable:
 # collections.namedtuple sets it).
@@ -131,6 +146,7 @@ def install_guard(root: str, network: bool) -> None:
     refused, frame_events, frame_attrs = _REFUSED, _FRAME_EVENTS, _FRAME_ATTRS
     sockets, refused_imports, path_args = _SOCKET_EVENTS, _REFUSED_IMPORTS, _PATH_ARGS
     function_attrs, no_fd, listing = _FUNCTION_ATTRS, _NO_FD, _LISTING
+    refused_prefixes = _REFUSED_PREFIXES
     write_flags, str_, bytes_, int_, len_ = _WRITE_FLAGS, str, bytes, int, len
     type_, os_error, perm_error, value_error = type, OSError, PermissionError, ValueError
     lstat, readlink, getcwd = os.lstat, os.readlink, os.getcwd
@@ -222,6 +238,12 @@ def install_guard(root: str, network: bool) -> None:
         except (TypeError, value_error, os_error):
             return False
 
+    def inside_fd(fd: int) -> bool:
+        try:
+            return under(resolve(readlink(f"/proc/self/fd/{fd}")), real_root)
+        except (TypeError, value_error, os_error):
+            return False
+
     def any_under(p: str, tops: tuple) -> bool:
         for top in tops:
             if under(p, top):
@@ -244,8 +266,10 @@ def install_guard(root: str, network: bool) -> None:
             raise perm_error(f"sandbox: no listing of {shown(args[0])}")
         if not network and event in sockets:
             raise perm_error(f"sandbox: no network ({event})")
-        if event == "import" and str_.partition(args[0], ".")[0] in refused_imports:
-            raise perm_error(f"sandbox: import of {args[0]} is not allowed")
+        if event == "import":
+            top = str_.partition(args[0], ".")[0]
+            if top in refused_imports or str_.startswith(top, refused_prefixes):
+                raise perm_error(f"sandbox: import of {args[0]} is not allowed")
         if event == "open":
             path, mode, flags = args
             writes = ((type_(mode) is str_ and ("w" in mode or "a" in mode or "x" in mode
@@ -301,12 +325,29 @@ def install_guard(root: str, network: bool) -> None:
             raise PermissionError(f"sandbox: no readlink of {shown(path)}")
         return real_readlink(path, *args, **kwargs)
     os.readlink = posix.readlink = checked_readlink
+    real_open = os.open
+
+    def checked_open(path, flags, mode=0o777, *, dir_fd=None):
+        """os.open; a dir_fd only of the sandbox's own directories (the open event does not
+        show it, and a directory fd from elsewhere would resolve the path there)."""
+        if dir_fd is not None and (type_(dir_fd) is not int_ or not inside_fd(dir_fd)):
+            raise PermissionError("sandbox: os.open with a dir_fd outside its directory")
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+    os.open = posix.open = checked_open
+    # After the preloads: later imports compile from source (no .pyc, no marshal.loads).
+    for name in _PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    sys.pycache_prefix = os.path.join(root, ".no-pycache")
     # A fresh copy of a builtin module (importlib's BuiltinImporter, no import event) would
     # bring the replaced functions back.
     create_builtin = _imp.create_builtin
 
     def checked_create_builtin(spec):
-        if str_.partition(spec.name, ".")[0] in refused_imports or spec.name in ("posix",):
+        top = str_.partition(spec.name, ".")[0]
+        if top in refused_imports or str_.startswith(top, refused_prefixes) or top == "posix":
             raise perm_error(f"sandbox: a fresh {spec.name} is not allowed")
         return create_builtin(spec)
     _imp.create_builtin = checked_create_builtin
