@@ -258,8 +258,10 @@ def test_check_inputs_accepts_hub_ids_urls_and_existing_paths(tmp_path):
     for source in ("", "owner/name", "https://example.com/x.csv", str(tmp_path)):
         c.task.source = source
         check_inputs(c)
-    c.model.path = str(tmp_path)
-    check_inputs(c)
+    c.model.path = str(tmp_path)  # a folder, but no checkpoint in it
+    with pytest.raises(ConfigError, match="has no config.json: not a Hugging Face checkpoint"):
+        check_inputs(c)
+    c.model.path = ""
     for source in ("data/x.jsonl", "./x", "a/b/c"):  # local-looking and missing
         c.task.source = source
         with pytest.raises(ConfigError, match="no such file or directory"):
@@ -378,12 +380,11 @@ def test_a_model_path_without_a_checkpoint_or_tokenizer_is_one_line(tmp_path, ti
     from d1jax.config import ConfigError
     from d1jax.model.llada import weights
     from d1jax.model.tokenizer import TokenizerError, load_tokenizer
-    from d1jax.run import spec as spec_lib
     (tmp_path / "empty").mkdir()
     c = config_lib.grpo("sudoku", "tiny")
     c.model.path, c.model.random_init = str(tmp_path / "empty"), ""
     with pytest.raises(ConfigError, match=r"has no config.json: not a Hugging Face checkpoint"):
-        spec_lib.from_config(c)
+        config_lib.check_inputs(c)  # d1jax.main's and d1jax.eval's first check
     weights.save_hf_checkpoint(tmp_path / "weights_only", tiny_config, tiny_params)
     with pytest.raises(TokenizerError, match=r"holds no tokenizer .*config.model.tokenizer_path"):
         load_tokenizer(tmp_path / "weights_only")

@@ -114,6 +114,10 @@ def check_inputs(config, data: bool = True) -> None:
             hint = (f"; download a {family} checkpoint there (README, docs/models.md) or fix "
                     "the path" if key == "path" else "")
             raise ConfigError(f"config.model.{key}={path!r} is not a directory{hint}")
+    path = model.get("path")
+    if path and not (Path(path).expanduser() / "config.json").is_file():
+        raise ConfigError(f"config.model.path={path!r} has no config.json: not a Hugging Face "
+                          "checkpoint (a d1jax run's export is its workdir's hf/)")
     task = config.get("task")
     if not data or not task or config.get("stage") not in ("grpo", "sft", "eval"):
         return

@@ -187,9 +187,6 @@ def _model(c, weights: bool = True) -> ModelSpec:
     if m.path and not Path(m.path).is_dir():  # a path wins over random_init: it must exist
         raise ConfigError(f"config.model.path={m.path!r} is not a directory; download "
                           f"a {fam.title} checkpoint there (see README) or fix the path")
-    if m.path and not (Path(m.path) / "config.json").is_file():
-        raise ConfigError(f"config.model.path={m.path!r} has no config.json: not a Hugging "
-                          f"Face checkpoint (a d1jax run's export is its workdir's hf/)")
     if not m.random_init and not m.path and weights:
         envs = " or ".join(f"${env}" for env, _ in fam.checkpoints.values())
         example = (f", e.g. `hf download {fam.published[0]} --local-dir "
