@@ -128,6 +128,21 @@ def hostile(sentinel: Path, port: int) -> dict[str, str]:
         # memory past its constants).
         "subinterpreter_via_testcapi": "import _testcapi\n_testcapi.run_in_subinterp('pass')\n",
         "shm_open_dotdot": "import _posixshmem, os\n_posixshmem.shm_open('..', os.O_RDONLY, 0)\n",
+        # Fourth review: the guard's wrappers shared closure cells with the hook (setting
+        # cell_contents is not audited); sqlite and readline write and read files unaudited.
+        "closure_cells": (
+            "import os, sys, signal, _imp, _thread\ncells = {}\n"
+            "def walk(fn, seen):\n    if id(fn) in seen or not getattr(fn, '__closure__', None):\n"
+            "        return\n    seen.add(id(fn))\n"
+            "    for n, c in zip(fn.__code__.co_freevars, fn.__closure__):\n"
+            "        cells[n] = c\n        walk(c.cell_contents, seen)\n"
+            "for m in (os, sys.modules['posix'], _imp, _thread, signal):\n"
+            "    for v in list(vars(m).values()):\n        walk(v, set())\n"
+            f"cells['real_root'].cell_contents = ''\nopen('{s}/pwned', 'w').write('x')\n"),
+        "sqlite_vacuum_outside": (f"import sqlite3\nsqlite3.connect(':memory:').execute("
+                                  f"\"vacuum into '{s}/pwned'\")\n"),
+        "readline_reads_outside": ("import readline\n"
+                                   f"readline.read_history_file('{s}/keep.txt')\n"),
         "marshal_code": ("import marshal\n"
                          "marshal.loads(marshal.dumps(compile('1', 'x', 'eval')))\n"),
         "dir_fd_via_symlink": (f"import os\nos.symlink('{s}', 'ln')\n"

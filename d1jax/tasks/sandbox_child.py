@@ -65,7 +65,12 @@ _REFUSED_IMPORTS = frozenset(("_ctypes", "ctypes", "_posixsubprocess", "cffi", "
                               "_interpchannels", "_interpqueues",
                               # no audit events: shared memory (shm_open("..") is a
                               # directory fd of /dev), semaphores
-                              "_posixshmem", "_multiprocessing"))
+                              "_posixshmem", "_multiprocessing",
+                              # file reads and writes with no open event: sqlite (ATTACH,
+                              # VACUUM INTO), readline's history files, and kin
+                              "_sqlite3", "sqlite3", "readline", "_curses", "_curses_panel",
+                              "_tkinter", "nis", "spwd", "syslog", "ossaudiodev", "termios",
+                              "_dbm", "_gdbm", "dbm"))
 # CPython's test and example extension modules (sub-interpreters, raw code objects, file
 # reads and writes, threads, none audited): refused by prefix.
 _REFUSED_PREFIXES = ("_test", "_xx", "xx", "_ctypes_test")
@@ -103,6 +108,28 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 # Files outside the directory and the standard library that programs may open (read).
 _READABLE = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/etc/localtime",
              "/usr/share/zoneinfo")
+
+
+_CREATE_EVENT = "d1jax.sandbox.create_builtin"
+
+
+def _create_builtin(spec):
+    """``_imp.create_builtin`` once the guard is on: the hook checks the name and makes the
+    module. No closure: nothing a program can reach holds the real function."""
+    box = []
+    sys.audit(_CREATE_EVENT, spec, box)
+    if not box:
+        raise PermissionError("sandbox: create_builtin refused")
+    return box[0]
+
+
+def _no_threads(*args, **kwargs):
+    raise PermissionError("sandbox: threads are not allowed")
+
+
+def _no_readlink(*args, **kwargs):
+    raise PermissionError("sandbox: readlink is not allowed (no symlinks inside; none read "
+                          "outside)")
 
 
 class ProgramTimeout(BaseException):
@@ -147,6 +174,10 @@ def install_guard(root: str, network: bool) -> None:
     sockets, refused_imports, path_args = _SOCKET_EVENTS, _REFUSED_IMPORTS, _PATH_ARGS
     function_attrs, no_fd, listing = _FUNCTION_ATTRS, _NO_FD, _LISTING
     refused_prefixes = _REFUSED_PREFIXES
+    import _imp
+    real_create_builtin, create_event = _imp.create_builtin, _CREATE_EVENT
+    module_spec = sys.modules["_frozen_importlib"].ModuleSpec
+    list_ = list
     write_flags, str_, bytes_, int_, len_ = _WRITE_FLAGS, str, bytes, int, len
     type_, os_error, perm_error, value_error = type, OSError, PermissionError, ValueError
     lstat, readlink, getcwd = os.lstat, os.readlink, os.getcwd
@@ -238,12 +269,6 @@ def install_guard(root: str, network: bool) -> None:
         except (TypeError, value_error, os_error):
             return False
 
-    def inside_fd(fd: int) -> bool:
-        try:
-            return under(resolve(readlink(f"/proc/self/fd/{fd}")), real_root)
-        except (TypeError, value_error, os_error):
-            return False
-
     def any_under(p: str, tops: tuple) -> bool:
         for top in tops:
             if under(p, top):
@@ -254,6 +279,17 @@ def install_guard(root: str, network: bool) -> None:
         return repr(path) if type_(path) in (str_, bytes_, int_) else type_(path).__name__
 
     def hook(event, args):  # calls only C functions: none of them raises an audit event
+        if event == create_event:  # _create_builtin: the name read once, a spec of ours
+            spec, box = args
+            name = getattr(spec, "name", None)
+            if type_(name) is not str_ or type_(box) is not list_:
+                raise perm_error("sandbox: create_builtin of something else")
+            top = str_.partition(name, ".")[0]
+            if top in refused_imports or str_.startswith(top, refused_prefixes) or \
+                    top == "posix":
+                raise perm_error(f"sandbox: a fresh {name} is not allowed")
+            list_.append(box, real_create_builtin(module_spec(name, None)))
+            return
         if event in refused or event.startswith("ctypes."):
             raise perm_error(f"sandbox: {event} is not allowed")
         if event in frame_events:
@@ -303,12 +339,9 @@ def install_guard(root: str, network: bool) -> None:
 
     import _imp
     import posix
+    _thread.start_new_thread = _thread.start_new = _no_threads
 
-    def no_threads(*args, **kwargs):
-        raise PermissionError("sandbox: threads are not allowed")
-    _thread.start_new_thread = _thread.start_new = no_threads
-
-    def refusal(name):
+    def refusal(name):  # its closure holds the name alone
         def refuse(*args, **kwargs):
             raise PermissionError(f"sandbox: {name} is not allowed")
         return refuse
@@ -318,22 +351,7 @@ def install_guard(root: str, network: bool) -> None:
                 refuse = refusal(name)
                 for module in (sys.modules[module_name], os if module_name == "posix" else signal):
                     setattr(module, name, refuse)
-    real_readlink = os.readlink
-
-    def checked_readlink(path, *args, **kwargs):
-        if not readable(path):
-            raise PermissionError(f"sandbox: no readlink of {shown(path)}")
-        return real_readlink(path, *args, **kwargs)
-    os.readlink = posix.readlink = checked_readlink
-    real_open = os.open
-
-    def checked_open(path, flags, mode=0o777, *, dir_fd=None):
-        """os.open; a dir_fd only of the sandbox's own directories (the open event does not
-        show it, and a directory fd from elsewhere would resolve the path there)."""
-        if dir_fd is not None and (type_(dir_fd) is not int_ or not inside_fd(dir_fd)):
-            raise PermissionError("sandbox: os.open with a dir_fd outside its directory")
-        return real_open(path, flags, mode, dir_fd=dir_fd)
-    os.open = posix.open = checked_open
+    os.readlink = posix.readlink = _no_readlink
     # After the preloads: later imports compile from source (no .pyc, no marshal.loads).
     for name in _PRELOAD:
         try:
@@ -342,15 +360,9 @@ def install_guard(root: str, network: bool) -> None:
             pass
     sys.pycache_prefix = os.path.join(root, ".no-pycache")
     # A fresh copy of a builtin module (importlib's BuiltinImporter, no import event) would
-    # bring the replaced functions back.
-    create_builtin = _imp.create_builtin
-
-    def checked_create_builtin(spec):
-        top = str_.partition(spec.name, ".")[0]
-        if top in refused_imports or str_.startswith(top, refused_prefixes) or top == "posix":
-            raise perm_error(f"sandbox: a fresh {spec.name} is not allowed")
-        return create_builtin(spec)
-    _imp.create_builtin = checked_create_builtin
+    # bring the replaced functions back: _imp.create_builtin goes through the hook, which
+    # alone holds the real one.
+    _imp.create_builtin = _create_builtin
     sys.addaudithook(hook)
 
 
