@@ -143,6 +143,7 @@ def hostile(sentinel: Path, port: int) -> dict[str, str]:
                                   f"\"vacuum into '{s}/pwned'\")\n"),
         "readline_reads_outside": ("import readline\n"
                                    f"readline.read_history_file('{s}/keep.txt')\n"),
+        "extension_off_the_list": "import mmap\n",  # extensions load from an allow-list
         "marshal_code": ("import marshal\n"
                          "marshal.loads(marshal.dumps(compile('1', 'x', 'eval')))\n"),
         "dir_fd_via_symlink": (f"import os\nos.symlink('{s}', 'ln')\n"

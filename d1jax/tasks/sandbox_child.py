@@ -70,7 +70,18 @@ _REFUSED_IMPORTS = frozenset(("_ctypes", "ctypes", "_posixsubprocess", "cffi", "
                               # VACUUM INTO), readline's history files, and kin
                               "_sqlite3", "sqlite3", "readline", "_curses", "_curses_panel",
                               "_tkinter", "nis", "spwd", "syslog", "ossaudiodev", "termios",
-                              "_dbm", "_gdbm", "dbm"))
+                              "_dbm", "_gdbm", "dbm", "pwd", "grp"))
+# Extension modules (lib-dynload) programs may load: an allow-list, since an extension's C
+# functions raise no audit event unless CPython wrote one (sqlite, readline, shm_open,
+# sub-interpreters were found that way). What solutions use: numbers, text, hashing,
+# compression, data formats, dates.
+_EXTENSIONS = frozenset((
+    "_bisect", "_blake2", "_bz2", "_codecs_cn", "_codecs_hk", "_codecs_iso2022", "_codecs_jp",
+    "_codecs_kr", "_codecs_tw", "_contextvars", "_csv", "_datetime", "_decimal",
+    "_elementtree", "_hashlib", "_heapq", "_json", "_lzma", "_md5", "_multibytecodec",
+    "_opcode", "_pickle", "_queue", "_random", "_sha1", "_sha256", "_sha3", "_sha512",
+    "_statistics", "_struct", "_typing", "_uuid", "_zoneinfo", "array", "binascii", "cmath",
+    "math", "pyexpat", "select", "unicodedata", "zlib"))
 # CPython's test and example extension modules (sub-interpreters, raw code objects, file
 # reads and writes, threads, none audited): refused by prefix.
 _REFUSED_PREFIXES = ("_test", "_xx", "xx", "_ctypes_test")
@@ -173,7 +184,7 @@ def install_guard(root: str, network: bool) -> None:
     refused, frame_events, frame_attrs = _REFUSED, _FRAME_EVENTS, _FRAME_ATTRS
     sockets, refused_imports, path_args = _SOCKET_EVENTS, _REFUSED_IMPORTS, _PATH_ARGS
     function_attrs, no_fd, listing = _FUNCTION_ATTRS, _NO_FD, _LISTING
-    refused_prefixes = _REFUSED_PREFIXES
+    refused_prefixes, extensions = _REFUSED_PREFIXES, _EXTENSIONS
     import _imp
     real_create_builtin, create_event = _imp.create_builtin, _CREATE_EVENT
     module_spec = sys.modules["_frozen_importlib"].ModuleSpec
@@ -306,6 +317,9 @@ def install_guard(root: str, network: bool) -> None:
             top = str_.partition(args[0], ".")[0]
             if top in refused_imports or str_.startswith(top, refused_prefixes):
                 raise perm_error(f"sandbox: import of {args[0]} is not allowed")
+            if len_(args) > 1 and type_(args[1]) is str_ and args[0] not in extensions:
+                # _imp.create_dynamic: an extension module's file
+                raise perm_error(f"sandbox: extension module {args[0]} is not allowed")
         if event == "open":
             path, mode, flags = args
             writes = ((type_(mode) is str_ and ("w" in mode or "a" in mode or "x" in mode
