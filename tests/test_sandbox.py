@@ -144,6 +144,12 @@ def hostile(sentinel: Path, port: int) -> dict[str, str]:
         "readline_reads_outside": ("import readline\n"
                                    f"readline.read_history_file('{s}/keep.txt')\n"),
         "extension_off_the_list": "import mmap\n",  # extensions load from an allow-list
+        # Fifth review: a .so of the program's own under an allowed name (here the real
+        # math, copied), and the installed packages beside the standard library.
+        "own_extension_file": (
+            "import math, shutil, os, importlib.util as u\nshutil.copy(math.__file__, 'm.so')\n"
+            "u.module_from_spec(u.spec_from_file_location('math', os.path.abspath('m.so')))\n"),
+        "site_packages": "import os, sysconfig\nos.listdir(sysconfig.get_paths()['purelib'])\n",
         "marshal_code": ("import marshal\n"
                          "marshal.loads(marshal.dumps(compile('1', 'x', 'eval')))\n"),
         "dir_fd_via_symlink": (f"import os\nos.symlink('{s}', 'ln')\n"

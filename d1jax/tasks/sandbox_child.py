@@ -228,6 +228,7 @@ def install_guard(root: str, network: bool) -> None:
 
     real_root = resolve(root)
     stdlib = tuple(resolve(p) for p in sys.path if p)
+    dynload = tuple(p for p in stdlib if str_.endswith(p, "/lib-dynload"))
     readable_files = tuple(resolve(p) for p in _READABLE)
 
     def as_str(path):
@@ -264,7 +265,7 @@ def install_guard(root: str, network: bool) -> None:
                 pass
             if under(p, real_root):
                 return True
-            return not writes and (any_under(p, stdlib) or any_under(p, readable_files))
+            return not writes and (in_stdlib(p) or any_under(p, readable_files))
         except (TypeError, value_error, os_error):
             return False
 
@@ -276,9 +277,26 @@ def install_guard(root: str, network: bool) -> None:
             if type_(path) is int_:
                 return under(readlink(f"/proc/self/fd/{path}"), real_root)
             p = resolve(as_str(path))
-            return under(p, real_root) or any_under(p, stdlib) or any_under(p, readable_files)
+            return under(p, real_root) or (in_stdlib(p)) or any_under(p, readable_files)
         except (TypeError, value_error, os_error):
             return False
+
+    def in_stdlib(p: str) -> bool:
+        """Under a standard-library root, but not in its site-packages (a pyenv or venv
+        interpreter keeps the installed packages there)."""
+        return any_under(p, stdlib) and "/site-packages" not in p and "/dist-packages" not in p
+
+    def extension_ok(name, path) -> bool:
+        """An allow-listed name, loaded from its own file in the standard library's
+        lib-dynload (a program may write a .so into its directory, or find one elsewhere)."""
+        try:
+            p = resolve(as_str(path))
+        except (TypeError, value_error, os_error):
+            return False
+        if type_(name) is not str_ or name not in extensions or not any_under(p, dynload):
+            return False
+        base = str_.rpartition(p, "/")[2]
+        return str_.partition(base, ".")[0] == name
 
     def any_under(p: str, tops: tuple) -> bool:
         for top in tops:
@@ -317,9 +335,9 @@ def install_guard(root: str, network: bool) -> None:
             top = str_.partition(args[0], ".")[0]
             if top in refused_imports or str_.startswith(top, refused_prefixes):
                 raise perm_error(f"sandbox: import of {args[0]} is not allowed")
-            if len_(args) > 1 and type_(args[1]) is str_ and args[0] not in extensions:
-                # _imp.create_dynamic: an extension module's file
-                raise perm_error(f"sandbox: extension module {args[0]} is not allowed")
+            if len_(args) > 1 and args[1] is not None:  # _imp.create_dynamic: a .so file
+                if not extension_ok(args[0], args[1]):
+                    raise perm_error(f"sandbox: extension module {args[0]} is not allowed")
         if event == "open":
             path, mode, flags = args
             writes = ((type_(mode) is str_ and ("w" in mode or "a" in mode or "x" in mode
