@@ -150,6 +150,7 @@ def hostile(sentinel: Path, port: int) -> dict[str, str]:
             "import math, shutil, os, importlib.util as u\nshutil.copy(math.__file__, 'm.so')\n"
             "u.module_from_spec(u.spec_from_file_location('math', os.path.abspath('m.so')))\n"),
         "site_packages": "import os, sysconfig\nos.listdir(sysconfig.get_paths()['purelib'])\n",
+        "xattrs_outside": f"import os\nos.listxattr('{s}/keep.txt')\n",  # sixth review
         "marshal_code": ("import marshal\n"
                          "marshal.loads(marshal.dumps(compile('1', 'x', 'eval')))\n"),
         "dir_fd_via_symlink": (f"import os\nos.symlink('{s}', 'ln')\n"

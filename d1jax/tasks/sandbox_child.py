@@ -106,7 +106,7 @@ _NO_EVENT = {"posix": ("mkfifo", "mknod", "pidfd_open", "setpriority", "sched_se
 # of a standard-library file, or /dev/null): metadata changes need a path inside.
 _NO_FD = frozenset(("os.chmod", "os.chown", "os.utime", "os.setxattr", "os.removexattr"))
 # Listings and link reads: their path must be readable under the read policy.
-_LISTING = frozenset(("os.listdir", "os.scandir"))
+_LISTING = frozenset(("os.listdir", "os.scandir", "os.listxattr", "os.getxattr"))
 # Events whose path arguments must lie inside the sandbox directory: event -> (positions of
 # the paths, positions of dir_fd arguments, which must be absent: None or -1).
 _PATH_ARGS = {"os.remove": ((0,), (1,)), "os.rmdir": ((0,), (1,)),
