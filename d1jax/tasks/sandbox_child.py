@@ -70,7 +70,8 @@ _REFUSED_IMPORTS = frozenset(("_ctypes", "ctypes", "_posixsubprocess", "cffi", "
                               # VACUUM INTO), readline's history files, and kin
                               "_sqlite3", "sqlite3", "readline", "_curses", "_curses_panel",
                               "_tkinter", "nis", "spwd", "syslog", "ossaudiodev", "termios",
-                              "_dbm", "_gdbm", "dbm", "pwd", "grp"))
+                              "_dbm", "_gdbm", "dbm", "pwd", "grp",
+                              "faulthandler"))  # it prints the harness's file and lines
 # Extension modules (lib-dynload) programs may load: an allow-list, since an extension's C
 # functions raise no audit event unless CPython wrote one (sqlite, readline, shm_open,
 # sub-interpreters were found that way). What solutions use: numbers, text, hashing,
