@@ -11,16 +11,12 @@ the limits and a random nonce. Before any program runs, the child
    RLIMIT_NPROC 0 (enforced only for a non-root user: root is exempt);
 3. points stdin, stdout and stderr at /dev/null and keeps the real stdout on a private fd,
    the result channel, where only lines that start with the nonce count;
-4. installs an audit hook (PEP 578; it cannot be removed) that refuses process creation,
-   signals to other processes, rlimit changes, threads, ctypes, sockets (unless allowed),
-   code-object construction, chdir, symlinks, fcntl; writes, deletions, renames and links
-   outside its directory; reads outside it and the standard library; directory fds outside
-   it; and every way to a frame (this process's frames hold the result channel).
+4. installs the guard (``install_guard``; docs/evaluation.md, "The code sandbox").
 
 Each program then runs in a fresh namespace under a per-program alarm; after it returns the
-child writes ``<nonce> <i> 1`` (passed) or ``<nonce> <i> 0 <error>`` and finally
-``<nonce> done``. A program that ends the process (``sys.exit`` is caught; ``os._exit``,
-a signal or an rlimit kill is not) leaves no line: the parent counts it as failed.
+child writes ``<nonce> <i> 1`` or ``<nonce> <i> 0 <error>``, finally ``<nonce> done``. A
+program that ends the process (``os._exit``, a signal, an rlimit kill; ``sys.exit`` is
+caught) leaves no line: the parent counts it as failed.
 """
 
 import json
@@ -36,18 +32,13 @@ _REFUSED = frozenset((
     "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill", "resource.setrlimit",
     "resource.prlimit", "_thread.start_new_thread", "code.__new__", "os.chroot",
     "sys.remote_exec", "pty.spawn", "os.startfile",
-    # fixed cwd and no symlinks: then a directory fd (only of the sandbox's own directories)
-    # resolves a relative path as the hook does, so ``dir_fd=`` cannot reach outside
+    # fixed cwd, no symlinks: a sandbox directory fd resolves a relative path as the hook does
     "os.chdir", "os.symlink",
-    # what reaches the child's own frames, objects or memory (and with them the result
-    # channel): trace and profile hooks, the collector's object lists, ioctls
+    # the child's frames, objects, memory (they hold the result channel); fcntl could clear
+    # the channel's O_APPEND; a sub-interpreter has no hook; marshal's code corrupts memory
     "sys.settrace", "sys.setprofile", "sys._current_frames", "gc.get_objects",
-    "gc.get_referrers", "gc.get_referents", "fcntl.ioctl",
-    # a sub-interpreter (any route) runs without this hook; marshal builds code objects
-    # (crafted bytecode reads and writes memory: no Python-level guard holds then)
-    "cpython.PyInterpreterState_New", "marshal.loads", "marshal.load",
-    # fcntl could clear the result channel's O_APPEND (then a program could overwrite lines)
-    "fcntl.fcntl"))
+    "gc.get_referrers", "gc.get_referents", "fcntl.ioctl", "fcntl.fcntl",
+    "cpython.PyInterpreterState_New", "marshal.loads", "marshal.load"))
 # sys._getframe is refused with ValueError, what the standard library catches where frames
 # are optional (collections.namedtuple, enum, typing, logging: the caller's module name).
 _FRAME_EVENTS = frozenset(("sys._getframe",))
@@ -58,20 +49,15 @@ _SOCKET_EVENTS = frozenset(("socket.__new__", "socket.connect", "socket.bind",
                             "socket.gethostbyname", "socket.gethostbyaddr"))
 # Imports refused: ctypes and kin, and a fresh load of the modules the guard replaces parts
 # of (``del sys.modules[...]`` then ``import`` would bring back the originals).
-_REFUSED_IMPORTS = frozenset(("_ctypes", "ctypes", "_posixsubprocess", "cffi", "_cffi_backend",
-                              "_thread", "_signal", "_imp",
-                              # a sub-interpreter has no audit hook of ours
-                              "_xxsubinterpreters", "_xxinterpchannels", "_interpreters",
-                              "_interpchannels", "_interpqueues",
-                              # no audit events: shared memory (shm_open("..") is a
-                              # directory fd of /dev), semaphores
-                              "_posixshmem", "_multiprocessing",
-                              # file reads and writes with no open event: sqlite (ATTACH,
-                              # VACUUM INTO), readline's history files, and kin
-                              "_sqlite3", "sqlite3", "readline", "_curses", "_curses_panel",
-                              "_tkinter", "nis", "spwd", "syslog", "ossaudiodev", "termios",
-                              "_dbm", "_gdbm", "dbm", "pwd", "grp",
-                              "faulthandler"))  # it prints the harness's file and lines
+# Then: sub-interpreters (no hook of ours); shm_open("..") (a /dev directory fd), semaphores;
+# unaudited file reads and writes (sqlite ATTACH/VACUUM INTO, readline's history, kin);
+# faulthandler (it prints the harness's file and lines).
+_REFUSED_IMPORTS = frozenset((
+    "_ctypes", "ctypes", "_posixsubprocess", "cffi", "_cffi_backend", "_thread", "_signal",
+    "_imp", "_xxsubinterpreters", "_xxinterpchannels", "_interpreters", "_interpchannels",
+    "_interpqueues", "_posixshmem", "_multiprocessing", "_sqlite3", "sqlite3", "readline",
+    "_curses", "_curses_panel", "_tkinter", "nis", "spwd", "syslog", "ossaudiodev", "termios",
+    "_dbm", "_gdbm", "dbm", "pwd", "grp", "faulthandler"))
 # Extension modules (lib-dynload) programs may load: an allow-list, since an extension's C
 # functions raise no audit event unless CPython wrote one (sqlite, readline, shm_open,
 # sub-interpreters were found that way). What solutions use: numbers, text, hashing,
@@ -90,8 +76,8 @@ _REFUSED_PREFIXES = ("_test", "_xx", "xx", "_ctypes_test")
 # source (no .pyc: marshal is refused), which costs each child a few ms more per module.
 _PRELOAD = ("typing", "re", "collections", "itertools", "functools", "math", "heapq", "bisect",
             "string", "operator", "copy", "random", "fractions", "decimal", "statistics",
-            "datetime", "hashlib", "enum", "dataclasses", "abc", "io", "tempfile", "shutil",
-            "struct", "array", "numbers", "textwrap", "unicodedata", "contextlib")
+            "datetime", "hashlib", "enum", "dataclasses", "tempfile", "shutil", "struct",
+            "array", "textwrap", "unicodedata", "contextlib")
 # Function attributes that would let a program rewrite the child's own functions (its signal
 # handler, say) with its code (audited as object.__setattr__; __defaults__ stays settable:
 # collections.namedtuple sets it).
