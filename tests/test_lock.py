@@ -4,6 +4,7 @@ write them. The end-to-end scenarios (two launches, a stale lock) are in test_fa
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -100,6 +101,25 @@ def test_another_hosts_record_is_honoured_while_its_heartbeat_is_fresh(tmp_path,
     record(file, "pod-worker-7", 4242, age=lock.STALE_AFTER_S + 5)
     lock.acquire(tmp_path).release()
     assert "from pid 4242 on pod-worker-7" in capsys.readouterr().out
+
+
+def test_another_hosts_heartbeat_several_intervals_old_but_not_stale_still_refuses(
+        tmp_path):
+    # A holder that missed a few beats (a slow filesystem, a paused VM) is alive until
+    # STALE_AFTER_S: taking over after one interval would let two runs write one workdir.
+    age = 3 * lock.HEARTBEAT_S
+    assert lock.HEARTBEAT_S < age < lock.STALE_AFTER_S - 10
+    file = tmp_path / lock.LOCK_NAME
+    record(file, "pod-worker-7", 4242, since=time.time() - 3600, age=age)
+    before = (file.read_bytes(), file.stat().st_mtime_ns)
+    with pytest.raises(lock.WorkdirBusy) as e:
+        lock.acquire(tmp_path)
+    wait = re.search(r"its heartbeat is (\d+) s old; if that process is gone, rerun after "
+                     r"(\d+) s\)", str(e.value))
+    assert wait, str(e.value)
+    assert abs(int(wait[1]) - age) <= 2
+    assert abs(int(wait[2]) - (lock.STALE_AFTER_S - age)) <= 2
+    assert (file.read_bytes(), file.stat().st_mtime_ns) == before  # nothing taken over
 
 
 def test_without_filesystem_locks_the_record_alone_refuses_a_live_holder(
