@@ -86,11 +86,14 @@ def their_group_advantages(rewards, group_size):
 
 
 def their_logprob_loss(model, inputs, valid_samples, eps=0.2, gain=1.0, temperature=1.,
-                       gen_length=256, mask_id=126336, old_logps=None):
+                       gen_length=256, mask_id=126336, old_logps=None, ref_logps=None,
+                       beta=0.0):
     """JustGRPO grpo.py ``logprob_loss`` on one process (``accelerator.gather`` the identity,
     ``accelerator.backward`` plain backward, no CUDA autocast); returns the loss it
     differentiates. ``old_logps`` [B, C] (not in theirs, whose old is the detached current)
-    replaces ``token_log_prob.detach()`` in the ratio."""
+    replaces ``token_log_prob.detach()`` in the ratio. ``beta`` with ``ref_logps`` [B, C]
+    (not in theirs either) adds d1's per-token KL term, beta (exp(ref - logp) - (ref - logp)
+    - 1), d1's ``diffu_grpo_trainer.compute_loss``, to each token's loss before the scale."""
     advantages, generated_ids, prompt_len = (inputs['advantages'], inputs['generated_ids'],
                                              inputs['prompt_len'])
     batch_size = advantages.shape[0]
@@ -109,6 +112,9 @@ def their_logprob_loss(model, inputs, valid_samples, eps=0.2, gain=1.0, temperat
         ratio = (token_log_prob - old).exp()
         clipped_ratio = ratio.clamp(1 - eps, 1 + eps)
         loss = -torch.min(ratio * advantages, clipped_ratio * advantages)
+        if beta:
+            delta = ref_logps[:, t] - token_log_prob
+            loss = loss + beta * (torch.exp(delta) - delta - 1)
         loss.mul(scale).sum().backward()
         total += float(loss.detach().mul(scale).sum())
     return total
@@ -122,22 +128,29 @@ def _rows(config, g=4, p=5, c=8, seed=0):
     return prompt, comp
 
 
-@pytest.mark.parametrize("with_old", [False, True])
+@pytest.mark.parametrize("with_old,beta", [(False, 0.0), (True, 0.0), (True, 0.3)])
 def test_loss_and_gradient_match_their_logprob_loss(tiny_model, tiny_params, tiny_config,
-                                                    with_old):
+                                                    with_old, beta):
+    """Loss and gradient equal their ``logprob_loss`` run in torch; with ``beta`` > 0 (which
+    theirs does not have) d1's k3 KL to the reference added per token: its value, direction
+    (KL(policy || ref), not the reverse) and weight."""
     prompt, comp = _rows(tiny_config)
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.5])  # rows 2, 3: advantage 0, not valid
     adv_t = their_group_advantages(rewards, 4)
     adv = adv_lib.compute("grpo", rewards.numpy(), 4)
     np.testing.assert_allclose(adv, adv_t.numpy(), rtol=1e-6)
     h = jg.JustGRPOConfig(gain=1.0, position_chunk=4)  # one accumulation step's loss
-    cfg = GRPOConfig(objective="justgrpo", num_iterations=1, beta=0.0, epsilon=0.2, hparams=h)
+    cfg = GRPOConfig(objective="justgrpo", num_iterations=1 + with_old, beta=beta, epsilon=0.2,
+                     hparams=h)
     rows = grpo_batch(prompt, np.ones_like(prompt), comp, np.ones_like(comp), adv)
-    old = None
+    old = ref = None
+    lp = np.asarray(jg.ar_logps(tiny_model, tiny_params, prompt, comp, position_chunk=8))
     if with_old:  # a later inner iteration: ratios off 1, some clipped
-        lp = np.asarray(jg.ar_logps(tiny_model, tiny_params, prompt, comp, position_chunk=8))
         old = (lp + np.random.RandomState(1).normal(0, 0.3, lp.shape)).astype(np.float32)
         rows = rows.replace(old_logps=jnp.asarray(old))  # the iteration's [B, C]
+    if beta:  # a reference away from the policy both ways, so k3's direction matters
+        ref = (lp + np.random.RandomState(2).normal(0, 0.8, lp.shape)).astype(np.float32)
+        rows = rows.replace(ref_logps=jnp.asarray(ref))
 
     def loss_of(params):
         from d1jax.objectives.table import OBJECTIVES
@@ -154,11 +167,15 @@ def test_loss_and_gradient_match_their_logprob_loss(tiny_model, tiny_params, tin
         want += their_logprob_loss(
             model, {"advantages": adv_t[half], "generated_ids": ids[half], "prompt_len": 5},
             valid, gen_length=8, mask_id=tiny_config.mask_token_id,
-            old_logps=None if old is None else torch.tensor(old[half]))
+            old_logps=None if old is None else torch.tensor(old[half]),
+            ref_logps=None if ref is None else torch.tensor(ref[half]), beta=beta)
     np.testing.assert_allclose(float(loss), want, rtol=2e-5, atol=1e-7)
+    if beta:  # the KL metric: k3 per token in float64, mean over all B x C positions
+        k3 = np.exp(ref.astype(np.float64) - lp) - (ref - lp) - 1
+        np.testing.assert_allclose(float(metrics["kl"]), k3.mean(), rtol=1e-4)
     diffs = jax.tree.map(lambda a, b: np.abs(np.asarray(a) - b).max(), grads, model.grads())
     scale = max(np.abs(np.asarray(x)).max() for x in jax.tree.leaves(grads))
-    print(f"with_old={with_old}: loss {float(loss):.6g} vs {want:.6g}; grad max abs diff "
+    print(f"with_old={with_old}, beta={beta}: loss {float(loss):.6g} vs {want:.6g}; grad max abs diff "
           f"{max(jax.tree.leaves(diffs)):.3g} (max |grad| {scale:.3g})")
     assert max(jax.tree.leaves(diffs)) < 1e-5 * max(scale, 1.0)
     assert float(metrics["valid_rows"]) == 0.5
