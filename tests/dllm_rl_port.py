@@ -309,3 +309,25 @@ def their_full_rl_loss(logp_new, logp_old, p_mask, adv, eps=0.2, beta=0.01, k3=T
             kl = (-kl).exp() - 1.0 + kl
         loss = loss + beta * (kl * p_mask).sum(1).sum() / b
     return loss
+
+
+# ------------------------------------------------------------------ their reward step
+
+def their_rl_rewards(correctness, lengths=None, max_len=None):
+    """reward/rl_reward.py, experiment.function train, per task (a list of its responses'
+    correctness, True/False): a response of ``max_len - 5`` tokens or more is wrong
+    (``lengths`` given); the task is skipped when its share correct is above 0.8 or below
+    0.2; else each response's reward is its correctness z-scored within the task (population
+    std; all 0 when that std is 0). Returns the kept (task, response) pairs and rewards."""
+    out = {}
+    for i, task in enumerate(correctness):
+        ok = [bool(c) for c in task]
+        if lengths is not None:
+            ok = [c and n < max_len - 5 for c, n in zip(ok, lengths[i])]
+        share = sum(ok) / len(ok)
+        if share > 0.8 or share < 0.2:
+            continue
+        var = sum((c - share) ** 2 for c in ok) / len(ok)
+        for j, c in enumerate(ok):
+            out[i, j] = 0.0 if var == 0 else (c - share) / var ** 0.5
+    return out

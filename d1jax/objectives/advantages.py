@@ -1,11 +1,14 @@
 """Advantage estimators by name, and d1's completion mask.
 
 Rewards arrive as [B] with the G completions of each prompt contiguous (B = num_prompts x G),
-as TRL/d1 lay them out. The functions work on numpy or jax arrays alike.
+as TRL/d1 lay them out. The functions work on numpy or jax arrays alike. Each estimator's
+record says which signal it reads: the task's weighted reward (d1 and its successors), or
+each completion's correctness (TraceRL), whatever reward is logged (``signal``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import jax.numpy as jnp
@@ -50,10 +53,10 @@ def leave_one_out(rewards: ArrayLike, group: int) -> ArrayLike:
 
 
 def zscore_filtered(rewards: ArrayLike, group: int) -> ArrayLike:
-    """TraceRL (dLLM-RL ``reward/rl_process_divide_data.py``): (r - mean) / std with the
-    population std, 0 where that std is 0; a group whose mean (its share correct, with 0/1
-    rewards) is above 0.8 or below 0.2 is dropped there: its advantages are 0 here, and
-    TraceRL's loss leaves rows with A = 0 out."""
+    """TraceRL (dLLM-RL ``reward/rl_reward.py``): ``rewards`` are correctness (1/0, or a
+    share correct in [0, 1]); (r - mean) / std with the population std, 0 where that std is
+    0; a group whose mean (its share correct) is above 0.8 or below 0.2 is dropped there:
+    its advantages are 0 here, and TraceRL's loss leaves rows with A = 0 out."""
     r = _groups(rewards, group)
     xp = jnp if isinstance(r, jnp.ndarray) else np
     mean, std = r.mean(1, keepdims=True), r.std(1, keepdims=True)
@@ -61,21 +64,51 @@ def zscore_filtered(rewards: ArrayLike, group: int) -> ArrayLike:
     return xp.where((mean > 0.8) | (mean < 0.2), 0.0, z).reshape(-1)
 
 
-ESTIMATORS: dict[str, Callable[..., ArrayLike]] = {
-    "group_mean": group_mean, "grpo": grpo, "dr_grpo": dr_grpo, "leave_one_out": leave_one_out,
-    "zscore_filtered": zscore_filtered}
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+    """One advantage estimator: ``fn(signal [B], group) -> advantages [B]``."""
+
+    fn: Callable[..., ArrayLike]
+    # True: the signal is each completion's correctness (``Task.correctness``: 1/0, or the
+    # task's share correct), as TraceRL z-scores and filters; False: the weighted reward.
+    reads_correctness: bool = False
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    "group_mean": Estimator(group_mean), "grpo": Estimator(grpo),
+    "dr_grpo": Estimator(dr_grpo), "leave_one_out": Estimator(leave_one_out),
+    "zscore_filtered": Estimator(zscore_filtered, reads_correctness=True)}
+
+
+def _estimator(name: str) -> Estimator:
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}; choose from {sorted(ESTIMATORS)}")
+    return ESTIMATORS[name]
+
+
+def signal(name: str, task, columns: np.ndarray) -> np.ndarray:
+    """[B] float32: what estimator ``name`` reads from ``task``'s reward columns [B, F]:
+    ``task.correctness(columns)`` or ``task.weigh(columns)`` (the logged reward)."""
+    read = task.correctness if _estimator(name).reads_correctness else task.weigh
+    return np.asarray(read(columns), np.float32)
+
+
+def from_columns(name: str, task, columns: np.ndarray, group: int) -> np.ndarray:
+    """Advantages [B] float32 of a rollout: estimator ``name`` on its ``signal`` of
+    ``task``'s reward columns [B, F] (what the GRPO loop trains on)."""
+    return compute(name, signal(name, task, columns), group)
 
 
 def compute(name: str, rewards: ArrayLike, group: int) -> np.ndarray:
-    """Advantages [B] float32 of ``rewards`` [B] (groups of ``group`` contiguous) by name:
-    ``group_mean`` (d1), ``grpo`` (std-normalised), ``dr_grpo``, ``leave_one_out``
-    (DiffuCoder's coupled-GRPO) or ``zscore_filtered`` (TraceRL)."""
-    if name not in ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; choose from {sorted(ESTIMATORS)}")
+    """Advantages [B] float32 of ``rewards`` [B] (groups of ``group`` contiguous; the
+    estimator's ``signal``) by name: ``group_mean`` (d1), ``grpo`` (std-normalised),
+    ``dr_grpo``, ``leave_one_out`` (DiffuCoder's coupled-GRPO) or ``zscore_filtered``
+    (TraceRL, on correctness)."""
+    est = _estimator(name)
     rewards = np.asarray(rewards, np.float32)
     if group < 1 or rewards.ndim != 1 or rewards.shape[0] % group:
         raise ValueError(f"rewards of shape {rewards.shape} do not split into groups of {group}")
-    return np.asarray(ESTIMATORS[name](rewards, group), np.float32)
+    return np.asarray(est.fn(rewards, group), np.float32)
 
 
 def completion_mask(completion_ids_bc: ArrayLike, eos_id: int) -> ArrayLike:

@@ -77,11 +77,19 @@ class Task:
     eval_prefill: str = EVAL_PREFILL  # appended to the eval prompt after the chat template
     # Judges many records at once (code tasks run them in a pool); None: ``verdict`` each.
     verdicts: Callable[[list[dict]], list[Verdict]] | None = None
+    # Index of the reward function that scores correctness alone, > 0 exactly when the
+    # answer is right (math500: 2.0 or 0); what TraceRL's estimator reads (``correctness``).
+    # None: the weighted reward is itself a share correct in [0, 1] (letters, sudoku).
+    correct_reward: int | None = None
 
     def __post_init__(self):
         if len(self.reward_funcs) != len(self.reward_weights):
             raise ValueError(f"task {self.name}: {len(self.reward_funcs)} reward functions but "
                              f"{len(self.reward_weights)} weights")
+        if self.correct_reward is not None and not 0 <= self.correct_reward < len(
+                self.reward_funcs):
+            raise ValueError(f"task {self.name}: correct_reward={self.correct_reward} is not the "
+                             f"index of one of its {len(self.reward_funcs)} reward functions")
 
     def eval_prompt(self, tokenizer, example: Example) -> str:
         """d1's evaluation prompt text: eval chat, chat template, then ``eval_prefill``
@@ -97,6 +105,21 @@ class Task:
     def weigh(self, columns: np.ndarray) -> np.ndarray:
         """[B]: the weighted sum of reward columns [B, F], as d1's trainer combines them."""
         return (columns * np.asarray(self.reward_weights, np.float32)).sum(1)
+
+    def correctness(self, columns: np.ndarray) -> np.ndarray:
+        """[B] float32 in [0, 1] from reward columns [B, F]: 1.0 where ``correct_reward``'s
+        column is > 0, else 0.0; without one, the weighted reward, which must lie in [0, 1]."""
+        if self.correct_reward is not None:
+            return (columns[:, self.correct_reward] > 0).astype(np.float32)
+        total = self.weigh(columns)
+        if total.size and not 0.0 <= total.min() <= total.max() <= 1.0:
+            raise ValueError(
+                f"task {self.name}: a weighted reward of {float(total.max()):g} (min "
+                f"{float(total.min()):g}) is not a share correct in [0, 1], which "
+                "correctness-based advantages (grpo.advantage='zscore_filtered') read; "
+                "declare the task's correctness reward (Task.correct_reward) or choose "
+                "another grpo.advantage")
+        return total
 
     def total_reward(self, completions: Sequence[str], examples: Sequence[Example]) -> list[float]:
         """Weighted sum of the rewards of each completion."""

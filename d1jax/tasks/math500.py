@@ -182,4 +182,5 @@ def make_task(equivalence: str = "d1", timeout_s: float = 5.0,
                 reward_weights=(1.0, 1.0), build_messages=build_messages,
                 eval_system_prompt=EVAL_SYSTEM_PROMPT, build_eval_messages=build_eval_messages,
                 record=record, verdict=make_verdict(equivalence, timeout_s),
-                load_train=load_train, load_test=load_test, ground_truth=ground_truth)
+                load_train=load_train, load_test=load_test, ground_truth=ground_truth,
+                correct_reward=0)

@@ -126,8 +126,8 @@ class GRPOEngine:
         cmask = adv_lib.completion_mask(comp, s.ids["eos"])
         completions = s.tokenizer.batch_decode(comp, skip_special_tokens=True)
         per_func = task.reward_columns(completions, examples)
-        rewards = task.weigh(per_func)
-        advantages = adv_lib.compute(g.advantage, rewards, g.num_generations)
+        rewards = task.weigh(per_func)  # logged; TraceRL's estimator reads correctness
+        advantages = adv_lib.from_columns(g.advantage, task, per_func, g.num_generations)
         t_score = time.perf_counter() - t0 - t_gen
         batch = GRPOBatch(
             prompt_ids=self._put(ids), prompt_mask=self._put(mask),
