@@ -100,3 +100,61 @@ def test_config_rejects_bad_values(kw):
     with pytest.raises(ValueError) as err:
         cg.CoupledGRPOConfig(**kw)
     assert all(f"{k}={v}" in str(err.value) for k, v in kw.items()), err.value  # names it
+
+
+def test_group_token_mean_with_groups_of_different_lengths_through_the_update_split(
+        tiny_model, tiny_params, tiny_config):
+    """The default ``grpo.token_mean`` "group" (``GRPOConfig.norm_group`` = G): the table's
+    coupled-GRPO loss, split into two strided micro-batches as the update splits it, is the
+    mean over groups of each group's token mean of the per-token loss (d1's one-group
+    micro-batches), on brute-force coupled log-probs; its gradient is that of the same
+    normalisation written here on the whole batch. Groups of 2, 8 and 5 tokens per row make
+    the batch-wide token mean differ."""
+    from d1jax.objectives.table import GRPOConfig, OBJECTIVES
+    from d1jax.run import optim
+    from objective_checks import grpo_batch
+    g, groups, p, c, eps, beta = 2, 3, 4, 8, 0.2, 0.05
+    rs = np.random.RandomState(4)
+    prompt = np.repeat(rs.randint(0, 100, (groups, p)), g, 0).astype(np.int32)
+    comp = rs.randint(0, 100, (g * groups, c)).astype(np.int32)
+    ends = np.repeat([2, 8, 5], g)
+    ends[1] = 1  # a row of one token in the short group
+    comp_mask = (np.arange(c)[None] < ends[:, None]).astype(np.int32)
+    adv = rs.normal(0, 1, g * groups).astype(np.float32)
+    hp = cg.CoupledGRPOConfig(beta=beta, epsilon=eps)
+    cfg = GRPOConfig(objective="coupled_grpo", num_iterations=2, beta=beta, epsilon=eps,
+                     norm_group=g, hparams=hp)
+    rows = grpo_batch(prompt, np.ones_like(prompt), comp, comp_mask, adv)
+    o = OBJECTIVES["coupled_grpo"]
+    prepared = o.prepare(tiny_model, cfg, rows, jax.random.key(5))
+    is_mask, t = (np.asarray(prepared.per_row[k]) for k in ("is_mask", "t"))
+    logps = _brute_coupled(tiny_model, tiny_params, prompt, np.ones_like(prompt), comp,
+                           is_mask, t)
+    old = logps + rs.normal(0, 0.3, logps.shape)
+    ref = logps + rs.normal(0, 0.3, logps.shape)
+    prepared = prepared.replace(mask_seeds=None, old_logps=jnp.asarray(old, jnp.float32),
+                                ref_logps=jnp.asarray(ref, jnp.float32))
+    blocks = [slice(i, i + g) for i in range(0, g * groups, g)]
+    want = np.mean([np_grpo(logps[s], old[s], ref[s], adv[s], comp_mask[s], eps, beta)
+                    for s in blocks])
+    flat = np_grpo(logps, old, ref, adv, comp_mask, eps, beta)
+    assert abs(want - flat) > 0.1 * abs(want)  # the two normalisations differ here
+
+    def loss_fn(params, mb, i):
+        return o.loss(tiny_model, cfg, params, mb, jnp.zeros((1,), jnp.int32), None)
+    loss, grads, _ = jax.jit(lambda p: optim.accumulate_gradients(loss_fn, p, prepared, 2))(
+        tiny_params)
+    np.testing.assert_allclose(float(loss), want, rtol=2e-4)
+
+    def group_mean_loss(params):  # the normalisation written out on the whole batch
+        lp = cg.coupled_logps(tiny_model, params, prompt, np.ones_like(prompt), comp,
+                              is_mask, t, hp)
+        ratio = jnp.exp(lp - old)
+        per = -jnp.minimum(ratio * adv[:, None], jnp.clip(ratio, 1 - eps, 1 + eps) * adv[:, None])
+        per = (per + beta * (jnp.exp(ref - lp) - (ref - lp) - 1)) * comp_mask
+        return jnp.mean(jnp.stack([per[s].sum() / comp_mask[s].sum() for s in blocks]))
+    want_grads = jax.jit(jax.grad(group_mean_loss))(tiny_params)
+    diff = max(jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()),
+                                            grads, want_grads)))
+    top = max(float(jnp.abs(x).max()) for x in jax.tree.leaves(want_grads))
+    assert diff < 1e-4 * top, (diff, top)
