@@ -209,3 +209,62 @@ def test_sft_stage_loss_runs_on_sft_rows_and_learns(loaded):
     loss, g = jax.jit(jax.value_and_grad(f))(params)
     stepped = jax.tree.map(lambda p, d: p - 0.5 * d, params, g)
     assert np.isfinite(float(loss)) and float(jax.jit(f)(stepped)) < float(loss)
+
+
+def _stage_pmask(monkeypatch, ids, plen, key, lower, upper):
+    """The masked positions [B, L] ``sft_stage_loss`` hands to ``block_sft_loss`` (captured
+    there; the model is not run)."""
+    seen = {}
+
+    def capture(model, params, ids_bl, real_bl, anchor_b, pmask_bc, **kw):
+        seen.update(pmask=np.asarray(pmask_bc), anchor=np.asarray(anchor_b), **kw)
+        return jnp.float32(0.0), {}
+    monkeypatch.setattr(blockwise, "block_sft_loss", capture)
+    blockwise.sft_stage_loss(None, None, jnp.asarray(ids), jnp.asarray(plen), key, lower=lower,
+                             upper=upper, post_num=None, pad_id=PAD)
+    np.testing.assert_array_equal(seen["anchor"], plen)  # blocks counted from the response
+    assert seen["copy_len"] == ids.shape[1]
+    return seen["pmask"]
+
+
+def test_sft_stage_masks_every_response_position_from_the_first_and_no_prompt_token(
+        monkeypatch, loaded, sd):
+    """Which positions block SFT masks (sft_sdar.py's semi-ar: each response position
+    masked when u <= p, p ~ U(lower_p, upper_p) drawn per position; the prompt never):
+    with p = 1 exactly the response, its first token included, and the loss then equals
+    their loss on that mask; with p ~ U(0.1, 0.9) each response position (the first one
+    too) is masked half the time, independently of the row's other positions; with p = 0.25
+    a quarter of the time."""
+    b, l = 256, 24
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, CFG.vocab_size - 2, (b, l))
+    plen = rng.integers(2, 12, b)
+    resp = np.arange(l)[None] >= plen[:, None]
+    full = _stage_pmask(monkeypatch, ids, plen, jax.random.key(0), 1.0, 1.0)
+    np.testing.assert_array_equal(full, resp)
+
+    mid = _stage_pmask(monkeypatch, ids, plen, jax.random.key(1), 0.1, 0.9)
+    assert not mid[~resp].any()
+    first = mid[np.arange(b), plen]
+    assert 0.4 < first.mean() < 0.6, first.mean()  # E 0.5, sd 0.03
+    share = [mid[i, plen[i]:].mean() for i in range(b)]
+    assert 0.45 < np.mean(share) < 0.55 and np.var(share) < 0.03, (np.mean(share), np.var(share))
+    # (one p per row: variance ~0.05 + 0.25 / 12..22)
+    quarter = _stage_pmask(monkeypatch, ids, plen, jax.random.key(2), 0.25, 0.25)
+    assert 0.22 < quarter[resp].mean() < 0.28 and not quarter[~resp].any()
+    monkeypatch.undo()
+
+    # p = 1 on rows with a common prompt length: their loss on the full response mask,
+    # normalised by the stage's copy length (the whole row) instead of their L1
+    model, params = loaded
+    ids, _ = rows(pads=(0, 0, 0, 0), resp_pads=(3, 0, 5, 4))
+    model_t = port.TorchSDAR(sd, CFG)
+    ext, p_mask, tok, labels, _ = port.masked_rows(
+        torch.tensor(ids), np.ones((len(ids), L1), bool), L0, MASK, PAD, None)
+    want = port.their_sft_loss(port.their_logp(model_t, ext, tok, labels, L0, BS, PAD),
+                               p_mask, L1).item() * L1 / (L0 + L1)
+    got, m = blockwise.sft_stage_loss(model, params, jnp.asarray(ids), jnp.full((4,), L0),
+                                      jax.random.key(0), lower=1.0, upper=1.0, post_num=None,
+                                      pad_id=PAD)
+    np.testing.assert_allclose(float(got), want, rtol=1e-5)
+    assert float(m["masked_tokens"]) == L1
