@@ -298,7 +298,7 @@ def test_fresh_directory_minimal_env_and_only_stdio(monkeypatch, tmp_path):
         probe = ("import os\n"
                  "assert os.listdir('.') == [], os.listdir('.')\n"
                  "assert 'D1JAX_TRAINER_SECRET' not in os.environ\n"
-                 "assert set(os.environ) <= {'PATH', 'HOME', 'TMPDIR', 'LANG', 'LC_ALL'}\n"
+                 "assert set(os.environ) <= {'PATH', 'HOME', 'TMPDIR', 'LANG', 'LC_ALL', 'PWD'}\n"
                  "def is_open(fd):\n    try:\n        os.fstat(fd)\n    except OSError:\n"
                  "        return False\n    return True\n"
                  # 0-2 -> /dev/null and the result channel
