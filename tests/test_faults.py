@@ -39,7 +39,7 @@ STEPS = learnable.OVERRIDES["train.num_steps"]  # 30: checkpoints 28 and 30 at t
 TIMING = ("time_", "_per_s")  # wall-clock metrics differ between any two runs
 
 HARNESS = """
-import os, runpy, signal, sys
+import os, runpy, signal, sys, time
 import tests.learnable
 from d1jax import checkpoint
 from d1jax.train import engine
@@ -54,6 +54,14 @@ if mode in ("sigterm", "sigint"):  # SIGTERM or Ctrl-C arriving during optimizer
             os.kill(os.getpid(), signum)
         return update(self, batch, it, step)
     engine.GRPOEngine.update = patched
+elif mode == "sigterm_loading":  # SIGTERM while the model is built, before the loop
+    from d1jax.train import grpo
+    build = grpo.build
+    def patched(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # the watcher ends the process meanwhile
+        sys.exit("harness: still running 30 s after SIGTERM")
+    grpo.build = patched
 elif mode == "kill_in_save":  # kill -9 while the asynchronous save of step `at` is in flight
     save = checkpoint.Checkpointer.save
     def patched(self, step, *args, **kwargs):
@@ -311,6 +319,23 @@ def test_ctrl_c_while_compiling_exits_at_once_with_one_line(tmp_path):
     assert lines == [f"Ctrl-C: exiting now; no checkpoint is saved in "
                      f"{tmp_path.resolve()}/checkpoints"]
     assert steps(tmp_path) == [] and not (tmp_path / "d1jax.lock").exists()
+
+
+@pytest.mark.parametrize("fault", [("sigterm_loading", "0"), ("sigterm", "1")],
+                         ids=["loading", "compiling"])
+def test_sigterm_while_loading_or_compiling_exits_143_at_once_with_its_own_line(tmp_path,
+                                                                                fault):
+    # A preemption's grace period is shorter than a compile, and nothing new is there to save:
+    # SIGTERM before the first step exits at once, 143 (128 + SIGTERM), not Ctrl-C's 130.
+    r = run(tmp_path, fault=fault)
+    assert r.returncode == 143, (r.stdout[-2000:], r.stderr[-3000:])
+    no_crash(r)
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith(("SIGTERM", "Ctrl-C"))]
+    assert lines == [f"SIGTERM: exiting now; no checkpoint is saved in "
+                     f"{tmp_path.resolve()}/checkpoints"]
+    saved = steps(tmp_path) if (tmp_path / "checkpoints").is_dir() else []
+    assert saved == [] and not (tmp_path / "d1jax.lock").exists()
+    assert "SIGTERM received" not in r.stdout + r.stderr  # it does not claim to save
 
 
 def test_a_second_run_on_a_live_workdir_exits_1_naming_the_holder(tmp_path):

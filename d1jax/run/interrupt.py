@@ -5,8 +5,8 @@
   ``train.stopped_exit_code``, 75; Ctrl-C: 130, as a shell reports an interrupted command).
 * A second Ctrl-C exits at once, with one line naming the last checkpoint.
 * Ctrl-C before the run's first step in this process finished (loading weights, compiling)
-  exits at once as well, with the same line: there is nothing new to save. So does SIGTERM
-  outside a training loop (exit 143).
+  exits at once as well, with the same line: there is nothing new to save. So does SIGTERM in
+  a command (exit 143, its own line): a preemption's grace period is shorter than a compile.
 
 Exiting at once is ``os._exit``: an asynchronous save in flight is abandoned, and Orbax
 never commits a partial step, so the newest committed checkpoint is the one named.
@@ -17,7 +17,8 @@ thread is inside XLA (compiling, running a step), where Python's handler would w
 main thread to come back, and where a ``KeyboardInterrupt`` raised there has crashed the
 interpreter at exit. Without the watcher (a notebook, a test calling ``run`` in-process) the
 Python-level handler asks for the stop in the same way, as soon as the main thread runs Python
-again, and a second Ctrl-C is Python's ``KeyboardInterrupt``.
+again, and a second Ctrl-C is Python's ``KeyboardInterrupt``; the handlers it replaced are
+restored when the run ends, however it ends (``uninstall``).
 """
 
 from __future__ import annotations
@@ -65,13 +66,16 @@ class StopRequest:
     def uninstall(self) -> None:
         global _ACTIVE
         for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
+            # None: a handler set outside Python, which cannot be put back; the default is nearest
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
         self._previous.clear()
         if _ACTIVE is self:
             _ACTIVE = None
 
     def _python_handler(self, signum, frame) -> None:
         del frame
+        if signum == signal.SIGTERM and _WATCHING and not self.progressed:
+            return  # the watcher exits at once (143); "saving" would be a false line
         self.on_signal(signum)
 
     def on_signal(self, signum: int) -> None:
@@ -140,7 +144,8 @@ def expect_checkpoints(checkpoints: Path | None) -> None:
 def install_watcher() -> None:
     """For a command's process (main thread, once): Ctrl-C acts at once through a watcher
     thread, whatever the main thread is doing. Outside a training loop Ctrl-C and SIGTERM exit
-    the process at once with one line (and the workdir's lock released)."""
+    the process at once with one line (and the workdir's lock released), and so does SIGTERM
+    in a loop before its first step in this process finished."""
     global _WATCHING
     if _WATCHING or threading.current_thread() is not threading.main_thread():
         return
@@ -164,8 +169,10 @@ def _watch(read_fd: int) -> None:
                 active.on_signal(signal.SIGINT)
             elif signum == signal.SIGINT:
                 exit_now(_CHECKPOINTS)
-            elif signum == signal.SIGTERM and active is None:  # a loop's handler takes SIGTERM
+            elif signum == signal.SIGTERM and active is None:
                 exit_now(_CHECKPOINTS, signame="SIGTERM")
+            elif signum == signal.SIGTERM and not active.progressed:  # else the loop saves
+                exit_now(active.checkpoints, signame="SIGTERM")
 
 
 def _leave_to_watcher(signum, frame) -> None:

@@ -51,13 +51,13 @@ def train(spec: RunSpec, workdir: Path, setup, engine: Engine) -> dict:
     (SIGTERM, Ctrl-C, ``train.stop_after``), after saving."""
     t, total = spec.train, engine.total
     ctx = context.RunContext.create(spec, workdir)
-    step, state, meta = ctx.restore(engine.state)
-    engine.load(state)
-    if meta:
-        engine.data.set_state(meta["data"])
-    ctx.progress = Progress(total, initial=step, desc=engine.desc)
     last: dict = {}
-    try:
+    try:  # from here close() runs however the run ends: it gives back the signal handlers
+        step, state, meta = ctx.restore(engine.state)
+        engine.load(state)
+        if meta:
+            engine.data.set_state(meta["data"])
+        ctx.progress = Progress(total, initial=step, desc=engine.desc)
         while step < total and not ctx.should_stop(step):
             start = step
             for step, metrics, texts in engine.advance(step):
