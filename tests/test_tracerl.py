@@ -67,26 +67,31 @@ def _grads_and_loss(model, params, cfg, batch):
     return float(loss), m, g, prepared
 
 
-@pytest.mark.parametrize("shrink,post_num,beta", [(1, 0, 0.01), (2, None, 0.01), (1, 2, 0.0)])
-def test_loss_and_grads_match_their_forward_process(loaded, sd, shrink, post_num, beta):
+def _trace_parity(loaded, sd, shrink, post_num, beta, adv):
+    """(d1jax loss, metrics, prepared rows; their loss, p_mask, old and new log-probs,
+    source rows) on the trace of ``rows()``, their grads backpropagated into ``model_t``.
+    Their rows are built from the completions with A != 0 only: a group dLLM-RL's
+    rl_reward.py drops never reaches their training data."""
     model, params = loaded
     ids, pm = rows()
     dec = traces(len(ids))
-    adv = np.array([1.2, -0.7, 0.4, -1.1], np.float32)
+    kept = np.flatnonzero(adv != 0)
     # theirs: rows from the trace, old log-probs off the current ones (ratios clip)
     model_t = port.TorchSDAR(sd, model.config)
     step_maps = [np.where(d < 0, d.max() + 1, d).tolist() for d in dec]
-    ext, p_mask, tok, labels, src = port.trace_rows(torch.tensor(ids), step_maps, L0, BS, shrink,
-                                                    MASK, PAD, post_num)
+    ext, p_mask, tok, labels, src = port.trace_rows(torch.tensor(ids[kept]),
+                                                    [step_maps[b] for b in kept], L0, BS,
+                                                    shrink, MASK, PAD, post_num)
+    src = kept[src]
     with torch.no_grad():
         lp0 = port.their_logp(model_t, ext, tok, labels, L0, BS, PAD)
     old = lp0 + torch.tensor(np.random.default_rng(2).normal(0, 0.3, lp0.shape))
     new = port.their_logp(model_t, ext, tok, labels, L0, BS, PAD)
     want = port.their_rl_loss(new, old, p_mask, adv[src].astype(np.float64), L1, beta=beta)
     want.backward()
-    want = want.item()
-    # the same old log-prob per token, [B, C]: each token is scored in one row
-    old_bc = np.zeros((len(ids), L1), np.float32)
+    # the same old log-prob per token, [B, C]: each token is scored in one row; the dropped
+    # completions' old log-probs are the current ones shifted too, so their KL is not 0
+    old_bc = np.asarray(np.random.default_rng(3).normal(0, 0.3, (len(ids), L1)), np.float32)
     for k, b in enumerate(src):
         sel = p_mask[k, L0:].numpy()
         old_bc[b, sel] = old[k, L0:].numpy()[sel]
@@ -94,14 +99,41 @@ def test_loss_and_grads_match_their_forward_process(loaded, sd, shrink, post_num
     cfg = GRPOConfig(objective="tracerl", num_iterations=1, beta=0.0, epsilon=0.2, hparams=h)
     batch = grpo_batch(ids[:, :L0], pm, ids[:, L0:], np.ones((len(ids), L1)), adv).replace(
         per_row={"decoded_at": jnp.asarray(dec)}, old_logps=jnp.asarray(old_bc))
-    loss, m, grads, _ = _grads_and_loss(model, params, cfg, batch)
+    loss, m, grads, prepared = _grads_and_loss(model, params, cfg, batch)
     diff, scale = compare_grads(grads, model_t, model.config)
-    print(f"TraceRL shrink={shrink} post_num={post_num} beta={beta}: {len(src)} rows; loss "
-          f"{loss:.8g} vs {want:.8g} (abs diff {abs(loss - want):.2g}); grad max abs diff "
-          f"{diff:.2g} (max |grad| {scale:.2g}); clip_ratio {float(m['clip_ratio']):.2f}")
-    np.testing.assert_allclose(loss, want, rtol=1e-5, atol=1e-7)
+    print(f"TraceRL shrink={shrink} post_num={post_num} beta={beta} A={adv.astype(float).round(2).tolist()}: "
+          f"{len(src)} rows; loss {loss:.8g} vs {want.item():.8g} (abs diff "
+          f"{abs(loss - want.item()):.2g}); grad max abs diff {diff:.2g} (max |grad| "
+          f"{scale:.2g}); clip_ratio {float(m['clip_ratio']):.2f}")
+    np.testing.assert_allclose(loss, want.item(), rtol=1e-5, atol=1e-7)
     assert diff < 1e-5 * max(scale, 1.0)
+    return m, prepared, (p_mask, old, new, src)
+
+
+@pytest.mark.parametrize("shrink,post_num,beta", [(1, 0, 0.01), (2, None, 0.01), (1, 2, 0.0)])
+def test_loss_and_grads_match_their_forward_process(loaded, sd, shrink, post_num, beta):
+    adv = np.array([1.2, -0.7, 0.4, -1.1], np.float32)
+    m, _, _ = _trace_parity(loaded, sd, shrink, post_num, beta, adv)
     assert 0 < float(m["clip_ratio"]) < 1
+
+
+@pytest.mark.parametrize("adv", [[0.0, 0.0, 1.0, -1.0], [1.0, 0.0, 0.0, -1.0]],
+                         ids=["first_group_dropped", "middle_rows_dropped"])
+def test_dropped_groups_are_left_out_as_their_filter_leaves_them(loaded, sd, adv):
+    """Completions of a dropped group (A = 0, zscore_filtered) with the KL to the old policy
+    on: loss and grads are their forward_process on the kept completions' rows alone; the
+    per-row scale is B / (C n_rows) with their row count; the tokens scored, and the KL
+    metric, are theirs."""
+    adv = np.array(adv, np.float32)
+    m, prepared, (p_mask, old, new, src) = _trace_parity(loaded, sd, 1, 0, 0.01, adv)
+    b = len(adv)
+    np.testing.assert_allclose(np.asarray(prepared.per_row["scale"]),
+                               np.full(b, b / (L1 * len(src))), rtol=1e-6)
+    n_tokens = int(p_mask.sum())
+    np.testing.assert_allclose(float(m["scored_tokens"]), n_tokens / b, rtol=1e-6)
+    d = torch.where(p_mask, new - old, torch.zeros_like(new)).detach()
+    kl = ((-d).clamp(-10, 10).exp() - 1.0 + d)[p_mask].sum().item() / n_tokens
+    np.testing.assert_allclose(float(m["kl"]), kl, rtol=1e-5)
 
 
 @pytest.mark.parametrize("method", ["random_masking", "coupled"])

@@ -58,10 +58,11 @@ def traces(n, seed=1):
     return out
 
 
-def _theirs_to_bc(vals_nt, p_mask_nt, src, offset):
+def _theirs_to_bc(vals_nt, p_mask_nt, src, offset, n_rows):
     """Their per-row values [N, T] at p_mask, as one number per token [B, L1] (a token is
-    scored in one row); ``offset``: the index of the response's first position in T."""
-    out = np.zeros((max(src) + 1, L1), np.float32)
+    scored in one row; 0 in completions they never see); ``offset``: the index of the
+    response's first position in T."""
+    out = np.zeros((n_rows, L1), np.float32)
     for k, b in enumerate(src):
         sel = p_mask_nt[k, offset:offset + L1].numpy()
         out[b, sel] = vals_nt[k, offset:offset + L1].detach().numpy()[sel]
@@ -69,17 +70,21 @@ def _theirs_to_bc(vals_nt, p_mask_nt, src, offset):
 
 
 def _run_trace(model, params, ids, pmask, adv, h, their_logp, offset):
-    """(d1jax loss, metrics, grads, their loss as a float) on the same trace and old logps;
-    ``their_logp(noisy, labels)`` -> ([N, T] log-probs, the p_mask aligned to them)."""
+    """(trace, their rows, their old log-probs, those as [B, L1]) on the same trace;
+    ``their_logp(noisy, labels)`` -> ([N, T] log-probs, the p_mask aligned to them). Their
+    rows come from the completions with A != 0 only: a group dLLM-RL's rl_reward.py drops
+    never reaches their training data."""
     dec = traces(len(ids))
+    kept = np.flatnonzero(adv != 0)
     pad = model.config.pad_token_id
     noisy, labels, p_mask, src = port.full_trace_rows(
-        torch.tensor(ids), dec.tolist(), L0, h.shrink, model.config.mask_token_id, pad,
-        h.post_num)
+        torch.tensor(ids[kept]), dec[kept].tolist(), L0, h.shrink, model.config.mask_token_id,
+        pad, h.post_num)
+    src = kept[src]
     with torch.no_grad():
         lp0, pm = their_logp(noisy, labels, p_mask)
     old = lp0 + torch.tensor(np.random.default_rng(2).normal(0, 0.3, lp0.shape))
-    return dec, (noisy, labels, p_mask, src), old, _theirs_to_bc(old, pm, src, offset)
+    return dec, (noisy, labels, p_mask, src), old, _theirs_to_bc(old, pm, src, offset, len(ids))
 
 
 def _check(loss, want, grads, model_t, cfg_model, name, key_map=None):
@@ -103,31 +108,60 @@ def _cfg(h):
 
 # ------------------------------------------------------------------------------ LLaDA
 
-@pytest.mark.parametrize("shrink,post_num,beta", [(3, 1, 0.01)])
-def test_llada_loss_and_grads_match_their_rl_llada(tiny_model, tiny_params, tiny_config,
-                                                   shrink, post_num, beta):
-    model, params = tiny_model, tiny_params
+def _llada_parity(model, params, tiny_config, h, adv):
+    """(d1jax metrics, prepared rows; their p_mask, old and new log-probs, source rows),
+    loss and grads checked against their rl_llada.py forward_process."""
     ids, pmask = rows(tiny_config.vocab_size, tiny_config.pad_token_id)
-    adv = np.array([1.2, -0.7, 0.4, -1.1], np.float32)
-    # rl_llada.py passes no attention mask (padding attended): use_attention_mask False
-    h = tracerl.TraceRLConfig(shrink=shrink, post_num=post_num, beta=beta,
-                              use_attention_mask=False)
     model_t = TorchLLaDA(params, tiny_config, torch.float64)
 
     def their_logp(noisy, labels, p_mask):
         return port.llada_logp(model_t, noisy, labels), p_mask
     dec, (noisy, labels, p_mask, src), old, old_bc = _run_trace(
         model, params, ids, pmask, adv, h, their_logp, L0)
-    want = port.their_full_rl_loss(port.llada_logp(model_t, noisy, labels), old, p_mask,
-                                   adv[src].astype(np.float64), beta=beta)
+    new = port.llada_logp(model_t, noisy, labels)
+    want = port.their_full_rl_loss(new, old, p_mask, adv[src].astype(np.float64), beta=h.beta)
     want.backward()
     batch = grpo_batch(ids[:, :L0], pmask, ids[:, L0:], np.ones((len(ids), L1)), adv).replace(
         per_row={"decoded_at": jnp.asarray(dec)}, old_logps=jnp.asarray(old_bc))
     loss, m, grads, prepared = _grads_and_loss(model, params, _cfg(h), batch)
-    assert int(np.asarray(prepared.per_row["scale"])[0] * len(src)) == len(ids)  # B / n_rows
     _check(loss, want.item(), grads, model_t, tiny_config,
-           f"LLaDA shrink={shrink} post_num={post_num} beta={beta}, {len(src)} rows")
+           f"LLaDA shrink={h.shrink} post_num={h.post_num} beta={h.beta} "
+           f"A={adv.astype(float).round(2).tolist()}, {len(src)} rows")
+    return m, prepared, (p_mask, old, new, src)
+
+
+@pytest.mark.parametrize("shrink,post_num,beta", [(3, 1, 0.01)])
+def test_llada_loss_and_grads_match_their_rl_llada(tiny_model, tiny_params, tiny_config,
+                                                   shrink, post_num, beta):
+    adv = np.array([1.2, -0.7, 0.4, -1.1], np.float32)
+    # rl_llada.py passes no attention mask (padding attended): use_attention_mask False
+    h = tracerl.TraceRLConfig(shrink=shrink, post_num=post_num, beta=beta,
+                              use_attention_mask=False)
+    m, prepared, (_, _, _, src) = _llada_parity(tiny_model, tiny_params, tiny_config, h, adv)
+    assert int(np.asarray(prepared.per_row["scale"])[0] * len(src)) == len(adv)  # B / n_rows
     assert 0 < float(m["clip_ratio"]) < 1
+
+
+@pytest.mark.parametrize("adv", [[0.0, 0.0, 1.0, -1.0], [1.0, 0.0, 0.0, -1.0]],
+                         ids=["first_group_dropped", "middle_rows_dropped"])
+def test_llada_dropped_groups_are_left_out_as_their_filter_leaves_them(
+        tiny_model, tiny_params, tiny_config, adv):
+    """Completions of a dropped group (A = 0, zscore_filtered) with the KL to the old policy
+    on: loss and grads are their forward_process on the kept completions' copies alone; the
+    per-row scale is B / n_rows with their copy count; the tokens scored and the KL metric
+    are theirs."""
+    adv = np.array(adv, np.float32)
+    h = tracerl.TraceRLConfig(shrink=3, post_num=1, beta=0.01, use_attention_mask=False)
+    m, prepared, (p_mask, old, new, src) = _llada_parity(tiny_model, tiny_params, tiny_config,
+                                                         h, adv)
+    b = len(adv)
+    np.testing.assert_allclose(np.asarray(prepared.per_row["scale"]), np.full(b, b / len(src)),
+                               rtol=1e-6)
+    n_tokens = int(p_mask.sum())
+    np.testing.assert_allclose(float(m["scored_tokens"]), n_tokens / b, rtol=1e-6)
+    d = (new - old).detach()
+    kl = ((-d).exp() - 1.0 + d)[p_mask].sum().item() / n_tokens
+    np.testing.assert_allclose(float(m["kl"]), kl, rtol=1e-5)
 
 
 @pytest.mark.parametrize("method", ["coupled"])  # random_masking: its first copy alone
