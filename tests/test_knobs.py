@@ -155,3 +155,99 @@ def test_the_knob_reference_in_docs_is_the_one_the_code_prints():
     doc = Path(__file__).resolve().parents[1] / "docs" / "configs.md"
     assert doc.read_text() == reference(), "run: python -m d1jax.config > docs/configs.md"
     assert [name for name, _ in DOC_GROUPS] == list(GROUPS)  # every group documented
+
+
+# Every bounded knob and its bound, written here independently of the declarations: a bound
+# dropped from a knob (or from the check) shows as a failure below, not only as a docs diff.
+LEAST = {
+    "model.width": 0, "model.n_layers": 0, "model.vocab_size": 0,  # 0: the preset's
+    "model.layers_per_loop": 1,
+    "lora.rank": 1,
+    "optim.grad_accum": 1,
+    "train.num_steps": 0,  # 0 only with num_epochs (from_config refuses it otherwise)
+    "train.log_every": 1, "train.sample_every": 1, "train.save_every": 1,  # step % every
+    "train.stop_after": 0, "train.stopped_exit_code": 0,
+    "task.num_train": 0,
+    "sampler.gen_length": 1, "sampler.steps": 1, "sampler.block_length": 1,
+    "sampler.cache_refresh": 0, "sampler.top_k": 0,
+    "grpo.num_generations": 2,  # a group of one has no advantage
+    "grpo.prompts_per_step": 1, "grpo.rollout_batch": 0, "grpo.num_iterations": 1,
+    "grpo.num_epochs": 0, "grpo.ref_model_sync_steps": 1,
+    "grpo.spg.num_t": 1, "grpo.justgrpo.position_chunk": 0,
+    "grpo.tracerl.shrink": 1, "grpo.tracerl.post_num": -1, "grpo.tracerl.block_size": 0,
+    "sft.batch_size": 1, "sft.max_length": 1, "sft.num_epochs": 0, "sft.post_num": -1,
+    "eval.gen_lengths": 1, "eval.batch_size": 1, "eval.num_examples": 0,
+}
+MOST = {"train.stopped_exit_code": 255}  # a shell keeps 8 bits: 256 would read as success
+
+
+def declared(cls, prefix: str, bound: str) -> dict:
+    out = {}
+    for f in knobs.fields(cls):
+        if "group" in f.metadata:
+            out.update(declared(f.metadata["group"], f"{prefix}{f.name}.", bound))
+        elif f.metadata.get(bound) is not None:
+            out[prefix + f.name] = f.metadata[bound]
+    return out
+
+
+def run_config(key: str):
+    if key.startswith("eval."):
+        return config_lib.eval_config("sudoku-tiny")
+    return config_lib.sft("tiny") if key.startswith("sft.") else config_lib.grpo("sudoku", "tiny")
+
+
+def set_knob(c, key: str, value) -> None:
+    """As ``--config.KEY=VALUE`` sets it: into the typed ConfigDict."""
+    *path, name = key.split(".")
+    node = c
+    for part in path:
+        node = node[part]
+    with c.unlocked():
+        node[name] = value
+
+
+def test_the_declared_bounds_are_the_ones_runs_need():
+    for bound, want in (("low", LEAST), ("high", MOST)):
+        got = {}
+        for name, (cls, _) in GROUPS.items():
+            got.update(declared(cls, f"{name}.", bound))
+        assert got == want, bound
+
+
+@pytest.mark.parametrize("key", sorted(LEAST) + [f"{k}:high" for k in sorted(MOST)])
+def test_each_bound_is_refused_at_config_time_in_one_line(key):
+    key, _, side = key.partition(":")
+    bound = MOST[key] if side else LEAST[key]
+    bad = bound + 1 if side else bound - 1
+    c = run_config(key)
+    group, name = key.rsplit(".", 1)
+    node = c
+    for part in group.split("."):
+        node = node[part]
+    tuple_knob = isinstance(node[name], tuple)
+    set_knob(c, key, (bad,) if tuple_knob else bad)
+    with pytest.raises(ConfigError) as e:
+        from_config(c)
+    if tuple_knob:
+        assert str(e.value) == f"{key}=({bad},): needs at least one value, each >= {bound}"
+    else:
+        assert str(e.value) == f"{key}={bad}: must be {'<=' if side else '>='} {bound}"
+    # The bound itself is allowed.
+    set_knob(c, key, (bound,) if tuple_knob else bound)
+    cls = GROUPS[group.split(".")[0]][0]
+    for part in group.split(".")[1:]:
+        cls = {f.name: f for f in knobs.fields(cls)}[part].metadata["group"]
+    assert getattr(knobs.translate(cls, node, group), name) == ((bound,) if tuple_knob else bound)
+
+
+def test_a_group_built_in_python_keeps_its_bounds():
+    """A notebook's spec (or ``dataclasses.replace`` of a translated one) is checked too: a
+    sample interval of 0 would end the run in ``step % 0`` after its first rollout."""
+    with pytest.raises(ConfigError, match=r"^LoopSpec.sample_every=0: must be >= 1$"):
+        groups.LoopSpec(sample_every=0)
+    spec = from_config(config_lib.grpo("sudoku", "tiny"))
+    with pytest.raises(ConfigError, match=r"^LoopSpec.save_every=0: must be >= 1$"):
+        dataclasses.replace(spec.train, save_every=0)
+    with pytest.raises(ConfigError, match=r"^GRPOSpec.num_generations=1: must be >= 2$"):
+        dataclasses.replace(spec.grpo_run, num_generations=1)

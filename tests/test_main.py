@@ -140,6 +140,11 @@ EVAL_TINY = "--config=configs/eval.py:sudoku-tiny"
      "error: train.num_steps=0: no optimizer step to run"),
     ("d1jax.main", [TINY, "--config.grpo.num_generations=1"],
      "error: grpo.num_generations=1: must be >= 2"),
+    # Would end the run in `step % 0` after its first rollout (issue 55): refused up front.
+    ("d1jax.main", [TINY, "--config.train.sample_every=0"],
+     "error: train.sample_every=0: must be >= 1"),
+    ("d1jax.main", [TINY, "--config.sampler.gen_length=0"],  # computed into the spec: checked
+     "error: sampler.gen_length=0: must be >= 1"),
     ("d1jax.main", [TINY, "--config.train.if_incompatible=x"],
      "error: train.if_incompatible='x': choose one of refuse, move_aside"),
     ("d1jax.eval", [EVAL_TINY, "--config.model.path=/nope", "--config.model.random_init="],

@@ -51,6 +51,8 @@ def _rows(cls, prefix: str) -> list[str]:
             if f.metadata["choices"] else ""
         if f.metadata.get("low") is not None:
             allowed += f" At least {f.metadata['low']}."
+        if f.metadata.get("high") is not None:
+            allowed += f" At most {f.metadata['high']}."
         rows.append(f"| `{prefix}{f.name}` | {_type(f)} | {_cell(default)} | "
                     f"{_cell(tiny) if tiny != default else ''} | {doc}{allowed} |")
     return rows

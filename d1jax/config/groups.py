@@ -12,9 +12,14 @@ sets a knob per task, objective or checkpoint, its default here says so.
 import dataclasses
 from typing import Any
 
-from d1jax.config.knobs import knob, subgroup
+from d1jax.config.knobs import check_bounds, knob, subgroup
 
-frozen = dataclasses.dataclass(frozen=True)
+
+def frozen(cls):
+    """A group: a frozen dataclass whose bounds (``low=``, ``high=``) hold however it is
+    built, so a notebook's ``LoopSpec(sample_every=0)`` fails at once, not at ``step % 0``."""
+    cls.__post_init__ = check_bounds
+    return dataclasses.dataclass(frozen=True)(cls)
 
 
 def _dtype(name: str) -> Any:
@@ -52,13 +57,14 @@ class ModelKnobs:
     random_init: str = knob(
         "", "Preset name: random weights of that shape when model.path is empty (tests, CPU "
         "smoke runs); the tiny configs name the family's tiny preset.")
-    width: int = knob(0, "For random_init: d_model override (0 keeps the preset's).", tiny=64)
+    width: int = knob(0, "For random_init: d_model override (0 keeps the preset's).", tiny=64,
+                       low=0)
     n_layers: int = knob(
-        0, "For random_init: layer count override (0 keeps the preset's).", tiny=2)
+        0, "For random_init: layer count override (0 keeps the preset's).", tiny=2, low=0)
     tokenizer_vocab: int = knob(1024, "For random_init: vocabulary size of the trained tiny "
                                 "tokenizer.")
     vocab_size: int = knob(0, "For random_init: model vocabulary (embedding rows); 0: the "
-                           "tokenizer's, rounded up to 64.")
+                           "tokenizer's, rounded up to 64.", low=0)
     dtype: Any = knob("bfloat16", "Compute dtype of matmuls.", tiny="float32", choices=DTYPES,
                       parse=_dtype)
     param_dtype: Any = knob("bfloat16", "Storage dtype of the params.", tiny="float32",
@@ -68,7 +74,7 @@ class ModelKnobs:
         None, "Layers as straight-line code (True) or a compiled loop over the middle ones "
         "(False); None: unrolled up to 8 layers.")
     layers_per_loop: int = knob(
-        1, "Middle layers per iteration of that loop (compile time grows with it); >= 1.")
+        1, "Middle layers per iteration of that loop (compile time grows with it).", low=1)
     base_quant: str = knob(
         "none", 'Frozen base under LoRA: "none" (param_dtype), "int8" (per-channel absmax) or '
         '"nf4" (d1\'s bitsandbytes 4-bit NormalFloat) storage of the block projections '
@@ -196,7 +202,7 @@ class WD1Knobs:
 @frozen
 class SPGKnobs:
     num_t: int = knob(2, "J: block-masked noisy copies per sequence (Monte Carlo samples of the "
-                      "bounds); in [1, gen_length / block_length].")
+                      "bounds); in [1, gen_length / block_length].", low=1)
     min_t: float = knob(0.0, "Masked share of the chosen block lies in [min_t, max_t].")
     max_t: float = knob(1.0, "Upper end of that share.")
     eubo_beta: float = knob(1.5, "beta: power of the upper bound (EUBO).")
@@ -216,7 +222,7 @@ class JustGRPOKnobs:
     gain: float = knob(8.0, "Loss multiplier: its logprob_loss gain 1.0 x its 8 summed "
                        "accumulation steps (train.py).")
     position_chunk: int = knob(0, "K: completion positions per batched, rematerialised forward "
-                               "of the likelihood (0: auto by a token budget).")
+                               "of the likelihood (0: auto by a token budget).", low=0)
 
 
 @frozen
@@ -224,15 +230,17 @@ class TraceRLKnobs:
     method: str = knob("TraceRL", "TraceRL scores the rollout's trace; random_masking, coupled: "
                        "their random-mask variants (dLLM-RL training.method).",
                        choices=("TraceRL", "random_masking", "coupled"))
-    shrink: int = knob(1, "s: trace steps merged into one training round (rl_trado.yaml: 1).")
-    post_num: int = knob(0, "Padding tokens after the response scored per row (-1: all).")
+    shrink: int = knob(1, "s: trace steps merged into one training round (rl_trado.yaml: 1).",
+                        low=1)
+    post_num: int = knob(0, "Padding tokens after the response scored per row (-1: all).",
+                         low=-1)
     lower_p: float = knob(0.1, "random_masking/coupled: p ~ U(lower_p, upper_p) per position.")
     upper_p: float = knob(0.9, "random_masking/coupled: upper end of that p.")
     beta: float = knob(0.01, "beta: weight of the k3 KL to the OLD (rollout) policy, their "
                        "training.beta; grpo.beta stays 0.")
     use_kl_estimator_k3: bool = knob(True, "k3 estimator of that KL (False: the log-ratio).")
     block_size: int = knob(0, "Training block of the rounds and the mask (0: the model's; "
-                           "LLaDA, Dream: none, leave 0).")
+                           "LLaDA, Dream: none, leave 0).", low=0)
     their_dream_forward: bool = knob(False, "Dream: rl_dream.py's training forward (RoPE "
                                      "positions 0..L-1 across prompt padding; the rollout's "
                                      "count real tokens).")
@@ -320,7 +328,7 @@ class SFTKnobs:
                           "U(lower_p, upper_p) (sft_sdar.yaml: 0.1).")
     upper_p: float = knob(0.9, "block: upper end of that p (sft_sdar.yaml: 0.9).")
     post_num: int = knob(0, "block: padding tokens after the completion trained on per row "
-                         "(sft_sdar.yaml: 0; -1: all).")
+                         "(sft_sdar.yaml: 0; -1: all).", low=-1)
 
 
 @frozen
@@ -352,7 +360,7 @@ class LoopSpec:
     export_hf: bool = knob(
         True, "Write the final model in the Hugging Face layout to <workdir>/hf.")
     stop_after: int = knob(
-        0, "Stop (as if preempted, with a save) after this many steps; 0 off.")
+        0, "Stop (as if preempted, with a save) after this many steps; 0 off.", low=0)
     if_incompatible: str = knob(
         "refuse", 'Workdir checkpoints from another config, or none restores: "refuse" (exit '
         '1, nothing changed) or "move_aside" (old run moved to <workdir>/previous/<time>, '
@@ -368,4 +376,4 @@ class LoopSpec:
         "JAX_COMPILATION_CACHE_DIR, when set, wins. Read by the commands (d1jax.cli).")
     stopped_exit_code: int = knob(
         75, "Exit code after a save on SIGTERM or stop_after, so a scheduler reruns the job "
-        "(75: EX_TEMPFAIL); 0 if it must read as success.")
+        "(75: EX_TEMPFAIL); 0 if it must read as success.", low=0, high=255)

@@ -37,14 +37,14 @@ _MISSING = object()
 
 def knob(default: Any, doc: str, *, tiny: Any = _MISSING, choices: tuple = (),
          parse: Callable[[Any], Any] | None = None, kind: Any = None,
-         low: int | None = None) -> Any:
+         low: int | None = None, high: int | None = None) -> Any:
     """A dataclass field: the config's default, the knob's meaning, its CPU-sized default,
     the values allowed, and where the spec holds another form, the function that makes it
     (the config's value then checked against ``kind``, default the default's type).
-    ``low``: the least value allowed (of each element, for a tuple, which must not be
-    empty)."""
+    ``low``, ``high``: the least and greatest values allowed (of each element, for a tuple,
+    which must not be empty)."""
     meta = {"doc": doc, "default": default, "tiny": default if tiny is _MISSING else tiny,
-            "choices": tuple(choices), "parse": parse, "low": low,
+            "choices": tuple(choices), "parse": parse, "low": low, "high": high,
             "kind": kind if kind is not None or parse is None else type(default)}
     if parse is None:
         return dataclasses.field(default=default, metadata=meta)
@@ -129,15 +129,29 @@ def _is(value: Any, kind: Any) -> bool:
     return isinstance(value, kinds)
 
 
-def _check_low(low: int | None, value: Any, where: str) -> None:
+def _check_bounds(f: dataclasses.Field, value: Any, where: str) -> None:
+    """ConfigError naming ``where``, the value and the bound when ``value`` is outside the
+    knob's ``low``/``high`` (a count of 0 would end a run in ``step % 0`` hours later)."""
     from d1jax.config.defaults import ConfigError
-    if low is None or value is None:
+    low, high = f.metadata.get("low"), f.metadata.get("high")
+    if (low is None and high is None) or value is None:
         return
     if isinstance(value, tuple):
-        if not value or min(value) < low:
+        if not value or (low is not None and min(value) < low):
             raise ConfigError(f"{where}={value!r}: needs at least one value, each >= {low}")
-    elif value < low:
+        value = max(value)
+    if low is not None and value < low:
         raise ConfigError(f"{where}={value!r}: must be >= {low}")
+    if high is not None and value > high:
+        raise ConfigError(f"{where}={value!r}: must be <= {high}")
+
+
+def check_bounds(spec) -> None:
+    """Every bounded knob of a group instance, however it was made (``translate``, or a
+    notebook's ``LoopSpec(...)`` / ``dataclasses.replace``): the groups' ``__post_init__``."""
+    for f in fields(type(spec)):
+        if "group" not in f.metadata:
+            _check_bounds(f, getattr(spec, f.name), f"{type(spec).__name__}.{f.name}")
 
 
 def translate(cls, config_group, prefix: str, **derived: Any):
@@ -148,9 +162,10 @@ def translate(cls, config_group, prefix: str, **derived: Any):
     from d1jax.config.defaults import ConfigError
     values = {}
     for f in fields(cls):
-        if f.name in derived:
-            continue
         where = f"{prefix}.{f.name}"
+        if f.name in derived:  # computed by the caller from knobs it names: bounds still hold
+            _check_bounds(f, derived[f.name], where)
+            continue
         if "group" in f.metadata:
             values[f.name] = translate(f.metadata["group"], config_group.get(f.name) or {}, where)
             continue
@@ -158,7 +173,7 @@ def translate(cls, config_group, prefix: str, **derived: Any):
         choices = f.metadata["choices"]
         if choices and value not in choices:
             raise ConfigError(f"{where}={value!r}: choose one of {', '.join(map(str, choices))}")
-        _check_low(f.metadata.get("low"), value, where)
+        _check_bounds(f, value, where)
         values[f.name] = f.metadata["parse"](value) if f.metadata["parse"] else value
     return cls(**values, **derived)
 
