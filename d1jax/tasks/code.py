@@ -134,12 +134,27 @@ def code_reward(completions: list[str], examples: list[Example],
     for i, (text, ex, f) in enumerate(zip(completions, examples, fmt)):
         if f == 1.0 and ex["tests"]:
             body = fenced_python(text)[0]
-            jobs.append([f"{body}\n{ex.get('setup', '')}\n{t}" for t in ex["tests"]])
+            setup = ex.get("setup", "")
+            jobs.append((body, [f"{setup}\n{t}" for t in ex["tests"]], ex.get("solution", "")))
             where.append(i)
     rewards = [0.0] * len(completions)
-    for i, outcome in zip(where, sandbox.run_many_programs(jobs, limits)):
+    for i, outcome in zip(where, judge(jobs, limits)):
         rewards[i] = outcome.share
     return rewards
+
+
+def judge(jobs: Sequence[tuple[str, Sequence[str], str]],
+          limits: sandbox.Limits) -> list[sandbox.Outcome]:
+    """Outcomes of ``(program, tests, reference solution)`` jobs, in order: on the trusted
+    side (``sandbox.run_calls``: the tests run outside the model's process, on plain data)
+    where the task's tests allow it, else each test after the program in the child
+    (``sandbox.splittable``: tests that build the program's classes)."""
+    split = [sandbox.splittable(tests, solution) for _, tests, solution in jobs]
+    calls = sandbox.run_many_calls([(p, t) for (p, t, _), s in zip(jobs, split) if s], limits)
+    whole = sandbox.run_many_programs([[f"{p}\n{t}" for t in tests]
+                                       for (p, tests, _), s in zip(jobs, split) if not s], limits)
+    calls, whole = iter(calls), iter(whole)
+    return [next(calls) if s else next(whole) for s in split]
 
 
 REWARD_FUNCS = (code_reward, code_format_reward)
@@ -220,8 +235,8 @@ def verdicts(records: Sequence[dict], limits: sandbox.Limits = EVAL_LIMITS) -> l
         if missing:
             raise KeyError(f"item {i} lacks {', '.join(missing)} (a code task's record)")
     programs = [extract_program(r["generations"], r) for r in records]
-    outcomes = sandbox.run_many_programs([[f"{p}\n\n{r['test']}\n"] for p, r in
-                                          zip(programs, records)], limits)
+    outcomes = judge([(f"{p}\n", [f"{r['test']}\n"], r.get("ground_truth", ""))
+                      for p, r in zip(programs, records)], limits)
     return [_verdict(p, o) for p, o in zip(programs, outcomes)]
 
 
@@ -264,9 +279,9 @@ def score_samples(path: str | Path, problems: Sequence[Example],
             program = problem.get("prefix", "") + row["completion"]
         else:
             raise ValueError(f"{path} line {n}: needs 'completion' or 'solution'")
-        jobs.append([f"{program}\n\n{problem['eval_test']}\n"])
+        jobs.append((f"{program}\n", [f"{problem['eval_test']}\n"], problem.get("solution", "")))
         ids.append(tid)
-    outcomes = sandbox.run_many_programs(jobs, limits)
+    outcomes = judge(jobs, limits)
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for tid, o in zip(ids, outcomes):
         counts[tid][0] += 1
