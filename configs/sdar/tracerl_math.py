@@ -8,7 +8,11 @@
   beta 0.01; full fine-tuning, AdamW lr 1e-6, betas 0.9/0.999, eps 1e-8, weight decay 0,
   grad norm clip 1.0, constant rate (cosine with min_lr_scale 1.0), no warmup; 80 steps;
   advantages: z-scores of correctness per task, tasks with accuracy outside [0.2, 0.8]
-  dropped (``grpo.advantage = "zscore_filtered"``).
+  dropped (``grpo.advantage = "zscore_filtered"``; the filter and z-scores read the task's
+  correctness, math500's correctness column, while the logged reward stays d1's weighted one).
+  Their loop divides the gradient by its 32 accumulation steps twice, so their clip 1.0
+  acts like 32 x 1.0 here (``--config.optim.max_grad_norm=32``; docs/objectives.md,
+  "Their optimizer step").
 
 Where d1jax differs: one optimizer step per rollout (mu 1) over all its rows, where their
 step is 32 accumulated rows and one rollout feeds many steps (the loss of a row is theirs);

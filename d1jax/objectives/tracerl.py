@@ -29,8 +29,9 @@ then the mean over rows, rows with an empty p_mask dropped. The KL is to the OLD
 rollout's, their ``logp_old_tok``), not a reference model: ``TraceRLConfig.beta``, and the
 GRPO config's ``beta`` stays 0. L1 is the completion length C (their padded response
 length). Groups whose accuracy lies outside [0.2, 0.8] are dropped before training
-(``reward/rl_process_divide_data.py``): here the ``zscore_filtered`` advantages are 0 for
-them and rows with A = 0 are left out of the row count, which is the same mean.
+(``reward/rl_reward.py``): here the ``zscore_filtered`` advantages (of correctness,
+``Task.correct_reward``) are 0 for them and rows with A = 0 are left out of the row count
+and the scored tokens (KL included), which is the same mean.
 
 Shape letters: B completions, P prompt, C completion, R rounds (copies).
 """
