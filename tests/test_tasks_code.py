@@ -249,3 +249,79 @@ def test_trainer_process_executes_no_completion():
     finally:
         hook_on[0] = False
     assert seen == []
+
+
+# ---------------------------------------------------------------- the trusted verdict
+
+# Wrong answers that pass a check run in the program's own process: objects equal to
+# everything (one an int subclass).
+GAMES = {
+    "always_equal": "class E:\n    def __eq__(self, other):\n        return True\n"
+                    "def {f}(a, b):\n    return E()\n",
+    "equal_int": "class E(int):\n    def __eq__(self, other):\n        return True\n"
+                 "    __hash__ = int.__hash__\ndef {f}(a, b):\n    return E(0)\n",
+}
+
+
+@pytest.mark.parametrize("game", sorted(GAMES))
+def test_gamed_answers_fail_where_published_solutions_pass(game):
+    """The toy, HumanEval and MBPP are judged on the trusted side (code.judge): the test's
+    comparisons run outside the model's process, on plain data."""
+    rows = code.toy_rows(3)
+    gamed = [f"```python\n{GAMES[game].format(f=r['entry_point'])}```\n" for r in rows]
+    right = [f"```python\n{r['solution']}```\n" for r in rows]
+    assert code.code_reward(right + gamed, rows + rows) == [1.0] * 3 + [0.0] * 3
+    verdicts = code.verdicts([code.record(r, g[len("```python\n"):]) for r, g in zip(rows, gamed)])
+    assert [v.correct for v in verdicts] == [False] * 3
+
+
+def test_parity_on_tests_that_use_helpers_modules_and_classes():
+    """A HumanEval-style check that calls a helper of the prompt and a module the program
+    imported (HumanEval/32's poly, math), and an MBPP test that builds the solution's class
+    (task 601's Pair: not splittable, so the child-reported path) pass with their published
+    solutions and fail with wrong ones."""
+    he = humaneval.normalize_humaneval({
+        "task_id": "HumanEval/32", "entry_point": "root",
+        "prompt": "import math\n\ndef poly(xs, x):\n    return sum(c * x ** i for i, c in "
+                  "enumerate(xs))\n\ndef root(xs):\n    \"\"\"A zero of poly.\"\"\"\n",
+        "canonical_solution": "    return -xs[0] / xs[1]\n",
+        "test": "def check(candidate):\n    for xs in ([1.0, 2.0], [3.0, -1.5], (4.0, 8.0)):\n"
+                "        assert math.fabs(poly(xs, candidate(list(xs)))) < 1e-6\n"})
+    mb = mbpp.normalize({
+        "task_id": 601, "text": "Longest chain of pairs.", "test_setup_code": "",
+        "code": "class Pair(object):\n    def __init__(self, a, b):\n        self.a, self.b = a, b\n"
+                "def max_chain_length(arr, n):\n    return n - 1\n",
+        "test_list": ["assert max_chain_length([Pair(5, 24), Pair(15, 25), Pair(27, 40)], 3) == 2"]})
+    assert code.sandbox.splittable(he["tests"], he["solution"])
+    assert not code.sandbox.splittable(mb["tests"], mb["solution"])
+    wrong_he, wrong_mb = he["prefix"] + "    return 0.5\n", mb["solution"].replace("n - 1", "n")
+    records = [code.record(he, he["solution"]), code.record(he, wrong_he),
+               code.record(mb, mb["solution"]), code.record(mb, wrong_mb)]
+    assert [v.correct for v in code.verdicts(records)] == [True, False, True, False]
+
+
+# ---------------------------------------------------------------- extraction (issue 55)
+
+
+@pytest.mark.parametrize("generation, program", [
+    # imports before the def, inside the prefilled block
+    ("import math\n\ndef add_3(x):\n    return math.floor(x) + 3\n```\nDone.",
+     "from typing import List\nimport math\n\ndef add_3(x):\n    return math.floor(x) + 3\n"),
+    # a comment and a module docstring before the def
+    ('# Solution\n"""Adds three."""\nfrom typing import List\n\ndef add_3(x):\n    return x + 3\n```',
+     'from typing import List\n# Solution\n"""Adds three."""\nfrom typing import List\n\n'
+     'def add_3(x):\n    return x + 3\n'),
+])
+def test_extract_program_keeps_what_precedes_the_def(generation, program):
+    assert code.extract_program(generation, HE) == program
+    row = humaneval.normalize_humaneval(_he_rows(4)[3])  # add_3, checked on 1 and -4
+    assert code.verdicts([code.record(row, generation)])[0].correct
+
+
+def test_extract_program_takes_text_then_a_fenced_answer():
+    """Without the prefill (sample files, other prompts) a HumanEval answer often writes a
+    sentence, then a fenced block that imports before its def."""
+    text = ("Sure! Here is the function:\n```python\nimport math\n\ndef add_3(x):\n"
+            "    return x + 3\n```\nIt adds three.")
+    assert code.extract_program(text, HE, prefilled=False) == (
+        "from typing import List\nimport math\n\ndef add_3(x):\n    return x + 3\n")
