@@ -199,3 +199,33 @@ def test_config_refuses_what_block_diffusion_does_not_run():
         sampler(kv_cache="dual")
     with pytest.raises(ValueError, match="block_size"):
         run((CFG, None), sampler(block_length=8))
+
+
+def _upcast(fns):
+    """The same model functions with their logits read as float32 (exact for bfloat16)."""
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+    return fns._replace(forward=lambda *a: f32(fns.forward(*a)),
+                        decode=lambda *a: f32(fns.decode(*a)),
+                        head=lambda *a: f32(fns.head(*a)))
+
+
+@pytest.mark.parametrize("cfg", [
+    sampler(gen_length=16, temperature=1.0, top_k=40, top_p=0.9),
+    sampler(gen_length=16, remasking="low_confidence_dynamic", threshold=0.3, temperature=0.7),
+    sampler(gen_length=16, remasking="low_confidence_dynamic", threshold=0.2, temperature=0.0),
+], ids=["static-topk-topp", "dynamic", "dynamic-greedy"])
+def test_a_bfloat16_model_draws_and_ranks_as_the_float32_path(loaded, cfg):
+    """A bfloat16 SDAR (bfloat16 weights and compute, bfloat16 logits out) is sampled with
+    its confidences, filters and draws in float32, as the float32 path (checked against the
+    numpy port above) computes them on the same logits: every token, trace entry and block
+    step count equals the run whose model functions hand the sampler those logits upcast."""
+    config, params = loaded
+    bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    fns = smp.model_fns(sdar.SDAR(config, dtype=jnp.bfloat16))
+    ids, mask, _ = (jnp.asarray(x) if i < 2 else x for i, x in enumerate(prompts()))
+    rng = jax.random.PRNGKey(11)
+    assert fns.forward(bf16, ids, mask, 0, BS).dtype == jnp.bfloat16  # what users run
+    got = smp.make_generate_fn(fns, cfg)(bf16, ids, mask, rng)
+    want = smp.make_generate_fn(_upcast(fns), cfg)(bf16, ids, mask, rng)
+    for name, a, b in zip(got._fields, got, want):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)

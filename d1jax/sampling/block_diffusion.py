@@ -103,7 +103,9 @@ def select(masked_bs: Array, p0_bs: Array, budget: Array, cfg: SamplerConfig) ->
     conf = jnp.where(masked_bs, p0_bs, -jnp.inf)
     s = conf.shape[1]
     i = jnp.arange(s)
-    # rank among the block: higher confidence first, the lower index on ties (torch's topk)
+    # rank among the block: higher confidence first, the lower index on ties. Their
+    # torch.topk leaves the order of ties unspecified (CPU returned index 2 of four equal
+    # values): a step choosing among tied positions has no backend-independent reference.
     ahead = (conf[:, None, :] > conf[:, :, None]) | (
         (conf[:, None, :] == conf[:, :, None]) & (i[None, None, :] < i[None, :, None]))
     top = masked_bs & (jnp.sum(ahead, axis=-1) < budget)
