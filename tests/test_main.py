@@ -401,3 +401,27 @@ def test_a_model_path_without_a_checkpoint_or_tokenizer_is_one_line(tmp_path, ti
     (run / "config.json").write_text('{"stage": "sft", "model": {}}')
     with pytest.raises(CheckpointError, match=rf"a d1jax run's workdir: its model is {run}/hf$"):
         family.check_checkpoint(run, "llada")
+
+
+def test_an_eval_prompt_longer_than_the_models_positions_is_one_line_before_generating(
+        tmp_path, shared_d1):
+    """A gen length that does not fit beside the longest prompt ends the evaluation in one
+    line naming the lengths, the model's limit and the knob, before any sampler compiles or
+    runs: no generation at the length that fits is written either (it was, then a traceback)."""
+    import re
+    r = subprocess.run([sys.executable, "-m", "d1jax.eval", EVAL_TINY,
+                        "--config.eval.gen_lengths=(32, 2048)", f"--workdir={tmp_path}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr[-3000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    m = re.fullmatch(
+        r"error: eval: sudoku's longest prompt \(example \d+\) is (\d+) tokens, and "
+        r"eval.gen_lengths 2048 needs \1 \+ 2048 = (\d+) positions; the model has (\d+) "
+        r"\(max_sequence_length\): lower eval.gen_lengths to at most (\d+) \(whole "
+        r"sampler.block_length (\d+) blocks\), e.g. --config.eval.gen_lengths='\(32,\)'",
+        lines[0])
+    assert m, lines[0]
+    prompt, total, limit, most, block = map(int, m.groups())
+    assert total == prompt + 2048 > limit and most == (limit - prompt) // block * block >= 32
+    assert not list(tmp_path.glob("*_generations.json"))

@@ -54,8 +54,11 @@ def evaluate(spec: RunSpec, s, task, examples, workdir: Path) -> list[dict]:
     """Generates at each configured length; writes d1-layout JSON; returns one
     ``score.score_records`` summary per length (with setup, gen_length, wall_time_s)."""
     e = spec.eval
-    plen = max(len(s.tokenizer(task.eval_prompt(s.tokenizer, ex), add_special_tokens=False)
-                   ["input_ids"]) for ex in examples)
+    lengths = [len(s.tokenizer(task.eval_prompt(s.tokenizer, ex), add_special_tokens=False)
+                   ["input_ids"]) for ex in examples]
+    plen = max(lengths)
+    check_positions(s, task.name, plen, lengths.index(plen), [c.gen_length for c in e.samplers],
+                    e.samplers[0].block_length)
     results = []
     for scfg in e.samplers:
         scfg = with_tokens(scfg, s.ids)
@@ -75,6 +78,28 @@ def evaluate(spec: RunSpec, s, task, examples, workdir: Path) -> list[dict]:
                 "model_path": spec.model.path, "gen_length": gl, "diffusion_steps": steps,
                 "block_length": scfg.block_length}, indent=2))
     return results
+
+
+def check_positions(s, task: str, prompt_length: int, index: int, gen_lengths: list[int],
+                    block: int) -> None:
+    """ConfigError before any sampler compiles when the longest prompt plus the longest
+    ``eval.gen_lengths`` exceeds the model's positions (d1 truncates no eval prompt)."""
+    from d1jax.config import ConfigError
+    from d1jax.model import family as family_lib
+    limit, gl = s.model_config.max_sequence_length, max(gen_lengths)
+    if prompt_length + gl <= limit:
+        return
+    field = family_lib.of(s.model).fields["length"][0]
+    most = (limit - prompt_length) // block * block  # a gen length is whole blocks
+    fits = tuple(g for g in gen_lengths if g <= most) or (most,)
+    todo = (f"lower eval.gen_lengths to at most {most} (whole sampler.block_length {block} "
+            f"blocks), e.g. --config.eval.gen_lengths='{fits}'" if most > 0 else
+            "the prompt alone fills them: use a model with more positions, or a test set "
+            "(task.source) without that example")
+    raise ConfigError(
+        f"eval: {task}'s longest prompt (example {index}) is {prompt_length} tokens, and "
+        f"eval.gen_lengths {gl} needs {prompt_length} + {gl} = {prompt_length + gl} positions; "
+        f"the model has {limit} ({field}): {todo}")
 
 
 def run(config, workdir: str) -> list[dict]:
