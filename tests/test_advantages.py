@@ -152,3 +152,24 @@ def test_correctness_without_a_declared_reward_must_be_a_share():
         advantages.signal("zscore_filtered", undeclared, np.array([[2.0, 0.75]], np.float32))
     with pytest.raises(ValueError, match="correct_reward=2"):
         dataclasses.replace(math, correct_reward=2)
+
+
+def test_gsm8k_and_countdown_correctness_is_the_right_answer_alone():
+    """The tasks d1 trains on read correctness as dLLM-RL does (1 right, 0 wrong): gsm8k's
+    correctness column (2.0) whatever its four format rewards add, countdown's 1.0 and not
+    its 0.1 for a well-formed miss."""
+    from d1jax.tasks import get_task
+    gsm = get_task("gsm8k")
+    ex = {"question": "q", "answer": "72"}
+    texts = ["<reasoning>\nr\n</reasoning>\n<answer>\n72\n</answer>\n",  # right, well formed
+             "<reasoning>\nr\n</reasoning>\n<answer>\n71\n</answer>\n",  # wrong, well formed
+             "72", "nothing"]  # right without tags (d1's extract_xml_answer); wrong
+    cols = gsm.reward_columns(texts, [ex] * 4)
+    assert gsm.weigh(cols)[1] > 0  # the format rewards pay the wrong answer something
+    np.testing.assert_array_equal(advantages.signal("zscore_filtered", gsm, cols), [1, 0, 1, 0])
+    cd = get_task("countdown")
+    ex = {"nums": [3, 4, 5], "target": 17}
+    texts = ["<answer>3 * 4 + 5</answer>", "<answer>3 + 4 + 5</answer>", "no answer"]
+    cols = cd.reward_columns(texts, [ex] * 3)
+    np.testing.assert_allclose(cols[:, 0], [1.0, 0.1, 0.0])
+    np.testing.assert_array_equal(advantages.signal("zscore_filtered", cd, cols), [1, 0, 0])

@@ -77,10 +77,12 @@ class Task:
     eval_prefill: str = EVAL_PREFILL  # appended to the eval prompt after the chat template
     # Judges many records at once (code tasks run them in a pool); None: ``verdict`` each.
     verdicts: Callable[[list[dict]], list[Verdict]] | None = None
-    # Index of the reward function that scores correctness alone, > 0 exactly when the
-    # answer is right (math500: 2.0 or 0); what TraceRL's estimator reads (``correctness``).
-    # None: the weighted reward is itself a share correct in [0, 1] (letters, sudoku).
+    # Index of the reward function that tells a right answer: its value is >= ``correct_at``
+    # exactly when the answer is right (math500, gsm8k: 2.0 or 0; countdown: 1.0, 0.1 well
+    # formed, 0); what TraceRL's estimator reads (``correctness``). None: the weighted reward
+    # is itself a share correct in [0, 1] (letters, sudoku's cells).
     correct_reward: int | None = None
+    correct_at: float = 1.0
 
     def __post_init__(self):
         if len(self.reward_funcs) != len(self.reward_weights):
@@ -108,9 +110,10 @@ class Task:
 
     def correctness(self, columns: np.ndarray) -> np.ndarray:
         """[B] float32 in [0, 1] from reward columns [B, F]: 1.0 where ``correct_reward``'s
-        column is > 0, else 0.0; without one, the weighted reward, which must lie in [0, 1]."""
+        column is >= ``correct_at``, else 0.0; without one, the weighted reward, which must
+        lie in [0, 1]."""
         if self.correct_reward is not None:
-            return (columns[:, self.correct_reward] > 0).astype(np.float32)
+            return (columns[:, self.correct_reward] >= self.correct_at).astype(np.float32)
         total = self.weigh(columns)
         if total.size and not 0.0 <= total.min() <= total.max() <= 1.0:
             raise ValueError(

@@ -296,6 +296,7 @@ def ground_truth(example: Example) -> str | None:
 def make_task() -> Task:
     return Task(name="countdown", system_prompt=XML_SYSTEM_PROMPT, reward_funcs=REWARD_FUNCS,
                 reward_weights=(1.0,), build_messages=build_messages,
+                correct_reward=0, correct_at=CORRECT,  # WELL_FORMED (0.1) is not right
                 eval_system_prompt=EVAL_SYSTEM_PROMPT, build_eval_messages=build_eval_messages,
                 record=record, verdict=verdict, load_train=load_train, load_test=load_test,
                 ground_truth=ground_truth)

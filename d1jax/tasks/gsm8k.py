@@ -230,6 +230,7 @@ def ground_truth(example: Example) -> str | None:
 def make_task() -> Task:
     return Task(name="gsm8k", system_prompt=XML_SYSTEM_PROMPT, reward_funcs=REWARD_FUNCS,
                 reward_weights=(1.0,) * len(REWARD_FUNCS), build_messages=build_messages,
+                correct_reward=4, correct_at=2.0,  # correctness_reward_func: 2.0 or 0
                 eval_system_prompt=EVAL_SYSTEM_PROMPT, build_eval_messages=build_eval_messages,
                 record=record, verdict=verdict, load_train=load_train, load_test=load_test,
                 ground_truth=ground_truth)
