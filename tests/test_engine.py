@@ -129,3 +129,27 @@ def test_prompts_longer_than_max_prompt_length_lose_their_start_and_are_counted(
     assert mask[1].sum() == len(tokens(short)) and ids[1, -mask[1].sum():].tolist() == tokens(short)
     encode_prompts(s.tokenizer, [long, short], n, on_truncate=seen.append)
     assert seen == [1]  # nothing cut: not called
+
+
+def test_rollout_advantages_read_correctness_for_tracerl(setup):
+    """TraceRL's rollout on a task with math500's reward layout (correctness 2.0 or 0, and a
+    format reward; ``Task.correct_reward``) z-scores the groups' correctness and drops the groups whose share correct lies outside [0.2, 0.8]
+    (dLLM-RL), while the weighted reward it logs would drop other groups: the batch's
+    advantages against the rule applied here to the designed reward columns."""
+    spec, s, task, examples = setup
+    g = spec.grpo_run.num_generations
+    right = np.array([[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], bool)
+    fmt = np.array([[0.25, 0.75, 0.25, 0.75], [0.75, 0.25, 0.75, 0.25],
+                    [0.25, 0.75, 0.75, 0.25], [0.75, 0.25, 0.25, 0.75]])
+    assert right.shape == (ROWS // g, g) == fmt.shape
+    designed = dataclasses.replace(task, reward_funcs=(
+        lambda c, e: list(2.0 * right.reshape(-1)), lambda c, e: list(fmt.reshape(-1))),
+        reward_weights=(1.0, 1.0), correct_reward=0, correct_at=2.0)
+    batch, _, _ = _engine(setup, 0).rollout(designed, rl.repeat_examples(examples[:ROWS // g], g),
+                                            0)
+    want = np.zeros_like(fmt)
+    for i, row in enumerate(right.astype(float)):
+        if 0.2 <= row.mean() <= 0.8:  # kept: z-scores of correctness (population std)
+            want[i] = (row - row.mean()) / row.std()
+    np.testing.assert_allclose(np.asarray(batch.advantages), want.reshape(-1), atol=1e-5)
+    assert np.abs(want[1]).sum() == 0 and np.abs(want[0]).sum() > 0
