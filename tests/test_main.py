@@ -425,3 +425,23 @@ def test_an_eval_prompt_longer_than_the_models_positions_is_one_line_before_gene
     prompt, total, limit, most, block = map(int, m.groups())
     assert total == prompt + 2048 > limit and most == (limit - prompt) // block * block >= 32
     assert not list(tmp_path.glob("*_generations.json"))
+
+
+def test_an_eval_prompt_that_leaves_less_than_a_block_says_so(tiny_config, tiny_model):
+    """The branch where not one block fits beside the prompt: the line says how many positions
+    the prompt leaves and what to do, not "a gen length of at most 0"."""
+    import types
+
+    from d1jax.config import ConfigError
+    from d1jax.eval import evaluate
+    s = types.SimpleNamespace(model_config=tiny_config, model=tiny_model)
+    limit = tiny_config.max_sequence_length
+    evaluate.check_positions(s, "gsm8k", limit - 64, 3, [32, 64], 32)  # fits exactly: silent
+    with pytest.raises(ConfigError) as e:
+        evaluate.check_positions(s, "gsm8k", limit - 10, 3, [32], 32)
+    assert str(e.value) == (
+        f"eval: gsm8k's longest prompt (example 3) is {limit - 10} tokens, and eval.gen_lengths "
+        f"32 needs {limit - 10} + 32 = {limit + 22} positions; the model has {limit} "
+        "(max_sequence_length): the prompt leaves 10, less than one sampler.block_length 32 "
+        "block: use a model with more positions, or a test set (task.source) without that "
+        "example")

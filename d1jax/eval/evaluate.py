@@ -94,7 +94,8 @@ def check_positions(s, task: str, prompt_length: int, index: int, gen_lengths: l
     fits = tuple(g for g in gen_lengths if g <= most) or (most,)
     todo = (f"lower eval.gen_lengths to at most {most} (whole sampler.block_length {block} "
             f"blocks), e.g. --config.eval.gen_lengths='{fits}'" if most > 0 else
-            "the prompt alone fills them: use a model with more positions, or a test set "
+            f"the prompt leaves {max(limit - prompt_length, 0)}, less than one sampler."
+            f"block_length {block} block: use a model with more positions, or a test set "
             "(task.source) without that example")
     raise ConfigError(
         f"eval: {task}'s longest prompt (example {index}) is {prompt_length} tokens, and "
