@@ -1,0 +1,265 @@
+"""LLaDA2.x (mixture-of-experts block diffusion) as a pure Flax linen module.
+
+The decoder of inclusionAI's ``modeling_llada2_moe.py`` (``LLaDA2MoeModelLM``): word
+embeddings; per layer x + Attn(RMSNorm(x)), then + FFN(RMSNorm(.)); final RMSNorm; an untied
+``lm_head``. Attention: one fused ``query_key_value`` projection split into N query and K kv
+heads (GQA), a per-head RMSNorm on queries and keys (``query_layernorm``/``key_layernorm``;
+their modeling file applies them whatever ``use_qk_norm`` says, and every release carries
+them), RoPE (rotate-half, theta ``rope_theta``) on the first ``rotary_dim = head_dim *
+partial_rotary_factor`` features of each head only, softmax in float32, the output projection
+``dense``. FFN: a SwiGLU of width ``intermediate_size`` in the first ``first_k_dense_replace``
+layers, the MoE of ``d1jax.model.llada2.moe`` (router, routed experts, shared experts) after.
+
+Block-causal attention: their ``generate`` gives the model a [L, L] mask on which a query sees
+every key of its own block of ``block_size`` (their block_length, 32) tokens and of the blocks
+before it, blocks counted from position 0, positions 0..L-1 (``block_align`` "start"; the SDAR
+mask, ``d1jax.model.sdar.model.block_causal_mask``). Their block-diffusion training (dFactory
+``tasks/train_llada2_bd.py``) runs the noised and clean copies side by side under a
+three-part mask; ``hidden(..., mask=, positions=)`` takes such a mask from the objective. Row i
+predicts token i (``shifted_prediction`` False).
+
+Parameter names are the checkpoint's with the ``model.``/``attention.``/``mlp.`` scopes dropped;
+kernels are [in, out]; the dense layers are stacked on a leading axis under ``dense_layers``,
+the MoE layers under ``moe_layers`` (two ``nn.scan``s). Router metrics are sown into the
+``intermediates`` collection (``moe_layers/router_load`` [n_moe, E], ``router_entropy``
+[n_moe]) when the caller asks for it (``mutable=["intermediates"]``).
+
+Shape letters: B batch, L sequence, D hidden, N query heads, K kv heads, H head dim, V vocab.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from d1jax import sharding as shd
+from d1jax.model.attention import attention
+from d1jax.model.layers import Proj, RMSNorm, apply_rope, rope_tables, swiglu
+from d1jax.model.llada2 import moe
+from d1jax.model.llada2.config import LLaDA2Config
+from d1jax.model.lora import LoraConfig
+from d1jax.model.qwen import BiasedProj, token_positions
+from d1jax.model.sdar.model import block_causal_mask
+
+Array = jax.Array
+DType = Any
+
+
+def partial_rope(x_blnh: Array, sin_blr: Array, cos_blr: Array) -> Array:
+    """RoPE on the first R features of each head (R = the tables' width), the rest as is."""
+    r = sin_blr.shape[-1]
+    return jnp.concatenate([apply_rope(x_blnh[..., :r], sin_blr, cos_blr), x_blnh[..., r:]],
+                           axis=-1)
+
+
+class LLaDA2Block(nn.Module):
+    """One LLaDA2 decoder layer (dense FFN, or MoE when ``is_moe``); returns (x, None)."""
+
+    config: LLaDA2Config
+    dtype: DType
+    param_dtype: DType
+    lora: LoraConfig | None = None
+    is_moe: bool = False
+
+    def _proj(self, name: str, features: int, axes: tuple[str, str], bias: bool = False):
+        lora = self.lora if (self.lora is not None and name in self.lora.targets) else None
+        return (BiasedProj if bias else Proj)(
+            features, axes, self.dtype, self.param_dtype, init_std=self.config.initializer_range,
+            lora=lora, name=name, quant=self.lora.base_quant if self.lora is not None else "none")
+
+    def _attention(self, xn: Array, rope: tuple[Array, Array], mask: Any, kw: dict) -> Array:
+        c = self.config
+        n, k, h = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        b, l = xn.shape[:2]
+        qkv = self._proj("query_key_value", (n + 2 * k) * h, (shd.EMBED, shd.Q_HEADS),
+                         c.use_qkv_bias)(xn, **kw).reshape(b, l, n + 2 * k, h)
+        norm = functools.partial(RMSNorm, c.rms_norm_eps, self.dtype, self.param_dtype)
+        q = norm(name="query_layernorm")(qkv[:, :, :n])
+        kk = norm(name="key_layernorm")(qkv[:, :, n:n + k])
+        q, kk = partial_rope(q, *rope), partial_rope(kk, *rope)
+        att = attention(q, kk, qkv[:, :, n + k:], mask, h ** -0.5)
+        return self._proj("dense", c.hidden_size, (shd.Q_HEADS, shd.EMBED), c.use_bias)(
+            att.reshape(b, l, n * h), **kw)
+
+    def _moe(self, xn: Array, kw: dict) -> Array:
+        c = self.config
+        b, l, d = xn.shape
+        kernel, bias = moe.Router(c.num_experts, c.initializer_range, self.param_dtype,
+                                  name="gate")(d)
+        x_td = xn.reshape(b * l, d)
+        ids, w, scores = moe.route(x_td, kernel, bias, top_k=c.num_experts_per_tok,
+                                   n_group=c.n_group, topk_group=c.topk_group,
+                                   scaling=c.routed_scaling_factor)
+        metrics = moe.router_metrics(ids, scores)
+        self.sow("intermediates", "router_load", metrics["load"])
+        self.sow("intermediates", "router_entropy", metrics["entropy"])
+        weights = moe.Experts(c.num_experts, d, c.moe_intermediate_size, c.initializer_range,
+                              self.param_dtype, name="experts")()
+        y = moe.experts_forward(x_td, ids, w, *weights).reshape(b, l, d)
+        if c.num_shared_experts:
+            y = y + SwiGLU(c, self.dtype, self.param_dtype, self.lora,
+                           c.shared_intermediate_size, name="shared_experts")(xn, kw)
+        return y
+
+    @nn.compact
+    def __call__(self, x_bld: Array, rope: tuple[Array, Array], mask: Any, use_lora: bool,
+                 deterministic: bool) -> tuple[Array, None]:
+        c = self.config
+        kw = dict(use_lora=use_lora, deterministic=deterministic)
+        norm = functools.partial(RMSNorm, c.rms_norm_eps, self.dtype, self.param_dtype)
+        x_bld = nn.with_logical_constraint(x_bld, (shd.BATCH, shd.LENGTH, shd.ACT_EMBED))
+        x_bld = x_bld + self._attention(norm(name="input_layernorm")(x_bld), rope, mask, kw)
+        xn = norm(name="post_attention_layernorm")(x_bld)
+        if self.is_moe:
+            return x_bld + self._moe(xn, kw), None
+        return x_bld + swiglu(self._proj, xn, c.intermediate_size, c.hidden_size,
+                              ("gate_proj", "up_proj", "down_proj"), **kw), None
+
+
+class SwiGLU(nn.Module):
+    """A SwiGLU of width ``hidden`` with its own scope (the MoE layers' ``shared_experts``)."""
+
+    config: LLaDA2Config
+    dtype: DType
+    param_dtype: DType
+    lora: LoraConfig | None
+    hidden: int
+
+    @nn.compact
+    def __call__(self, x_bld: Array, kw: dict) -> Array:
+        def proj(name, features, axes):
+            lora = self.lora if (self.lora is not None and name in self.lora.targets) else None
+            return Proj(features, axes, self.dtype, self.param_dtype,
+                        init_std=self.config.initializer_range, lora=lora, name=name,
+                        quant=self.lora.base_quant if self.lora is not None else "none")
+        return swiglu(proj, x_bld, self.hidden, self.config.hidden_size,
+                      ("gate_proj", "up_proj", "down_proj"), **kw)
+
+
+class LLaDA2(nn.Module):
+    """The LLaDA2 MoE mask predictor (row i predicts token i).
+
+    Attributes:
+      config: architecture.
+      dtype: compute dtype of matmuls; norms, RoPE, the router and softmax statistics run in
+        float32.
+      param_dtype: storage dtype of the parameters (the router's ``expert_bias``: float32).
+      remat: rematerialise each block in the backward pass.
+      lora: optional LoRA adapters on the projections named in ``lora.targets``.
+      unroll_layers: unroll the layer scans into straight-line code.
+      layers_per_loop: layers per iteration of each scan.
+    """
+
+    config: LLaDA2Config
+    dtype: DType = jnp.float32
+    param_dtype: DType = jnp.float32
+    remat: bool = False
+    lora: LoraConfig | None = None
+    unroll_layers: bool | None = None
+    layers_per_loop: int = 1
+
+    shifted_prediction = False
+
+    def _stack(self, n: int, is_moe: bool):
+        block = LLaDA2Block
+        if self.remat:
+            block = nn.remat(LLaDA2Block, prevent_cse=False, static_argnums=(4, 5),
+                             policy=jax.checkpoint_policies.nothing_saveable)
+        bc = nn.broadcast
+        return nn.scan(
+            block, variable_axes={"params": 0, "intermediates": 0},
+            split_rngs={"params": True, "dropout": True}, in_axes=(bc, bc, bc, bc), length=n,
+            metadata_params={nn.PARTITION_NAME: shd.LAYERS},
+            unroll=n if self.unroll_layers else self.layers_per_loop,
+        )(self.config, self.dtype, self.param_dtype, self.lora, is_moe)
+
+    def setup(self):
+        c = self.config
+        self.word_embeddings = nn.Embed(
+            c.vocab_size, c.hidden_size, param_dtype=self.param_dtype, dtype=self.dtype,
+            embedding_init=nn.with_logical_partitioning(
+                nn.initializers.normal(stddev=c.initializer_range), (shd.VOCAB, shd.EMBED)))
+        self.dense_layers = self._stack(c.n_dense, False) if c.n_dense else None
+        self.moe_layers = self._stack(c.n_moe, True) if c.n_moe else None
+        self.norm = RMSNorm(c.rms_norm_eps, self.dtype, self.param_dtype)
+        if not c.tie_word_embeddings:
+            self.lm_head = Proj(c.vocab_size, (shd.EMBED, shd.VOCAB), self.dtype,
+                                self.param_dtype, init_std=c.initializer_range)
+
+    def unrolled(self) -> bool:
+        return bool(self.unroll_layers)
+
+    def rope(self, positions_bl: Array) -> tuple[Array, Array]:
+        """sin, cos [B or 1, L, rotary_dim] of integer positions (their default RoPE over the
+        rotary features: inv_freq = theta^(-2j / rotary_dim))."""
+        c = self.config
+        return rope_tables(positions_bl.astype(jnp.float32), c.rotary_dim, c.rope_theta)
+
+    def hidden(self, input_ids: Array, attention_mask: Array | None = None, *,
+               positions: Array | None = None, use_lora: bool = True,
+               deterministic: bool = True, keep_last: int | None = None,
+               read_upto: Array | int | None = None, mask: Any = None) -> Array:
+        """Final-norm hidden states [B, L, D] (or [B, keep_last, D] of the last positions).
+
+        Args:
+          input_ids: [B, L] int token ids.
+          attention_mask: [B, L] (1 = real token, 0 = padding); None: all real.
+          positions: [B, L] or [L] RoPE positions; default ``token_positions`` of the mask.
+          mask: bool [B or 1, L, L] per-query mask (or a ``RowMask``) replacing the
+            block-causal one (block diffusion training's two streams).
+        """
+        b, l = input_ids.shape
+        c = self.config
+        if positions is None:
+            positions = token_positions(attention_mask, l)
+        positions = jnp.asarray(positions)
+        positions = positions[None] if positions.ndim == 1 else positions
+        rope = tuple(jnp.broadcast_to(r, (b, l, c.rotary_dim)) for r in self.rope(positions))
+        if mask is None:
+            mask = block_causal_mask(attention_mask, l, c.block_size, c.block_align)
+        x = self.word_embeddings(input_ids)
+        for stack in (self.dense_layers, self.moe_layers):
+            if stack is not None:
+                x, _ = stack(x, rope, mask, use_lora, deterministic)
+        h = self.norm(x)
+        return h if keep_last is None else h[:, l - keep_last:]
+
+    def logits(self, hidden_bsd: Array) -> Array:
+        """Logits [B, S, V] from hidden states [B, S, D]."""
+        if self.config.tie_word_embeddings:
+            out = self.word_embeddings.attend(hidden_bsd)
+        else:
+            out = self.lm_head(hidden_bsd)
+        return nn.with_logical_constraint(out, (shd.BATCH, shd.LENGTH, shd.ACT_VOCAB))
+
+    def sliced_hidden(self, input_ids: Array, attention_mask: Array | None = None, *,
+                      positions: Array | None = None, slice_start: Array | int | None = None,
+                      slice_len: int | None = None, use_lora: bool = True,
+                      deterministic: bool = True) -> Array:
+        """Hidden states [B, L or slice_len, D] of positions slice_start:+slice_len."""
+        h = self.hidden(input_ids, attention_mask, positions=positions, use_lora=use_lora,
+                        deterministic=deterministic)
+        if slice_len is not None:
+            h = jax.lax.dynamic_slice_in_dim(h, 0 if slice_start is None else slice_start,
+                                             slice_len, axis=1)
+        return h
+
+    def __call__(self, input_ids: Array, attention_mask: Array | None = None, *,
+                 positions: Array | None = None, slice_start: Array | int | None = None,
+                 slice_len: int | None = None, use_lora: bool = True,
+                 deterministic: bool = True) -> Array:
+        """Logits [B, L, V] (row i predicts token i), or [B, slice_len, V] of a slice."""
+        return self.logits(self.sliced_hidden(
+            input_ids, attention_mask, positions=positions, slice_start=slice_start,
+            slice_len=slice_len, use_lora=use_lora, deterministic=deterministic))
+
+    @staticmethod
+    def output_head(params: dict[str, Any], config: LLaDA2Config) -> tuple[Array, None]:
+        """(the output head as [D, V], no logit scale)."""
+        if config.tie_word_embeddings:
+            return params["word_embeddings"]["embedding"].T, None
+        return params["lm_head"]["kernel"], None
