@@ -1,0 +1,64 @@
+"""Expert parallelism of LLaDA2's MoE (d1jax.model.llada2.moe) on 8 fake CPU devices: the
+logits and the gradient of every param are the same with the experts on 1, 4 and 8 shards
+of an ``expert`` mesh axis (the rest of the devices on ``data``), and the sharded runs go
+through the shard_map over the expert axis with each device holding E/n experts."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from d1jax import sharding as shd
+from d1jax.model.llada2 import LLaDA2, preset
+from d1jax.model.predictor import init_params
+
+AXES = ("data", "fsdp", "tensor", "expert")
+RULES = tuple((name, "expert" if name == shd.EXPERT else axes)
+              for name, axes in shd.DEFAULT_RULES)
+
+pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices")
+
+
+def _loss_and_grad(model, params, ids, mesh):
+    """(logits, grads of a scalar of them) under ``mesh`` with the expert rule, params placed
+    by their logical axes."""
+    def loss(p):
+        out = model.apply({"params": p}, ids)
+        return jnp.sum(jnp.sin(out)), out
+    with shd.activate(mesh, RULES):
+        placed = jax.device_put(params, shd.param_shardings(model, mesh, RULES))
+        step = jax.jit(jax.value_and_grad(loss, has_aux=True))
+        (_, out), grads = step(placed)
+        text = str(jax.make_jaxpr(jax.value_and_grad(loss, has_aux=True))(placed))
+        experts = placed["moe_layers"]["experts"]["gate_proj"]
+    return np.asarray(out), jax.tree.map(np.asarray, grads), text, experts
+
+
+def test_expert_shards_do_not_change_numerics():
+    config = preset("llada2-tiny", num_hidden_layers=1, first_k_dense_replace=0)  # one MoE layer
+    model = LLaDA2(config)
+    params = init_params(model, jax.random.key(0))
+    # A sizable bias so that selection depends on it, as in the checkpoint tests.
+    params["moe_layers"]["gate"]["expert_bias"] = 0.3 * jax.random.normal(
+        jax.random.key(1), params["moe_layers"]["gate"]["expert_bias"].shape)
+    ids = jax.random.randint(jax.random.key(2), (8, 8), 0, config.vocab_size)
+    runs = {}
+    for n in (1, 4, 8):
+        mesh = shd.make_mesh((8 // n, 1, 1, n), AXES)
+        out, grads, text, experts = _loss_and_grad(model, params, ids, mesh)
+        assert ("shard_map" in text) == (n > 1), n
+        local = experts.addressable_shards[0].data.shape
+        assert local[1] == config.num_experts // n, (n, local)
+        runs[n] = out, grads
+    out1, g1 = runs[1]
+    for n in (4, 8):
+        np.testing.assert_allclose(runs[n][0], out1, rtol=1e-5, atol=1e-5)
+        # float32 sums in another order (the psum over shards): 1e-5 of each param's scale
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(
+            a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max()), runs[n][1], g1)
+    # The expert weights get a gradient (the routed path is differentiated).
+    assert np.abs(g1["moe_layers"]["experts"]["down_proj"]).max() > 0
+    assert np.abs(g1["moe_layers"]["gate"]["kernel"]).max() > 0
+    assert np.abs(g1["moe_layers"]["gate"]["expert_bias"]).max() == 0  # selection only
