@@ -20,7 +20,8 @@ PACKAGE = ROOT / "d1jax"
 
 # Lowest first. A unit may import its own layer and the ones below it, never one above.
 LAYERS = (
-    ("sharding", "metrics", "checkpoint", "distributed"),  # services without a model
+    ("sharding", "metrics", "checkpoint", "distributed", "knobs"),  # services without a model
+    # ``knobs``: how a knob is declared (every layer that has knobs: objectives, config)
     ("model", "tasks"),  # the families; tasks with prompts, rewards, loaders
     ("sampling", "objectives"),  # the jitted pieces users reuse
     ("config",),  # the run configs' defaults and the checks that need no model

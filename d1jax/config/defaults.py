@@ -17,10 +17,11 @@ from pathlib import Path
 import ml_collections as mlc
 
 from d1jax.config import groups, knobs
+from d1jax.knobs import ConfigError  # noqa: F401 - the config layer's name for it
+from d1jax.objectives import registry
+from d1jax.objectives.recipes import full_finetuning  # noqa: F401 - configs call it
 
 
-class ConfigError(ValueError):
-    """A config that cannot run; raised before any compute."""
 
 
 def checkpoints() -> dict[str, tuple[str, str, str]]:
@@ -199,10 +200,6 @@ def smaller_rollout_batch(rows: int, rollout_batch: int, data_parallel: int) -> 
 _MU = {"gsm8k": 12, "math500": 12, "sudoku": 8, "countdown": 8}
 
 
-# Objectives without a reference term (config.grpo.beta must be 0 for them).
-_RATIO_FREE = ("wd1", "spg")
-
-
 def grpo(task: str, arg: str | None, objective: str = "diffu_grpo",
          checkpoint: str = "llada") -> mlc.ConfigDict:
     """GRPO-style RL on ``task`` with ``objective`` (diffu_grpo, wd1, spg, coupled_grpo),
@@ -211,6 +208,11 @@ def grpo(task: str, arg: str | None, objective: str = "diffu_grpo",
     ``arg``: "tiny" shrinks it for CPU; "authors" takes the objective's own authors' recipe
     instead of d1's knobs (``_authors``); "authors,tiny" both."""
     tiny, authors, generated = _variant(arg, authors_ok=True)
+    try:
+        registry.load_modules()  # the built-in objectives and $D1JAX_OBJECTIVE_MODULES'
+    except ValueError as e:
+        raise ConfigError(f"${registry.MODULES_ENV}: {e}") from None
+    entry = registry.OBJECTIVES.get(objective)  # an unknown one: the spec names the known
     c = base("grpo", task, tiny, steps=5000, checkpoint=checkpoint)
     if task in ("sudoku", "countdown") and not (tiny or generated):
         c.task.source = "d1"  # d1's training data (diffu-grpo/data_utils.py); ':generated': ours
@@ -224,8 +226,7 @@ def grpo(task: str, arg: str | None, objective: str = "diffu_grpo",
     g = c.grpo = knobs.group(
         groups.GRPOKnobs, tiny, objective=objective,
         num_iterations=2 if tiny else _MU.get(task, 12),  # d1's mu of the task
-        # TraceRL's KL is to the old policy (grpo.tracerl.beta): no reference term either.
-        beta=0.0 if objective in _RATIO_FREE + ("tracerl",) else 0.04)
+        beta=entry.default_beta if entry else 0.04)  # 0 without a reference term
     if authors:
         _authors(c, objective, tiny)
     c.lock()
@@ -234,73 +235,14 @@ def grpo(task: str, arg: str | None, objective: str = "diffu_grpo",
 
 def _authors(c: mlc.ConfigDict, objective: str, tiny: bool) -> None:
     """The ``:authors`` variant: the knobs the objective's authors ran with, where they differ
-    from d1's (docs/objectives.md has each source)."""
-    g = c.grpo
-    if objective == "coupled_grpo":
-        # DiffuCoder's recipes/config_coupled_code.yaml (apple/ml-diffucoder): full fine-tuning
-        # of Dream-v0-Instruct-7B, a reference synced every 64 steps, RLOO advantage unscaled.
-        c.lora.enabled = False
-        g.beta = 0.01
-        g.num_iterations = 2
-        g.advantage = "leave_one_out"
-        g.epsilon = 0.5
-        g.sync_ref_model = True
-        if not tiny:
-            # Full fine-tuning of 7B with a reference copy fits v5p-8 and v6e-8 only with remat
-            # and the layer loop (docs/tpu_plan.md: 320 / 160 GiB a chip without remat).
-            c.model.remat, c.model.unroll_layers = True, False
-            g.num_generations = 10
-            # 8 GPUs (run.sh:6 --num_processes 8) x 5 rows (per_device_train_batch_size) x 2
-            # (gradient_accumulation_steps) = 80 rows: 8 prompts of G = 10.
-            g.prompts_per_step = 8
-            g.ref_model_sync_steps = 64
-            c.optim.learning_rate = 1e-6
-            c.optim.lr_schedule = "cosine_with_min_lr"
-            c.optim.min_lr_rate = 0.1
-            c.sampler.gen_length = 256
-            c.sampler.steps = 256  # diffusion_steps: one token per step
-        # Rollouts through Dream's diffusion_generate over the whole completion, as
-        # coupled_grpo.py calls it: alg "entropy", top_p 0.95 (temperature > 0), alg_temp 0.
-        c.sampler.loop = "dream"
-        c.sampler.block_length = c.sampler.gen_length
-        c.sampler.alg = "entropy"
-        c.sampler.top_p = 0.95
-        c.sampler.temperature = 1.0  # generation_temperature
-        g.p_mask_prompt = 0.0
-    elif objective == "spg":
-        g.num_iterations = 4  # SPG's run scripts: num_iterations 4
-        if c.task.name == "sudoku":
-            # spg_mix/sudoku_new_base_spg_mix_beta1.0_weight0.5.sbatch: dataset sudoku_new (its
-            # split, 3-shot prompt), eubo_beta 1.0, temperature 0.3, max_prompt_length 1500.
-            g.spg.eubo_beta = 1.0
-            c.sampler.temperature = 0.3
-            if not tiny:
-                c.task.source = "spg"
-                c.max_prompt_length = 1500
-    elif objective == "justgrpo":
-        _justgrpo(c, tiny)
-    else:
-        raise ConfigError(f"no ':authors' variant for objective {objective!r} (coupled_grpo, "
-                          f"spg, justgrpo have one; diffu_grpo's authors are d1)")
-
-
-def _justgrpo(c: mlc.ConfigDict, tiny: bool) -> None:
-    """LeapLabTHU/JustGRPO's train.py values (configs/justgrpo_gsm8k.py lists each)."""
-    g, o, s = c.grpo, c.optim, c.sampler
-    full_finetuning(c, 1e-3 if tiny else 5e-6)  # train.py's AdamW on every parameter
-    o.grad_accum = 1 if tiny else 16  # memory only: the loss is the same
-    c.train.num_steps = 4 if tiny else 125
-    g.num_epochs = 0  # train.num_steps, as train.py's total_steps
-    g.num_generations = 4 if tiny else 16
-    g.prompts_per_step = 2 if tiny else 64
-    g.num_iterations, g.beta, g.epsilon, g.advantage = 1, 0.0, 0.2, "grpo"
-    g.p_mask_prompt = 0.0  # the exact likelihood masks no prompt token
-    s.gen_length = 16 if tiny else 256
-    s.steps, s.block_length, s.temperature = s.gen_length, 1, 1.0
-    if not tiny:
-        # Full fine-tuning of 8B with AdamW's float32 state: remat and the layer loop, as
-        # coupled-GRPO's full fine-tuning (docs/tpu_plan.md).
-        c.model.remat, c.model.unroll_layers = True, False
+    from d1's (its record's ``authors``; docs/objectives.md has each source)."""
+    entry = registry.OBJECTIVES.get(objective)
+    if entry is None or entry.authors is None:
+        have = ", ".join(o.name for o in registry.by_paper(registry.OBJECTIVES.values())
+                         if o.authors)
+        raise ConfigError(f"no ':authors' variant for objective {objective!r} ({have} have "
+                          f"one; diffu_grpo's authors are d1)")
+    entry.authors(c, tiny)
 
 
 def checkpoint_word(arg: str | None, word: str, default: str) -> tuple[str, str | None, bool]:
@@ -309,17 +251,6 @@ def checkpoint_word(arg: str | None, word: str, default: str) -> tuple[str, str 
     parts = [a for a in (arg or "").split(",") if a]
     rest = ",".join(a for a in parts if a != word) or None
     return word if word in parts else default, rest, "tiny" in (rest or "").split(",")
-
-
-def full_finetuning(c: mlc.ConfigDict, learning_rate: float) -> None:
-    """Every parameter trained (no LoRA) by AdamW at a constant ``learning_rate``: b2 0.999,
-    no weight decay, gradients clipped to norm 1, no warmup. JustGRPO's train.py and
-    Gen-Verse/dLLM-RL's sft_*.yaml / rl_*.yaml (a cosine with min_lr_scale 1.0) all train so."""
-    o = c.optim
-    c.lora.enabled = False
-    o.learning_rate = learning_rate
-    o.b2, o.weight_decay, o.max_grad_norm, o.warmup_ratio = 0.999, 0.0, 1.0, 0.0
-    o.lr_schedule = "constant_with_warmup"  # with no warmup: constant
 
 
 def dllm_rl(c: mlc.ConfigDict, tiny: bool, *, steps: int, responses: int, tasks: int,

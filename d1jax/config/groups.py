@@ -12,14 +12,21 @@ sets a knob per task, objective or checkpoint, its default here says so.
 import dataclasses
 from typing import Any
 
-from d1jax.config.knobs import check_bounds, knob, subgroup
+from d1jax.knobs import frozen, knob
+# The objectives' own groups are declared next to their modules (their records name them).
+from d1jax.objectives.coupled_grpo import CoupledGRPOKnobs  # noqa: F401 - re-exported
+from d1jax.objectives.justgrpo import JustGRPOKnobs  # noqa: F401
+from d1jax.objectives.spg import SPGKnobs  # noqa: F401
+from d1jax.objectives.tracerl import TraceRLKnobs  # noqa: F401
+from d1jax.objectives.wd1 import WD1Knobs  # noqa: F401
 
 
-def frozen(cls):
-    """A group: a frozen dataclass whose bounds (``low=``, ``high=``) hold however it is
-    built, so a notebook's ``LoopSpec(sample_every=0)`` fails at once, not at ``step % 0``."""
-    cls.__post_init__ = check_bounds
-    return dataclasses.dataclass(frozen=True)(cls)
+def objective_groups() -> list[tuple[str, type, str]]:
+    """(name, knobs class, meaning) of each registered objective with knobs of its own:
+    config.grpo's groups after ``objective``."""
+    from d1jax.objectives import registry
+    registry.load_modules()
+    return [(o.name, o.knobs, o.doc) for o in registry.OBJECTIVES.values() if o.knobs]
 
 
 def _dtype(name: str) -> Any:
@@ -194,59 +201,6 @@ class SamplerKnobs:
 
 
 @frozen
-class WD1Knobs:
-    negative: bool = knob(True, "Keep the negative-advantage term - sum w- log pi (False: the "
-                          "authors' positive-only variant).")
-
-
-@frozen
-class SPGKnobs:
-    num_t: int = knob(2, "J: block-masked noisy copies per sequence (Monte Carlo samples of the "
-                      "bounds); in [1, gen_length / block_length].", low=1)
-    min_t: float = knob(0.0, "Masked share of the chosen block lies in [min_t, max_t].")
-    max_t: float = knob(1.0, "Upper end of that share.")
-    eubo_beta: float = knob(1.5, "beta: power of the upper bound (EUBO).")
-    mix_weight: float = knob(0.5, "omega: EUBO share of the negative-advantage estimate (1: "
-                             "pure EUBO).")
-
-
-@frozen
-class CoupledGRPOKnobs:
-    t_min: float = knob(0.2, "t ~ U(t_min, t_max): mask ratio of the set M of the "
-                        "complementary pair.")
-    t_max: float = knob(0.8, "Upper end of t.")
-
-
-@frozen
-class JustGRPOKnobs:
-    gain: float = knob(8.0, "Loss multiplier: its logprob_loss gain 1.0 x its 8 summed "
-                       "accumulation steps (train.py).")
-    position_chunk: int = knob(0, "K: completion positions per batched, rematerialised forward "
-                               "of the likelihood (0: auto by a token budget).", low=0)
-
-
-@frozen
-class TraceRLKnobs:
-    method: str = knob("TraceRL", "TraceRL scores the rollout's trace; random_masking, coupled: "
-                       "their random-mask variants (dLLM-RL training.method).",
-                       choices=("TraceRL", "random_masking", "coupled"))
-    shrink: int = knob(1, "s: trace steps merged into one training round (rl_trado.yaml: 1).",
-                        low=1)
-    post_num: int = knob(0, "Padding tokens after the response scored per row (-1: all).",
-                         low=-1)
-    lower_p: float = knob(0.1, "random_masking/coupled: p ~ U(lower_p, upper_p) per position.")
-    upper_p: float = knob(0.9, "random_masking/coupled: upper end of that p.")
-    beta: float = knob(0.01, "beta: weight of the k3 KL to the OLD (rollout) policy, their "
-                       "training.beta; grpo.beta stays 0.")
-    use_kl_estimator_k3: bool = knob(True, "k3 estimator of that KL (False: the log-ratio).")
-    block_size: int = knob(0, "Training block of the rounds and the mask (0: the model's; "
-                           "LLaDA, Dream: none, leave 0).", low=0)
-    their_dream_forward: bool = knob(False, "Dream: rl_dream.py's training forward (RoPE "
-                                     "positions 0..L-1 across prompt padding; the rollout's "
-                                     "count real tokens).")
-
-
-@frozen
 class GRPOKnobs:
     """GRPO-style RL: ``config.grpo`` (the update's share becomes an
     ``objectives.GRPOConfig``)."""
@@ -284,17 +238,8 @@ class GRPOKnobs:
     objective: str = knob("diffu_grpo", "Policy loss: diffu_grpo, wd1, spg, coupled_grpo, "
                           "justgrpo or tracerl (d1jax.objectives.table.OBJECTIVES); knobs of "
                           "each below.")
-    wd1: WD1Knobs = subgroup(WD1Knobs, "wd1 (arXiv 2507.08838); its group is G = "
-                             "num_generations.")
-    spg: SPGKnobs = subgroup(SPGKnobs, "SPG (arXiv 2510.09541); block masks use "
-                             "sampler.block_length.")
-    coupled_grpo: CoupledGRPOKnobs = subgroup(
-        CoupledGRPOKnobs, "coupled-GRPO (DiffuCoder, arXiv 2506.20639); beta and epsilon above.")
-    justgrpo: JustGRPOKnobs = subgroup(
-        JustGRPOKnobs, "JustGRPO (arXiv 2601.15165): exact AR likelihood, one forward per "
-        "completion position (objectives.justgrpo).")
-    tracerl: TraceRLKnobs = subgroup(
-        TraceRLKnobs, "TraceRL (dLLM-RL: SDAR, TraDo, LLaDA, Dream); epsilon above.")
+    # Then each registered objective's own group, config.grpo.<name> (its record's knobs:
+    # d1jax.objectives.registry), spliced in here by ``more_groups``.
     # The reference of the KL term. False (d1): under LoRA the base model with the adapters
     # off, at every step (d1 scores it under PEFT's disable_adapter(); its train.yaml's
     # sync_ref_model: True acts on no model there); full fine-tuning: a frozen copy.
@@ -305,6 +250,17 @@ class GRPOKnobs:
                                      "reference syncs.", tiny=4, low=1)
     ref_model_mixup_alpha: float = knob(0.6, "With sync_ref_model: ref <- alpha * policy + "
                                         "(1 - alpha) * ref.")
+    # The objectives' groups, translated: (name, knobs) pairs (``knobs.translate``).
+    objective_knobs: tuple[tuple[str, Any], ...] = ()
+
+    more_groups = ("objective", "objective_knobs", objective_groups)
+
+    def __getattr__(self, name: str) -> Any:
+        """An objective's translated group by its name (``spec.grpo_run.spg.num_t``)."""
+        for key, value in self.__dict__.get("objective_knobs", ()):
+            if key == name:
+                return value
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
 
 @frozen

@@ -32,33 +32,13 @@ from typing import Any, Callable
 
 import ml_collections as mlc
 
-_MISSING = object()
+# The declarations (a knob, a group, its bounds) live below the config layer, so a library
+# config (an objective's knobs) declares its own; re-exported here for the config's readers.
+from d1jax.knobs import (ConfigError, check_bounds, check_value_bounds, fields, knob, shared,
+                         subgroup)
 
-
-def knob(default: Any, doc: str, *, tiny: Any = _MISSING, choices: tuple = (),
-         parse: Callable[[Any], Any] | None = None, kind: Any = None,
-         low: int | None = None, high: int | None = None) -> Any:
-    """A dataclass field: the config's default, the knob's meaning, its CPU-sized default,
-    the values allowed, and where the spec holds another form, the function that makes it
-    (the config's value then checked against ``kind``, default the default's type).
-    ``low``, ``high``: the least and greatest values allowed (of each element, for a tuple,
-    which must not be empty)."""
-    meta = {"doc": doc, "default": default, "tiny": default if tiny is _MISSING else tiny,
-            "choices": tuple(choices), "parse": parse, "low": low, "high": high,
-            "kind": kind if kind is not None or parse is None else type(default)}
-    if parse is None:
-        return dataclasses.field(default=default, metadata=meta)
-    return dataclasses.field(default_factory=lambda: parse(default), metadata=meta)
-
-
-def subgroup(cls, doc: str) -> Any:
-    """A nested group of knobs (its own ConfigDict inside the parent's)."""
-    return dataclasses.field(default_factory=cls, metadata={"doc": doc, "group": cls})
-
-
-def fields(cls) -> list[dataclasses.Field]:
-    """The knobs (and nested groups) of ``cls``, in declaration order."""
-    return [f for f in dataclasses.fields(cls) if "doc" in f.metadata]
+__all__ = ["ConfigError", "check_bounds", "describe", "fields", "group", "knob", "shared",
+           "subgroup", "translate"]
 
 
 def _optional(kind) -> tuple[Any, bool]:
@@ -102,7 +82,6 @@ def _name(kind) -> str:
 def _checked(f: dataclasses.Field, value: Any, where: str) -> Any:
     """``value`` if it has the knob's type (ints pass as floats, lists as tuples), else a
     ConfigError naming the knob, the value and the type expected."""
-    from d1jax.config.defaults import ConfigError
     kind = f.metadata["kind"] or f.type
     inner, optional = _optional(kind)
     if value is None and optional:
@@ -129,42 +108,17 @@ def _is(value: Any, kind: Any) -> bool:
     return isinstance(value, kinds)
 
 
-def _check_bounds(f: dataclasses.Field, value: Any, where: str) -> None:
-    """ConfigError naming ``where``, the value and the bound when ``value`` is outside the
-    knob's ``low``/``high`` (a count of 0 would end a run in ``step % 0`` hours later)."""
-    from d1jax.config.defaults import ConfigError
-    low, high = f.metadata.get("low"), f.metadata.get("high")
-    if (low is None and high is None) or value is None:
-        return
-    if isinstance(value, tuple):
-        if not value or (low is not None and min(value) < low):
-            raise ConfigError(f"{where}={value!r}: needs at least one value, each >= {low}")
-        value = max(value)
-    if low is not None and value < low:
-        raise ConfigError(f"{where}={value!r}: must be >= {low}")
-    if high is not None and value > high:
-        raise ConfigError(f"{where}={value!r}: must be <= {high}")
-
-
-def check_bounds(spec) -> None:
-    """Every bounded knob of a group instance, however it was made (``translate``, or a
-    notebook's ``LoopSpec(...)`` / ``dataclasses.replace``): the groups' ``__post_init__``."""
-    for f in fields(type(spec)):
-        if "group" not in f.metadata:
-            _check_bounds(f, getattr(spec, f.name), f"{type(spec).__name__}.{f.name}")
-
-
 def translate(cls, config_group, prefix: str, **derived: Any):
     """``cls`` from a config group (a ConfigDict or a mapping): each knob read once, checked
     against its type and allowed values (``ConfigError`` naming ``prefix.knob``, the value
     and what is allowed), parsed where declared; a knob missing from the group takes its
-    default. ``derived`` gives fields the caller computed (e.g. from other groups)."""
-    from d1jax.config.defaults import ConfigError
+    default. ``derived`` gives fields the caller computed (e.g. from other groups). Groups
+    spliced in by ``more_groups`` are held as (name, group) pairs in the field it names."""
     values = {}
     for f in fields(cls):
         where = f"{prefix}.{f.name}"
         if f.name in derived:  # computed by the caller from knobs it names: bounds still hold
-            _check_bounds(f, derived[f.name], where)
+            check_value_bounds(f, derived[f.name], where)
             continue
         if "group" in f.metadata:
             values[f.name] = translate(f.metadata["group"], config_group.get(f.name) or {}, where)
@@ -173,18 +127,13 @@ def translate(cls, config_group, prefix: str, **derived: Any):
         choices = f.metadata["choices"]
         if choices and value not in choices:
             raise ConfigError(f"{where}={value!r}: choose one of {', '.join(map(str, choices))}")
-        _check_bounds(f, value, where)
+        check_value_bounds(f, value, where)
         values[f.name] = f.metadata["parse"](value) if f.metadata["parse"] else value
+    more = getattr(cls, "more_groups", None)
+    if more is not None:
+        own = {f.name for f in dataclasses.fields(cls)}
+        values[more[1]] = tuple((k, values.pop(k)) for k in list(values) if k not in own)
     return cls(**values, **derived)
-
-
-def shared(target, spec, **extra: Any) -> Any:
-    """``target`` (a library dataclass) built from the knobs of the translated group
-    ``spec`` that it has a field of the same name for, then ``extra``."""
-    names = {f.name for f in fields(type(spec))}
-    values = {f.name: getattr(spec, f.name) for f in dataclasses.fields(target)
-              if f.name in names}
-    return target(**{**values, **extra})
 
 
 def describe(cls, prefix: str = "") -> dict[str, str]:

@@ -24,6 +24,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from d1jax.knobs import frozen, knob, shared
+
 from d1jax.model.predictor import MaskPredictor
 from d1jax.objectives import losses, masking
 
@@ -127,3 +129,24 @@ def coupled_grpo_loss(model: MaskPredictor, params: Any, prompt_ids_bp: Array, p
                                      old_is_current=old_is_current,
                                      group_tokens_b=group_tokens_b, group_size=group_size)
     return loss, {**metrics, "mask_ratio": jnp.mean(t_b)}
+
+
+# config.grpo.coupled_grpo: its knobs (d1jax.knobs), the ConfigDict group and the spec's.
+@frozen
+class CoupledGRPOKnobs:
+    t_min: float = knob(0.2, "t ~ U(t_min, t_max): mask ratio of the set M of the "
+                        "complementary pair.")
+    t_max: float = knob(0.8, "Upper end of t.")
+
+
+def hparams_from(g, s) -> CoupledGRPOConfig:
+    """config.grpo.coupled_grpo with the loop's beta, epsilon and attention mask."""
+    return shared(CoupledGRPOConfig, g.coupled_grpo, epsilon=g.epsilon, beta=g.beta,
+                  use_attention_mask=s.use_attention_mask)
+
+
+def check_shared(h: CoupledGRPOConfig, beta: float, epsilon: float) -> None:
+    """Its beta and epsilon are the GRPO config's."""
+    if (h.beta, h.epsilon) != (beta, epsilon):
+        raise ValueError(f"coupled_grpo hparams beta={h.beta}, epsilon={h.epsilon} "
+                         f"differ from the GRPO config's beta={beta}, epsilon={epsilon}")

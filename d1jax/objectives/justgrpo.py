@@ -32,6 +32,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from d1jax.knobs import frozen, knob, shared
+
 from d1jax.model.predictor import MaskPredictor
 from d1jax.objectives import logprob, losses, masking
 
@@ -171,3 +173,18 @@ def justgrpo_loss(model: MaskPredictor, params: Any, prompt_ids_bp: Array, promp
                         position_chunk=cfg.position_chunk, dropout_rng=dropout_rng)
     return justgrpo_objective(logps_bc, old_logps_bc, ref_logps_bc, advantages_b, scale_b,
                               epsilon=epsilon, beta=beta, old_is_current=old_is_current)
+
+
+# config.grpo.justgrpo: its knobs (d1jax.knobs), the ConfigDict group and the spec's.
+@frozen
+class JustGRPOKnobs:
+    gain: float = knob(8.0, "Loss multiplier: its logprob_loss gain 1.0 x its 8 summed "
+                       "accumulation steps (train.py).")
+    position_chunk: int = knob(0, "K: completion positions per batched, rematerialised forward "
+                               "of the likelihood (0: auto by a token budget).", low=0)
+
+
+def hparams_from(g, s) -> JustGRPOConfig:
+    """config.grpo.justgrpo (position_chunk 0: automatic) with the loop's attention mask."""
+    return shared(JustGRPOConfig, g.justgrpo, position_chunk=g.justgrpo.position_chunk or None,
+                  use_attention_mask=s.use_attention_mask)

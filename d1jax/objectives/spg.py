@@ -21,6 +21,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from d1jax.knobs import frozen, knob, shared
+
 from d1jax.model.predictor import MaskPredictor
 from d1jax.objectives import logprob, masking
 
@@ -140,3 +142,26 @@ def spg_copies_loss(model: MaskPredictor, params: Any, ids_bjl: Array, is_mask_b
                                  dropout_rng=dropout_rng, seq_chunk=cfg.seq_chunk)
     return spg_objective(lp_nc.reshape(b, j, c), is_mask_bjc, completion_mask_bc, advantages_b,
                          eubo_beta=cfg.eubo_beta, mix_weight=cfg.mix_weight)
+
+
+# config.grpo.spg: its knobs (d1jax.knobs), the ConfigDict group and the spec's.
+@frozen
+class SPGKnobs:
+    num_t: int = knob(2, "J: block-masked noisy copies per sequence (Monte Carlo samples of the "
+                      "bounds); in [1, gen_length / block_length].", low=1)
+    min_t: float = knob(0.0, "Masked share of the chosen block lies in [min_t, max_t].")
+    max_t: float = knob(1.0, "Upper end of that share.")
+    eubo_beta: float = knob(1.5, "beta: power of the upper bound (EUBO).")
+    mix_weight: float = knob(0.5, "omega: EUBO share of the negative-advantage estimate (1: "
+                             "pure EUBO).")
+
+
+def hparams_from(g, s) -> SPGConfig:
+    """config.grpo.spg with the sampler's block length, the loop's prompt noise and
+    attention mask; J within the completion's blocks."""
+    blocks = s.gen_length // s.block_length
+    if not 1 <= g.spg.num_t <= blocks:
+        raise ValueError(f"spg.num_t={g.spg.num_t} must be in [1, {blocks}] (the blocks of "
+                         "sampler.gen_length / sampler.block_length)")
+    return shared(SPGConfig, g.spg, block_length=s.block_length, p_mask_prompt=g.p_mask_prompt,
+                  use_attention_mask=s.use_attention_mask)

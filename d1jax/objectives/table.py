@@ -1,4 +1,5 @@
-"""The GRPO objectives by name, and what the update does around each.
+"""The built-in GRPO objectives, registered (``d1jax.objectives.registry``), and what the
+update does around each.
 
 ``OBJECTIVES`` maps a name (``GRPOConfig.objective``) to an ``Objective``: its ``loss`` (the
 function the training step differentiates, and the one the tests and parity checks call),
@@ -6,7 +7,8 @@ function the training step differentiates, and the one the tests and parity chec
 per-group weights, made on the whole batch from the inner iteration's mask key before
 ``run.optim.accumulate_gradients`` splits the rows into strided micro-batches, so a row's
 draw and weight do not depend on ``grad_accum``), and ``logps``, the estimator of the
-rollout's old and reference passes (None: ratio-free, no such pass). The pure update steps
+rollout's old and reference passes (None: ratio-free, no such pass), with the facts the
+config, the spec and the planner read (the record's fields). The pure update steps
 (``d1jax.train.pure_steps``) look objectives up here.
 
 ``cfg`` is the run's ``GRPOConfig``; ``cfg.hparams`` the objective's own config.
@@ -16,34 +18,18 @@ Shape letters: S mask seeds, B rows, J noisy copies, P prompt, C completion, L =
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 import jax
 
 from d1jax.model.predictor import MaskPredictor
-from d1jax.objectives import (coupled_grpo, justgrpo, logprob, losses, masking, spg, tracerl,
-                              tracerl_full, wd1)
+from d1jax.objectives import (coupled_grpo, justgrpo, logprob, losses, masking, recipes, spg,
+                              tracerl, tracerl_full, wd1)
 from d1jax.objectives.batch import GRPOBatch
+from d1jax.objectives.registry import OBJECTIVES, Cost, Objective, get, register  # noqa: F401
 
 Array = jax.Array
 Params = Any
-
-
-@dataclasses.dataclass(frozen=True)
-class Objective:
-    """One policy loss of the GRPO loop and what it needs around it."""
-
-    # (model, cfg, params, rows of one micro-batch, mask seed [1], dropout rng) -> (loss, metrics);
-    # a ratio objective also takes ``old_is_current`` (``losses.grpo_loss``).
-    loss: Callable[..., tuple[Array, dict]]
-    # (model, cfg, rows of the whole batch, mask key) -> rows with the update's draws.
-    prepare: Callable[[MaskPredictor, Any, GRPOBatch, Array], GRPOBatch]
-    # (model, cfg, params, batch, mask seeds [S], use_lora) -> [S, B, C] old/ref log-probs;
-    # None: the loss has no ratio and no reference term (beta must be 0).
-    logps: Callable[..., Array] | None
-    hparams: type | None  # class of ``cfg.hparams`` (None: the objective has no own knobs)
-    default_hparams: bool = False  # ``cfg.hparams`` None means ``hparams()``, its defaults.
-    trace: bool = False  # rows carry the rollout's trace: per_row["decoded_at"] [B, C].
 
 
 def mask_prompt_rows(model: MaskPredictor, cfg, rows: GRPOBatch, key: Array) -> GRPOBatch:
@@ -267,37 +253,81 @@ def _tracerl_loss(model: MaskPredictor, cfg, params: Params, rows: GRPOBatch, se
                                 old_is_current=old_is_current)
 
 
-# Rows of a loss carry old/ref log-probs [B, C] when the config computes them.
-OBJECTIVES: dict[str, Objective] = {
-    "diffu_grpo": Objective(diffu_grpo_loss, _diffu_prepare, _diffu_grpo_logps, None),
-    "wd1": Objective(_wd1_loss, _wd1_prepare, None, wd1.WD1Config),
-    "spg": Objective(_spg_loss, _spg_prepare, None, spg.SPGConfig),
-    "coupled_grpo": Objective(_coupled_loss, _coupled_prepare, _coupled_logps,
-                              coupled_grpo.CoupledGRPOConfig),
-    "justgrpo": Objective(_justgrpo_loss, _justgrpo_prepare, _justgrpo_logps,
-                          justgrpo.JustGRPOConfig, default_hparams=True),
-    "tracerl": Objective(_tracerl_loss, _tracerl_prepare, _tracerl_logps,
-                         tracerl.TraceRLConfig, default_hparams=True, trace=True),
-}
+# ---------------------------------------------------------------------------- planner facts
+def _justgrpo_rows(cfg, completion: int | None) -> int:
+    if completion is None:
+        raise ValueError("justgrpo runs one forward per completion position: pass "
+                         "completion (the sampler's gen_length) to estimator_rows")
+    return completion
 
 
-def check_hparams(objective: str, entry: Objective, hparams: Any, beta: float,
-                  epsilon: float) -> None:
+def _justgrpo_accelerator(h: justgrpo.JustGRPOConfig, rows: int, prompt: int,
+                          completion: int) -> justgrpo.JustGRPOConfig:
+    if h.position_chunk is not None:
+        return h
+    return dataclasses.replace(h, position_chunk=justgrpo.auto_position_chunk(
+        rows, prompt, completion, justgrpo.ACCELERATOR_CHUNK_TOKENS))
+
+
+def _tracerl_cost(model: MaskPredictor, cfg, completion: int) -> Cost:
+    h = cfg.hparams
+    if tracerl_full.is_full_attention(model, h):  # R forwards of P + C, one per copy
+        return Cost("estimator", tracerl_full.num_rounds(h, completion))
+    # the clean row and its R noised copies, one forward
+    return Cost("stream", tracerl.num_rounds(h, tracerl.block_of(model, h)))
+
+
+# ---------------------------------------------------------------------------- the records
+# d1's estimator is not adapted to block diffusion's layout, and neither are these four.
+_FULL_ATTENTION = ("llada", "dream")
+
+register(Objective("diffu_grpo", diffu_grpo_loss, _diffu_prepare, _diffu_grpo_logps,
+                   paper="2504.12216"))
+register(Objective(
+    "wd1", _wd1_loss, _wd1_prepare, None, wd1.WD1Config, knobs=wd1.WD1Knobs,
+    doc="wd1 (arXiv 2507.08838); its group is G = num_generations.",
+    make_hparams=wd1.hparams_from, families=_FULL_ATTENTION, paper="2507.08838"))
+register(Objective(
+    "spg", _spg_loss, _spg_prepare, None, spg.SPGConfig, knobs=spg.SPGKnobs,
+    doc="SPG (arXiv 2510.09541); block masks use sampler.block_length.",
+    make_hparams=spg.hparams_from, authors=recipes.spg, families=_FULL_ATTENTION,
+    rows=lambda cfg, completion: cfg.hparams.num_t, paper="2510.09541"))  # J noisy copies
+register(Objective(
+    "coupled_grpo", _coupled_loss, _coupled_prepare, _coupled_logps,
+    coupled_grpo.CoupledGRPOConfig, knobs=coupled_grpo.CoupledGRPOKnobs,
+    doc="coupled-GRPO (DiffuCoder, arXiv 2506.20639); beta and epsilon above.",
+    make_hparams=coupled_grpo.hparams_from, check=coupled_grpo.check_shared,
+    authors=recipes.coupled_grpo, families=_FULL_ATTENTION,
+    rows=lambda cfg, completion: 3, paper="2506.20639"))  # x_full, x_M, x_~M
+register(Objective(
+    "justgrpo", _justgrpo_loss, _justgrpo_prepare, _justgrpo_logps, justgrpo.JustGRPOConfig,
+    default_hparams=True, knobs=justgrpo.JustGRPOKnobs,
+    doc="JustGRPO (arXiv 2601.15165): exact AR likelihood, one forward per completion "
+        "position (objectives.justgrpo).",
+    make_hparams=justgrpo.hparams_from, authors=recipes.justgrpo, families=_FULL_ATTENTION,
+    rows=_justgrpo_rows,
+    cost=lambda model, cfg, completion: Cost("ar", completion, cfg.hparams.position_chunk),
+    on_accelerator=_justgrpo_accelerator, paper="2601.15165"))
+register(Objective(
+    "tracerl", _tracerl_loss, _tracerl_prepare, _tracerl_logps, tracerl.TraceRLConfig,
+    default_hparams=True, knobs=tracerl.TraceRLKnobs,
+    doc="TraceRL (dLLM-RL: SDAR, TraDo, LLaDA, Dream); epsilon above.",
+    make_hparams=tracerl.hparams_from, check=tracerl.check_shared,
+    beta=0.0,  # its KL is to the old policy (grpo.tracerl.beta): no reference term
+    trace=True, cost=_tracerl_cost, paper="2509.06949"))
+
+
+def check_hparams(entry: Objective, hparams: Any, beta: float, epsilon: float) -> None:
     """ValueError unless ``hparams`` fits ``entry`` and shared knobs agree with them."""
     want = entry.hparams
     if (want is None and hparams is not None) or (want is not None
                                                    and not isinstance(hparams, want)):
-        raise ValueError(f"objective={objective!r} takes hparams of type "
+        raise ValueError(f"objective={entry.name!r} takes hparams of type "
                          f"{getattr(want, '__name__', None)}, got {type(hparams).__name__}")
-    if entry.logps is None and beta != 0.0:
-        raise ValueError(f"beta={beta}: {objective} has no reference term; set beta=0")
-    if isinstance(hparams, tracerl.TraceRLConfig) and beta != 0.0:
-        raise ValueError(f"beta={beta}: TraceRL's KL is to the old policy, weighted by "
-                         "hparams.beta (their training.beta); set the GRPO beta to 0")
-    if isinstance(hparams, coupled_grpo.CoupledGRPOConfig) and (
-            (hparams.beta, hparams.epsilon) != (beta, epsilon)):
-        raise ValueError(f"coupled_grpo hparams beta={hparams.beta}, epsilon={hparams.epsilon} "
-                         f"differ from the GRPO config's beta={beta}, epsilon={epsilon}")
+    if entry.ratio_free and beta != 0.0:
+        raise ValueError(f"beta={beta}: {entry.name} has no reference term; set beta=0")
+    if entry.check is not None:
+        entry.check(hparams, beta, epsilon)
 
 
 # ---------------------------------------------------------------------------- configs
@@ -326,22 +356,20 @@ class GRPOConfig:
     # its switch under the gradient on a (2, 2, 2) mesh (tests/test_update.py).
     narrow_last_layer: bool | None = None
     objective: str = "diffu_grpo"  # The policy loss, a key of OBJECTIVES.
-    # The objective's own knobs: wd1.WD1Config, spg.SPGConfig,
-    # coupled_grpo.CoupledGRPOConfig (its beta and epsilon equal to the fields above),
-    # justgrpo.JustGRPOConfig or tracerl.TraceRLConfig (None: their defaults); None for
-    # diffu_grpo.
+    # The objective's own config, its record's ``hparams`` class: wd1.WD1Config,
+    # spg.SPGConfig, coupled_grpo.CoupledGRPOConfig (its beta and epsilon equal to the fields
+    # above), justgrpo.JustGRPOConfig or tracerl.TraceRLConfig (None: their defaults where the
+    # record says so); None for diffu_grpo.
     hparams: Any = None
 
     def __post_init__(self):
         if self.num_iterations < 1 or self.grad_accum < 1 or not 0 <= self.p_mask_prompt <= 1:
             raise ValueError(f"invalid GRPO config {self}: num_iterations, grad_accum >= 1 and "
                              "0 <= p_mask_prompt <= 1 are required")
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective={self.objective!r}: choose one of {sorted(OBJECTIVES)}")
-        if self.hparams is None and OBJECTIVES[self.objective].default_hparams:
-            object.__setattr__(self, "hparams", OBJECTIVES[self.objective].hparams())
-        check_hparams(self.objective, OBJECTIVES[self.objective], self.hparams, self.beta,
-                      self.epsilon)
+        entry = get(self.objective)
+        if self.hparams is None and entry.default_hparams:
+            object.__setattr__(self, "hparams", entry.hparams())
+        check_hparams(entry, self.hparams, self.beta, self.epsilon)
         if self.norm_group is not None and (self.norm_group < 1 or self.max_tokens is not None):
             raise ValueError(f"norm_group={self.norm_group} must be >= 1 and excludes "
                              f"max_tokens={self.max_tokens}")

@@ -44,6 +44,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from d1jax.knobs import frozen, knob, shared
+
 from d1jax.model.predictor import MaskPredictor
 from d1jax.objectives import blockwise, losses
 
@@ -213,3 +215,41 @@ def tracerl_loss(model: MaskPredictor, params: Any, prompt_ids_bp: Array, prompt
     return tracerl_objective(lp, old_logps_bc, advantages_b, scored, scale_b,
                              epsilon=epsilon, beta=cfg.beta, k3=cfg.use_kl_estimator_k3,
                              old_is_current=old_is_current)
+
+
+# config.grpo.tracerl: its knobs (d1jax.knobs), the ConfigDict group and the spec's.
+@frozen
+class TraceRLKnobs:
+    method: str = knob("TraceRL", "TraceRL scores the rollout's trace; random_masking, coupled: "
+                       "their random-mask variants (dLLM-RL training.method).",
+                       choices=("TraceRL", "random_masking", "coupled"))
+    shrink: int = knob(1, "s: trace steps merged into one training round (rl_trado.yaml: 1).",
+                        low=1)
+    post_num: int = knob(0, "Padding tokens after the response scored per row (-1: all).",
+                         low=-1)
+    lower_p: float = knob(0.1, "random_masking/coupled: p ~ U(lower_p, upper_p) per position.")
+    upper_p: float = knob(0.9, "random_masking/coupled: upper end of that p.")
+    beta: float = knob(0.01, "beta: weight of the k3 KL to the OLD (rollout) policy, their "
+                       "training.beta; grpo.beta stays 0.")
+    use_kl_estimator_k3: bool = knob(True, "k3 estimator of that KL (False: the log-ratio).")
+    block_size: int = knob(0, "Training block of the rounds and the mask (0: the model's; "
+                           "LLaDA, Dream: none, leave 0).", low=0)
+    their_dream_forward: bool = knob(False, "Dream: rl_dream.py's training forward (RoPE "
+                                     "positions 0..L-1 across prompt padding; the rollout's "
+                                     "count real tokens).")
+
+
+def hparams_from(g, s) -> TraceRLConfig:
+    """config.grpo.tracerl (block_size 0: the model's; post_num -1: all) with the loop's
+    attention mask."""
+    t = g.tracerl
+    return shared(TraceRLConfig, t, block_size=t.block_size or None,
+                  post_num=None if t.post_num < 0 else t.post_num,
+                  use_attention_mask=s.use_attention_mask)
+
+
+def check_shared(h: TraceRLConfig, beta: float, epsilon: float) -> None:
+    """The GRPO beta stays 0: TraceRL's KL is to the old policy (``h.beta``)."""
+    if beta != 0.0:
+        raise ValueError(f"beta={beta}: TraceRL's KL is to the old policy, weighted by "
+                         "hparams.beta (their training.beta); set the GRPO beta to 0")

@@ -20,6 +20,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from d1jax.knobs import frozen, knob, shared
+
 Array = jax.Array
 
 
@@ -62,3 +64,16 @@ def wd1_weighted_loss(logps_bc: Array, completion_mask_bc: Array, w_pos_b: Array
     neg = jnp.sum(w_neg_b * seq_b) / n_groups
     loss = pos + neg if negative else pos
     return loss, {"positive_loss": pos, "negative_loss": neg, "seq_logp_mean": seq_b.mean()}
+
+
+# config.grpo.wd1: its knobs (d1jax.knobs), the ConfigDict group and the spec's.
+@frozen
+class WD1Knobs:
+    negative: bool = knob(True, "Keep the negative-advantage term - sum w- log pi (False: the "
+                          "authors' positive-only variant).")
+
+
+def hparams_from(g, s) -> WD1Config:
+    """config.grpo.wd1 with the loop's G (wd1's group) and attention mask."""
+    return shared(WD1Config, g.wd1, group_size=g.num_generations,
+                  use_attention_mask=s.use_attention_mask)

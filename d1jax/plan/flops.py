@@ -36,6 +36,7 @@ import numpy as np
 
 from d1jax import sampling as smp
 from d1jax.model import LoraConfig
+from d1jax.objectives import registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,25 +63,12 @@ class Forward:
         return Forward(*(k * a for a in dataclasses.astuple(self)))
 
 
-# Forward rows per completion row in a GRPO objective's log-prob estimate, beside
-# classifier-free guidance's 2: coupled-GRPO's three masked copies (x_full, x_M, x_~M),
-# SPG's J noisy copies.
-_ESTIMATOR_COPIES = {"coupled_grpo": lambda hp: 3, "spg": lambda hp: hp.num_t}
-
-
 def estimator_rows(grpo, completion: int | None = None) -> int:
-    """Rows the log-prob estimate of a ``GRPOConfig`` runs per completion: JustGRPO's exact
-    AR likelihood one per completion position (``completion`` required; its FLOPs are
-    ``ar_estimator``'s, the head on one position a row)."""
-    if grpo.objective == "justgrpo":
-        if completion is None:
-            raise ValueError("justgrpo runs one forward per completion position: pass "
-                             "completion (the sampler's gen_length) to estimator_rows")
-        return completion
-    copies = _ESTIMATOR_COPIES.get(grpo.objective)
-    if copies is not None:
-        return copies(grpo.hparams)
-    return 2 if grpo.cfg_scale > 0 else 1
+    """Rows the log-prob estimate of a ``GRPOConfig`` runs per completion (its objective's
+    record, ``Objective.estimator_rows``): beside classifier-free guidance's 2, coupled-GRPO's
+    three masked copies, SPG's J noisy copies, JustGRPO's exact AR likelihood one per
+    completion position (``completion`` required; its FLOPs are ``ar_estimator``'s)."""
+    return registry.get(grpo.objective).estimator_rows(grpo, completion)
 
 
 def projection_shapes(cfg) -> dict[str, tuple[int, int]]:

@@ -21,7 +21,7 @@ from d1jax import config as config_lib
 from d1jax import sharding as shd
 from d1jax.model import family as family_lib, predictor
 from d1jax.model.tokenizer import MASK
-from d1jax.objectives import logprob
+from d1jax.objectives import logprob, registry
 from d1jax.plan import flops as fl
 from d1jax.run import build as build_lib
 from d1jax.run import spec as spec_lib
@@ -112,11 +112,9 @@ def _on_accelerator(run: spec_lib.RunSpec, rows: int, positions: int, vocab: int
     estimator's rows (``flops.estimator_rows``)."""
     chunk = logprob.auto_chunk(rows, positions, vocab, logprob.ACCELERATOR_CHUNK_BYTES)
     if run.grpo is not None:
-        hp = run.grpo.hparams
-        if run.grpo.objective == "justgrpo" and hp.position_chunk is None:
-            from d1jax.objectives import justgrpo
-            hp = dataclasses.replace(hp, position_chunk=justgrpo.auto_position_chunk(
-                rows, run.max_prompt_length, positions, justgrpo.ACCELERATOR_CHUNK_TOKENS))
+        hp, entry = run.grpo.hparams, registry.get(run.grpo.objective)
+        if entry.on_accelerator is not None:  # an objective's own automatic chunk
+            hp = entry.on_accelerator(hp, rows, run.max_prompt_length, positions)
         if getattr(hp, "seq_chunk", 0) is None:
             hp = dataclasses.replace(hp, seq_chunk=logprob.auto_chunk(
                 rows * fl.estimator_rows(run.grpo), positions, vocab,
@@ -194,30 +192,22 @@ def _grpo_programs(run: spec_lib.RunSpec, model, mesh: Mesh) -> list[PlannedProg
     weights = _nbytes(state.policy_params())
     logits = 4 * rows * (prompt + comp) * v
 
-    if cfg.objective == "justgrpo":  # one forward per completion position, in chunks
-        k = update_steps.grpo.hparams.position_chunk  # set for an accelerator above
-        est = functools.partial(fl.ar_estimator, mcfg, rows, prompt, comp, chunk=k,
+    cost = registry.get(cfg.objective).flops_model(model, update_steps.grpo, comp)
+    if cost.layout == "ar":  # one forward per completion position, in chunks
+        est = functools.partial(fl.ar_estimator, mcfg, rows, prompt, comp, chunk=cost.chunk,
                                 peeled=_peeled(model))
-    elif cfg.objective == "tracerl":
-        from d1jax.objectives import tracerl, tracerl_full
-        hp = update_steps.grpo.hparams
-        if tracerl_full.is_full_attention(model, hp):  # R forwards of P + C, one per copy
-            est = functools.partial(fl.estimator, mcfg, rows, prompt, comp,
-                                    copies=tracerl_full.num_rounds(hp, comp),
-                                    peeled=_peeled(model))
-        else:  # the clean row and its R noised copies, one forward
-            est = functools.partial(fl.stream_estimator, mcfg, rows, prompt, comp,
-                                    tracerl.num_rounds(hp, tracerl.block_of(model, hp)))
+    elif cost.layout == "stream":  # the clean row and its noised copies, one forward
+        est = functools.partial(fl.stream_estimator, mcfg, rows, prompt, comp, cost.copies)
     else:
-        est = functools.partial(fl.estimator, mcfg, rows, prompt, comp,
-                                copies=fl.estimator_rows(cfg), peeled=_peeled(model))
+        est = functools.partial(fl.estimator, mcfg, rows, prompt, comp, copies=cost.copies,
+                                peeled=_peeled(model))
     ref_lora = model.lora if run.keep_reference else None  # LoRA without a copy: base is ref
     old_passes = mu - 1 if pure_steps.first_old_from_update(cfg) else mu * (mu > 1)
     logps_flops = (old_passes * est(lora=model.lora).total
                    + mu * (cfg.beta != 0) * est(lora=ref_lora).total)
     hp = update_steps.grpo.hparams  # an objective's own head chunk, if it has one
     chunk = getattr(hp, "seq_chunk", None) or update_steps.grpo.seq_chunk
-    ar = cfg.objective == "justgrpo"  # its chunks are rematerialised, head included
+    ar = cost.layout == "ar"  # its chunks are rematerialised, head included
     model_f, hw_f = fl.train_step(est(lora=model.lora), lora=model.lora is not None,
                                   remat=run.model.remat or ar, head_remat=ar or chunk < comp,
                                   peeled=_peeled(model))

@@ -27,7 +27,7 @@ from d1jax.model import family as family_lib
 from d1jax.model import lora as lora_lib
 from d1jax.model import quant
 from d1jax.objectives import advantages as adv_lib
-from d1jax.objectives import coupled_grpo, justgrpo, spg, tracerl, wd1
+from d1jax.objectives import registry
 from d1jax.objectives.table import GRPOConfig, SFTConfig
 from d1jax.run import optim
 from d1jax.tasks import Task, get_task
@@ -250,43 +250,27 @@ def _optim(c) -> OptimSpec:
                                                      schedule=o.lr_schedule))
 
 
-def _hparams(g: GRPOSpec, s: smp.SamplerConfig) -> Any:
-    """The objective's own config from config.grpo.<objective>; shared knobs (G, prompt
-    noise, attention mask, block length, beta, epsilon) from the fields the loop uses."""
-    mask = s.use_attention_mask
-    if g.objective == "wd1":
-        return knobs.shared(wd1.WD1Config, g.wd1, group_size=g.num_generations,
-                            use_attention_mask=mask)
-    if g.objective == "spg":
-        blocks = s.gen_length // s.block_length
-        if not 1 <= g.spg.num_t <= blocks:
-            raise ValueError(f"spg.num_t={g.spg.num_t} must be in [1, {blocks}] (the blocks of "
-                             "sampler.gen_length / sampler.block_length)")
-        return knobs.shared(spg.SPGConfig, g.spg, block_length=s.block_length,
-                            p_mask_prompt=g.p_mask_prompt, use_attention_mask=mask)
-    if g.objective == "coupled_grpo":
-        return knobs.shared(coupled_grpo.CoupledGRPOConfig, g.coupled_grpo, epsilon=g.epsilon,
-                            beta=g.beta, use_attention_mask=mask)
-    if g.objective == "justgrpo":
-        return knobs.shared(justgrpo.JustGRPOConfig, g.justgrpo,
-                            position_chunk=g.justgrpo.position_chunk or None,
-                            use_attention_mask=mask)
-    if g.objective == "tracerl":
-        t = g.tracerl
-        return knobs.shared(tracerl.TraceRLConfig, t, block_size=t.block_size or None,
-                            post_num=None if t.post_num < 0 else t.post_num,
-                            use_attention_mask=mask)
-    return None
+def _hparams(g: GRPOSpec, s: smp.SamplerConfig, family: str) -> Any:
+    """The objective's own config from config.grpo.<objective> (its record's
+    ``make_hparams``), after checking that it runs on the model's family."""
+    entry = registry.get(g.objective)
+    entry.check_family(family)
+    return None if entry.make_hparams is None else entry.make_hparams(g, s)
 
 
-def _grpo(c, sampler: smp.SamplerConfig, o: OptimSpec, lora: LoraConfig | None
+def _grpo(c, sampler: smp.SamplerConfig, o: OptimSpec, lora: LoraConfig | None, family: str
           ) -> tuple[GRPOConfig, GRPOSpec]:
+    try:
+        registry.load_modules()  # the built-in objectives and $D1JAX_OBJECTIVE_MODULES'
+    except ValueError as e:
+        raise ConfigError(f"${registry.MODULES_ENV}: {e}") from None
     g = knobs.translate(GRPOSpec, c.grpo, "grpo")
     try:
         cfg = knobs.shared(
             GRPOConfig, g, cfg_scale=sampler.cfg_scale,
             use_attention_mask=sampler.use_attention_mask, grad_accum=o.grad_accum,
-            hparams=_hparams(g, sampler), lora_dropout=lora is not None and lora.dropout > 0,
+            hparams=_hparams(g, sampler, family),
+            lora_dropout=lora is not None and lora.dropout > 0,
             norm_group=g.num_generations if g.token_mean == "group" else None)
     except ValueError as e:
         raise ConfigError(f"grpo: {e}") from None
@@ -383,7 +367,7 @@ def from_config(c, *, weights: bool = True) -> RunSpec:
     if c.stage == "grpo":
         s = c.sampler
         sampler = sampler_config(s, "sampler.", s.gen_length, s.steps)
-        grpo, run = _grpo(c, sampler, o, model.lora)
+        grpo, run = _grpo(c, sampler, o, model.lora, model.family)
         spec = dataclasses.replace(spec, grpo=grpo, grpo_run=run, sampler=sampler)
     elif c.stage == "sft":
         sft, run = _sft(c, o, model.lora)
