@@ -241,7 +241,7 @@ def test_wall_time_includes_cleanup():
 
 
 def test_unavailable_bwrap_is_one_line_naming_the_fallback(monkeypatch):
-    monkeypatch.setattr(sandbox_os.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sandbox_os, "binary", lambda: None)
     sandbox_os._probe.cache_clear()
     try:
         with pytest.raises(sandbox_os.SandboxUnavailable) as e:

