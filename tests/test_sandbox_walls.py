@@ -15,6 +15,7 @@ import dataclasses
 import io
 import os
 import random
+import re
 import socket
 import time
 import tracemalloc
@@ -105,6 +106,8 @@ def test_result_parser_fuzz_never_raises():
     nonce = "cd" * 16
     alphabet = [b"\n", b" ", b"0", b"1", b"9", nonce.encode(), "²".encode(), "٣".encode(),
                 b"done", b"\xff", b"-", b"+1", b"99999999"]
+    alphabet += [b"\n" + nonce.encode() + x + b" 1\n"  # whole lines, the signed and the odd
+                 for x in (b" -1", b" +1", b" 1", b" 0002", b" 1 ", " ٣".encode(), b" 3\x00")]
     for _ in range(3000):
         n = rng.randrange(0, 5)
         if rng.random() < 0.5:
@@ -113,7 +116,9 @@ def test_result_parser_fuzz_never_raises():
             data = b"".join(rng.choice(alphabet) for _ in range(rng.randrange(40)))
         passed, errors, done = sandbox.parse_report(io.BytesIO(data), nonce, n)
         assert len(passed) == len(errors) == n and isinstance(done, bool)
-        assert not any(passed) or nonce.encode() in data
+        for i in (i for i, ok in enumerate(passed) if ok):  # only a whole line "<nonce> <i in ASCII digits> 1"
+            assert re.search(rb"(^|\n)" + nonce.encode() + rb" 0*" + str(i).encode() + rb" 1\n",
+                             data), (i, data)
 
 
 def test_an_error_of_one_completion_is_its_zero(monkeypatch):
