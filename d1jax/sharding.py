@@ -27,9 +27,10 @@ KV_HEADS = "kv_heads"
 MLP = "mlp"
 NORM = "norm"
 LORA = "lora"
-# The expert axis of a mixture-of-experts layer's stacked expert weights (LLaDA2). Mapped to
-# no mesh axis by default; a run with expert parallelism maps it to a mesh axis of its own
-# (e.g. ("expert", "expert") on a mesh that has one; d1jax.model.llada2.moe).
+# The expert axis of a mixture-of-experts layer's stacked expert weights (LLaDA2). No default
+# rule (an axis without a rule is unsharded, and recorded run specs stay as they are); a run
+# with expert parallelism adds one mapping it to a mesh axis of its own, e.g.
+# ("expert", "expert") on a mesh that has one (d1jax.model.llada2.moe).
 EXPERT = "expert"
 # Logical axes of activations.
 BATCH = "batch"
@@ -56,7 +57,6 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     (MLP, "tensor"),
     (NORM, None),
     (LORA, None),
-    (EXPERT, None),
 )
 
 
