@@ -333,3 +333,32 @@ def test_published_configs_read():
         (256, 8, 64, 19)
     assert 15e9 < mini.num_params() < 17.5e9  # "16B total"
     assert 95e9 < flash.num_params() < 105e9  # "100B"
+
+
+def test_cache_entry_points_equal_the_block_causal_forward(replica):
+    """prefill's logits are the full forward's; decode_hidden of one block against a cache
+    whose later blocks are unset gives the full forward's rows there; decode_at over that
+    block's window writes the keys/values prefill computed (the dense and the MoE stack
+    both: the cache is their layers' keys/values in checkpoint order)."""
+    bs = 4
+    config, params = load_hf_checkpoint(replica[0])
+    config = dataclasses.replace(config, block_size=bs)
+    model = LLaDA2(config)
+    ids = jnp.asarray(np.stack([IDS[0], IDS[0][::-1]]))
+    # A row left-padded by one block: positions count real tokens, so the grid stays aligned.
+    mask = jnp.asarray([[1] * 12, [0] * bs + [1] * (12 - bs)])
+    apply = lambda *a, **k: model.apply({"params": params}, *a, **k)  # noqa: E731
+    full = np.asarray(apply(ids, mask))
+    logits, cache = apply(ids, mask, method=model.prefill)
+    assert cache.k.shape == (3, 2, 12, 2, 16)
+    np.testing.assert_allclose(logits, full, atol=1e-5)
+    at = 4  # the second block (blocks from position 0)
+    stale = jax.tree.map(lambda c: c.at[:, :, at:].set(0.0), cache)
+    h = apply(ids, stale, at, mask, slice_len=bs, method=model.decode_hidden)
+    np.testing.assert_allclose(apply(h, method=model.logits), full[:, at:at + bs], atol=1e-5)
+    window = jax.tree.map(lambda c: c[:, :, at:at + bs], stale)
+    idx = jnp.broadcast_to(jnp.arange(bs)[None], (2, bs))
+    h, window = apply(ids, idx, stale, window, at, mask, method=model.decode_at)
+    np.testing.assert_allclose(apply(h, method=model.logits), full[:, at:at + bs], atol=1e-5)
+    for w, c in zip(window, cache):
+        np.testing.assert_allclose(w, c[:, :, at:at + bs], atol=1e-5)

@@ -38,12 +38,13 @@ import jax.numpy as jnp
 
 from d1jax import sharding as shd
 from d1jax.model.attention import attention
+from d1jax.model.kv_cache import KVCache, attend_cached
 from d1jax.model.layers import Proj, RMSNorm, apply_rope, rope_tables, swiglu
 from d1jax.model.llada2 import moe
 from d1jax.model.llada2.config import LLaDA2Config
 from d1jax.model.lora import LoraConfig
 from d1jax.model.qwen import BiasedProj, token_positions
-from d1jax.model.sdar.model import block_causal_mask
+from d1jax.model.sdar.model import block_causal_mask, block_ids
 
 Array = jax.Array
 DType = Any
@@ -71,19 +72,28 @@ class LLaDA2Block(nn.Module):
             features, axes, self.dtype, self.param_dtype, init_std=self.config.initializer_range,
             lora=lora, name=name, quant=self.lora.base_quant if self.lora is not None else "none")
 
-    def _attention(self, xn: Array, rope: tuple[Array, Array], mask: Any, kw: dict) -> Array:
+    def _attention(self, xn: Array, rope: tuple[Array, Array], mask: Any, kw: dict,
+                   cached: dict | None = None) -> tuple[Array, KVCache]:
+        """(attention output [B, L, D], the fresh keys/values); ``cached``: QwenBlock's cached
+        mode (cache, window, q_start, idx_bq, n_fresh; ``mask`` a key mask [B, L])."""
         c = self.config
         n, k, h = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         b, l = xn.shape[:2]
         qkv = self._proj("query_key_value", (n + 2 * k) * h, (shd.EMBED, shd.Q_HEADS),
                          c.use_qkv_bias)(xn, **kw).reshape(b, l, n + 2 * k, h)
         norm = functools.partial(RMSNorm, c.rms_norm_eps, self.dtype, self.param_dtype)
-        q = norm(name="query_layernorm")(qkv[:, :, :n])
-        kk = norm(name="key_layernorm")(qkv[:, :, n:n + k])
-        q, kk = partial_rope(q, *rope), partial_rope(kk, *rope)
-        att = attention(q, kk, qkv[:, :, n + k:], mask, h ** -0.5)
-        return self._proj("dense", c.hidden_size, (shd.Q_HEADS, shd.EMBED), c.use_bias)(
+        q = partial_rope(norm(name="query_layernorm")(qkv[:, :, :n]), *rope)
+        f = l if cached is None or cached["n_fresh"] is None else cached["n_fresh"]
+        kk = norm(name="key_layernorm")(qkv[:, :f, n:n + k])
+        fresh = KVCache(partial_rope(kk, *(r[:, :f] for r in rope)), qkv[:, :f, n + k:])
+        if cached is None:
+            att, own = attention(q, fresh.k, fresh.v, mask, h ** -0.5), fresh
+        else:
+            att, own = attend_cached(q, fresh, cached["cache"], cached["q_start"], mask,
+                                     cached["window"], cached["idx_bq"])
+        out = self._proj("dense", c.hidden_size, (shd.Q_HEADS, shd.EMBED), c.use_bias)(
             att.reshape(b, l, n * h), **kw)
+        return out, own
 
     def _moe(self, xn: Array, kw: dict) -> Array:
         c = self.config
@@ -107,17 +117,27 @@ class LLaDA2Block(nn.Module):
 
     @nn.compact
     def __call__(self, x_bld: Array, rope: tuple[Array, Array], mask: Any, use_lora: bool,
-                 deterministic: bool) -> tuple[Array, None]:
+                 deterministic: bool, cache: KVCache | None = None,
+                 window: KVCache | None = None, q_start: Array | int = 0,
+                 idx_bq: Array | None = None, n_fresh: int | None = None,
+                 return_kv: bool = False) -> tuple[Array, KVCache | None]:
+        """Full (``cache`` None, as ``nn.scan`` calls it) or cached, as ``QwenBlock``: the
+        rows' fresh keys/values are returned when ``return_kv``."""
         c = self.config
         kw = dict(use_lora=use_lora, deterministic=deterministic)
         norm = functools.partial(RMSNorm, c.rms_norm_eps, self.dtype, self.param_dtype)
         x_bld = nn.with_logical_constraint(x_bld, (shd.BATCH, shd.LENGTH, shd.ACT_EMBED))
-        x_bld = x_bld + self._attention(norm(name="input_layernorm")(x_bld), rope, mask, kw)
+        cached = None if cache is None else dict(cache=cache, window=window, q_start=q_start,
+                                                 idx_bq=idx_bq, n_fresh=n_fresh)
+        att, own = self._attention(norm(name="input_layernorm")(x_bld), rope, mask, kw, cached)
+        x_bld = x_bld + att
         xn = norm(name="post_attention_layernorm")(x_bld)
         if self.is_moe:
-            return x_bld + self._moe(xn, kw), None
-        return x_bld + swiglu(self._proj, xn, c.intermediate_size, c.hidden_size,
-                              ("gate_proj", "up_proj", "down_proj"), **kw), None
+            y = self._moe(xn, kw)
+        else:
+            y = swiglu(self._proj, xn, c.intermediate_size, c.hidden_size,
+                       ("gate_proj", "up_proj", "down_proj"), **kw)
+        return x_bld + y, (own if return_kv else None)
 
 
 class SwiGLU(nn.Module):
@@ -263,3 +283,94 @@ class LLaDA2(nn.Module):
         if config.tie_word_embeddings:
             return params["word_embeddings"]["embedding"].T, None
         return params["lm_head"]["kernel"], None
+
+    # The cache entry points: block diffusion's exact cache, as SDAR's (d1jax.model.sdar.model).
+    # Under the block-causal mask the keys/values of a committed block never go stale; the
+    # recomputed rows lie in one block and see their fresh keys/values and the cache's of
+    # every earlier block. The MoE is per token, so a slice routes as the full forward does.
+
+    def _upto_block_of(self, attention_mask: Array | None, length: int, batch: int,
+                       row: Array | int) -> Array:
+        """Key mask [B, L]: real keys in the block of position ``row`` or before it."""
+        c = self.config
+        blk = block_ids(token_positions(attention_mask, length), length, c.block_size,
+                        c.block_align)
+        seen = blk <= jax.lax.dynamic_slice_in_dim(blk, row, 1, axis=1)
+        if attention_mask is not None:
+            seen = seen & jnp.asarray(attention_mask).astype(bool)
+        return jnp.broadcast_to(seen, (batch, length))
+
+    def cached_stack(self, ids_br: Array, positions_br: Array, mask: Any, use_lora: bool,
+                     cache: KVCache | None = None, window: KVCache | None = None,
+                     q_start: Array | int = 0, idx_bq: Array | None = None,
+                     n_fresh: int | None = None, return_kv: bool = False,
+                     ) -> tuple[Array, KVCache | None]:
+        """Rows [B, R] at RoPE positions [B or 1, R] through the dense then the MoE layers
+        (``LLaDA2Block``'s cached mode when ``cache`` is given), one ``lax.scan`` a stack over
+        its stacked params: (final-norm hidden [B, R, D], keys/values [n_layers, ...] or None).
+        """
+        c = self.config
+        rope = self.rope(positions_br)
+        x, kvs = self.word_embeddings(ids_br), []
+        for stack, lo, hi, is_moe in ((self.dense_layers, 0, c.n_dense, False),
+                                      (self.moe_layers, c.n_dense, c.num_hidden_layers, True)):
+            if stack is None:
+                continue
+            block = LLaDA2Block(c, self.dtype, self.param_dtype, self.lora, is_moe, parent=None)
+            part = lambda t: None if t is None else jax.tree.map(lambda a: a[lo:hi], t)  # noqa: E731
+
+            def layer(x, per_layer, block=block):
+                p, kv, win = per_layer
+                return block.apply({"params": p}, x, rope, mask, use_lora, True, kv, win,
+                                   q_start, idx_bq, n_fresh, return_kv)
+            x, kv = jax.lax.scan(layer, x, (stack.variables["params"], part(cache), part(window)),
+                                 unroll=hi - lo if self.unroll_layers else self.layers_per_loop)
+            kvs.append(kv)
+        kv = None if not return_kv else jax.tree.map(
+            lambda *a: jnp.concatenate(a, axis=0), *kvs)
+        return self.norm(x), kv
+
+    def prefill(self, input_ids: Array, attention_mask: Array | None = None, *,
+                slice_start: Array | int = 0, slice_len: int | None = None,
+                use_lora: bool = True) -> tuple[Array, KVCache]:
+        """One block-causal forward: logits [B, S, V] of positions slice_start:+slice_len (all
+        when slice_len is None) and every layer's keys/values [n_layers, B, L, K, H]."""
+        c = self.config
+        l = input_ids.shape[1]
+        mask = block_causal_mask(attention_mask, l, c.block_size, c.block_align)
+        h, cache = self.cached_stack(input_ids, token_positions(attention_mask, l), mask,
+                                     use_lora, return_kv=True)
+        if slice_len is not None:
+            h = jax.lax.dynamic_slice_in_dim(h, slice_start, slice_len, axis=1)
+        return self.logits(h), cache
+
+    def decode_hidden(self, input_ids: Array, cache: KVCache, slice_start: Array | int,
+                      attention_mask: Array | None = None, *, slice_len: int,
+                      use_lora: bool = True) -> Array:
+        """Hidden states [B, slice_len, D] of positions slice_start:+slice_len (inside one
+        block) of ``input_ids`` [B, L]: fresh keys/values for the slice, the cache's for the
+        blocks before it; with a cache of the committed blocks, ``hidden``'s rows exactly."""
+        b, l = input_ids.shape
+        seen = self._upto_block_of(attention_mask, l, b, slice_start + slice_len - 1)
+        pos = token_positions(attention_mask, l)
+        h, _ = self.cached_stack(
+            jax.lax.dynamic_slice_in_dim(input_ids, slice_start, slice_len, 1),
+            jax.lax.dynamic_slice_in_dim(pos, slice_start, slice_len, 1), seen, use_lora,
+            cache=cache, q_start=slice_start)
+        return h
+
+    def decode_at(self, input_ids: Array, idx: Array, cache: KVCache, window: KVCache,
+                  window_start: Array | int, attention_mask: Array | None = None, *,
+                  use_lora: bool = True) -> tuple[Array, KVCache]:
+        """Positions ``window_start + idx`` (idx [B, Q]; >= W: padding) of a window of
+        [n_layers, B, W, K, H] keys/values inside one block, recomputed and written into the
+        window; they see the updated window and the cache's earlier blocks. Returns (hidden
+        [B, Q, D], the window)."""
+        b, l = input_ids.shape
+        at = jnp.clip(window_start + idx, 0, l - 1)
+        seen = self._upto_block_of(attention_mask, l, b, window_start + window.k.shape[2] - 1)
+        pos = jnp.broadcast_to(token_positions(attention_mask, l), (b, l))
+        return self.cached_stack(
+            jnp.take_along_axis(input_ids, at, axis=1), jnp.take_along_axis(pos, at, axis=1),
+            seen, use_lora, cache=cache, window=window, q_start=window_start, idx_bq=idx,
+            n_fresh=idx.shape[1], return_kv=True)
