@@ -24,6 +24,7 @@ from d1jax.model.llada2 import LLaDA2, preset
 from d1jax.model.llada2 import moe
 from d1jax.model.llada2.config import LLaDA2Config
 from d1jax.model.llada2.weights import load_hf_checkpoint, save_hf_checkpoint
+from d1jax.model.predictor import init_params
 
 # LLaDA2.0-mini's config.json (dFactory configs/model_configs/llada2_mini) with the sizes of
 # the tiny preset: 3 layers (1 dense), 8 experts in 4 groups of which 2 kept, 2 per token.
@@ -362,3 +363,22 @@ def test_cache_entry_points_equal_the_block_causal_forward(replica):
     np.testing.assert_allclose(apply(h, method=model.logits), full[:, at:at + bs], atol=1e-5)
     for w, c in zip(window, cache):
         np.testing.assert_allclose(w, c[:, :, at:at + bs], atol=1e-5)
+
+
+def test_the_expert_bias_is_neither_decayed_nor_updated():
+    """d1jax.run.optim: AdamW with weight decay leaves the router's expert_bias exactly as it
+    was (its gradient is zero, selection only: tests/test_llada2_ep.py), while the router
+    kernel beside it, with the same zero gradient, decays."""
+    from d1jax.run import optim
+    params = {"moe_layers": {"gate": {"kernel": jnp.ones((2, 4, 8)),
+                                      "expert_bias": jnp.full((2, 8), 0.3)}}}
+    grads = jax.tree.map(jnp.zeros_like, params)
+    opt = optim.make_optimizer(optim.OptimConfig(learning_rate=1e-2, weight_decay=0.1))
+    state = opt.init(params)
+    step = jax.jit(lambda p, s: optim.apply_gradients(opt, p, s, grads)[:2])
+    new = params
+    for _ in range(3):
+        new, state = step(new, state)
+    np.testing.assert_array_equal(new["moe_layers"]["gate"]["expert_bias"],
+                                  params["moe_layers"]["gate"]["expert_bias"])
+    assert np.all(new["moe_layers"]["gate"]["kernel"] < 1)

@@ -77,13 +77,21 @@ def lr_schedule(cfg: OptimConfig) -> optax.Schedule:
     return optax.join_schedules([optax.linear_schedule(0.0, cfg.learning_rate, w), after], [w])
 
 
+# Leaves that are buffers, not trained weights: LLaDA2's router ``expert_bias`` (selection
+# only, no gradient; auxiliary-loss-free balancing updates it outside the optimizer). Without
+# decay their update is exactly zero (Adam on a zero gradient moves nothing).
+BUFFERS = ("expert_bias",)
+
+
 def decay_mask(params: Any) -> Any:
     """True for leaves that get weight decay: every leaf outside a norm (attn_norm, ff_norm,
-    ln_f; Dream's *_layernorm, norm) and every bias (Dream's q/k/v), as HF excludes LayerNorm
-    weights and biases. LoRA adapters are decayed, as under PEFT."""
+    ln_f; Dream's *_layernorm, norm), every bias (Dream's q/k/v), as HF excludes LayerNorm
+    weights and biases, and every buffer (``BUFFERS``). LoRA adapters are decayed, as under
+    PEFT."""
     flat = traverse_util.flatten_dict(params)
     return traverse_util.unflatten_dict(
-        {k: not (any("norm" in p or p == "ln_f" for p in k) or k[-1] == "bias") for k in flat})
+        {k: not (any("norm" in p or p == "ln_f" for p in k) or k[-1] == "bias"
+                 or k[-1] in BUFFERS) for k in flat})
 
 
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
