@@ -1,7 +1,8 @@
 """Sharding in one place: logical axis names, their mapping to mesh axes, meshes.
 
 Model code names logical axes (``EMBED``, ``MLP``, ...). A table of rules, set from the
-config, maps them onto the mesh axes ``data``, ``fsdp`` and ``tensor``. Params are born
+config, maps them onto the mesh axes ``data``, ``fsdp`` and ``tensor`` (and ``expert``, a
+fourth axis for expert parallelism). Params are born
 sharded: ``jax.eval_shape(init)`` -> logical specs -> ``NamedSharding`` ->
 ``jax.jit(init, out_shardings=...)``; ``abstract_params`` is the one probe of a model's
 param shapes.
@@ -40,6 +41,9 @@ ACT_MLP = "act_mlp"
 ACT_VOCAB = "act_vocab"
 
 MESH_AXES = ("data", "fsdp", "tensor")
+# A fourth mesh axis, when a mesh shape has four entries: the experts' (expert parallelism;
+# the run's rules then map EXPERT to it, d1jax.run.spec).
+EXPERT_AXIS = "expert"
 
 # FSDP over `fsdp` on the embed dimension, tensor parallelism over heads/mlp/vocab,
 # batch over (data, fsdp). Override per run with config.sharding.rules.
@@ -60,15 +64,21 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
-def make_mesh(shape: Sequence[int] = (-1, 1, 1), axis_names: Sequence[str] = MESH_AXES,
+def make_mesh(shape: Sequence[int] = (-1, 1, 1), axis_names: Sequence[str] | None = None,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A mesh over all devices (all hosts) with Auto axis types (pjit-style sharding).
 
     One entry of ``shape`` may be -1: it takes the remaining devices. The product must
-    equal the device count.
+    equal the device count. ``axis_names`` default: ``MESH_AXES``, plus ``EXPERT_AXIS`` for a
+    shape of four entries (data, fsdp, tensor, expert).
     """
     devices = list(jax.devices() if devices is None else devices)
     shape = list(shape)
+    if axis_names is None:
+        if len(shape) not in (3, 4):
+            raise ValueError(f"mesh shape {tuple(shape)} needs 3 entries (data, fsdp, tensor) "
+                             f"or 4 (data, fsdp, tensor, expert)")
+        axis_names = MESH_AXES + ((EXPERT_AXIS,) if len(shape) == 4 else ())
     if shape.count(-1) > 1:
         raise ValueError(f"mesh shape {tuple(shape)} has more than one -1")
     if -1 in shape:

@@ -3,7 +3,8 @@
 - ``predictor``: the interface every family's module satisfies (``MaskPredictor``),
   ``init_params``; ``family``: the registry of family records (``Family``).
 - One package per family: ``llada`` (LLaDA-8B), ``dream`` (Dream-v0-7B, DiffuCoder-7B),
-  ``sdar`` (SDAR-*-Chat, TraDo-*-Instruct: block diffusion).
+  ``sdar`` (SDAR-*-Chat, TraDo-*-Instruct: block diffusion), ``llada2`` (LLaDA2.x:
+  mixture-of-experts block diffusion).
 - Shared: ``layers``, ``attention``, ``kv_cache``, ``lora``, ``quant``, ``hf_checkpoint``
   (Hugging Face safetensors in and out), ``hf_files`` (an export's companion files),
   ``tokenizer``.
@@ -13,7 +14,7 @@ each family package has its own (``d1jax.model.dream.preset``).
 """
 
 from d1jax.model import family
-from d1jax.model import dream, llada, sdar
+from d1jax.model import dream, llada, llada2, sdar
 from d1jax.model.dream import Dream, DreamConfig, dream_positions, shift_logits
 from d1jax.model.hf_checkpoint import CheckpointError, UnsupportedConfigError
 from d1jax.model.kv_cache import KVCache
@@ -27,6 +28,7 @@ from d1jax.model.predictor import (MaskPredictor, init_params, is_shifted, outpu
 family.register(llada.FAMILY)
 family.register(dream.FAMILY)
 family.register(sdar.FAMILY)
+family.register(llada2.FAMILY)
 
 __all__ = ["CheckpointError", "PRESETS", "Dream", "DreamConfig", "KVCache", "LLaDA",
            "LLaDAConfig", "LoraConfig", "MaskPredictor", "UnsupportedConfigError",

@@ -12,6 +12,9 @@ Built in (each a package under ``d1jax/model/``, registered by ``d1jax/model/__i
 - ``llada``: LLaDA-8B-Base/Instruct (``LLaDAModelLM``), ``d1jax.model.llada``.
 - ``dream``: Dream-v0-7B and DiffuCoder-7B (model_type "Dream", Qwen2 blocks),
   ``d1jax.model.dream``.
+- ``sdar``: SDAR-*-Chat, TraDo-*-Instruct (block diffusion), ``d1jax.model.sdar``.
+- ``llada2``: LLaDA2.0/2.1-mini and -flash (mixture of experts, block diffusion),
+  ``d1jax.model.llada2``.
 
 Another family registers with ``register(Family(...))`` from its own module; a run names
 that module in ``$D1JAX_FAMILY_MODULES`` (comma-separated, importable from PYTHONPATH) and

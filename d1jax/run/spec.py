@@ -356,7 +356,10 @@ def from_config(c, *, weights: bool = True) -> RunSpec:
         raise ConfigError(f"max_prompt_length={c.max_prompt_length!r}: must be an int >= 1")
     model = _model(c, weights)
     mesh = knobs.translate(MeshSpec, c.mesh, "mesh")
-    rules = {**dict(sharding.DEFAULT_RULES), **dict(mesh.rules)}
+    # A mesh with an expert axis (a fourth entry) shards the experts on it unless a rule says
+    # otherwise.
+    expert = ({sharding.EXPERT: sharding.EXPERT_AXIS} if len(mesh.shape) == 4 else {})
+    rules = {**dict(sharding.DEFAULT_RULES), **expert, **dict(mesh.rules)}
     o = _optim(c)
     spec = RunSpec(
         stage=c.stage, seed=c.seed, max_prompt_length=c.max_prompt_length,

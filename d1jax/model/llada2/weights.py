@@ -162,6 +162,16 @@ def _reader(where, keys: Mapping[tuple, str], ndim_grid: int, swap: bool, shape,
     return read
 
 
+def source_layout(source_dir: str | os.PathLike | None) -> str:
+    """The layout of the checkpoint at ``source_dir`` by its config.json's model_type ("hub"
+    without one): an export keeps the layout its run loaded."""
+    cfg = None if source_dir is None else Path(source_dir) / "config.json"
+    if cfg is None or not cfg.is_file():
+        return "hub"
+    model_type = json.loads(cfg.read_text()).get("model_type")
+    return next((k for k, v in MODEL_TYPE.items() if v == model_type), "hub")
+
+
 def read_config(path: str | os.PathLike) -> LLaDA2Config:
     """The ``LLaDA2Config`` of a checkpoint directory's config.json."""
     return hf.read_config(path, LLaDA2Config.from_hf_dict, wrap_unsupported=True)
@@ -225,10 +235,13 @@ def save_hf_checkpoint(path: str | os.PathLike, config: LLaDA2Config,
                        params: Mapping[str, Any], max_shard_size: int | str = "5GB",
                        dtype: Any = None, *, source_dir: str | os.PathLike | None = None,
                        tokenizer: Any = None, lora: LoraConfig | None = None,
-                       layout: str = "hub") -> None:
+                       layout: str | None = None) -> None:
     """Writes params in ``layout`` ("hub": per-expert tensors, model_type "llada2_moe";
-    "merged": dFactory's stacked experts, "llada2_moe_veomni"), atomically, LoRA adapters
-    merged with ``lora``; ``source_dir``'s generation config, tokenizer and code copied."""
+    "merged": dFactory's stacked experts, "llada2_moe_veomni"; None: ``source_dir``'s layout,
+    "hub" without one), atomically, LoRA adapters merged with ``lora``; ``source_dir``'s
+    generation config, tokenizer and code copied."""
+    if layout is None:
+        layout = source_layout(source_dir)
     params = hf._merged(params, lora)
     entries = [(k, _entry(params, p, g, s)) for k, (p, g, s) in key_map(config, layout).items()]
 
