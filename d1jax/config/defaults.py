@@ -20,6 +20,7 @@ from d1jax.config import groups, knobs
 from d1jax.knobs import ConfigError  # noqa: F401 - the config layer's name for it
 from d1jax.objectives import registry
 from d1jax.objectives.recipes import full_finetuning  # noqa: F401 - configs call it
+from d1jax.tasks import registry as task_registry
 
 
 
@@ -122,14 +123,14 @@ def check_inputs(config, data: bool = True) -> None:
     task = config.get("task")
     if not data or not task or config.get("stage") not in ("grpo", "sft", "eval"):
         return
-    from d1jax import tasks
     from d1jax.tasks.sources import _FILE_SUFFIXES
+    entry = task_entry(task.get("name") or "")
     source = task.get("source") or ""
-    named = {"d1": ("sudoku", "countdown"), "spg": ("sudoku",), "toy": ("humaneval", "mbpp")}  # the loaders' named sources ("toy": generated code problems)
-    if source in named and task.get("name") not in named[source]:
+    named = [e.name for e in task_registry.TASKS.values() if source in e.sources]
+    if named and task.get("name") not in named:  # a loader's own name for its data
         raise ConfigError(f"config.task.source={source!r} names {source}'s training data of "
-                          f"{' and '.join(named[source])}, not of {task.get('name')!r}")
-    if source in named:
+                          f"{' and '.join(named)}, not of {task.get('name')!r}")
+    if named:
         source = ""
     # The rule of tasks.sources.load_rows: a URL, a local path, or a Hub id "owner/name".
     local = (source.endswith(_FILE_SUFFIXES) or source.startswith((".", "/", "~"))
@@ -138,12 +139,21 @@ def check_inputs(config, data: bool = True) -> None:
             and not Path(source).expanduser().exists()):
         raise ConfigError(f"config.task.source={source!r}: no such file or directory (and not "
                           "a Hub id of the form owner/name)")
-    if config.stage == "sft" and task.name == "s1k":
-        return
+    if config.stage == "sft" and entry is not None and entry.sft_rows is not None:
+        return  # SFT data of its own, without rewards (s1k)
     try:
-        tasks.get_task(task.name)
-    except ValueError as e:  # an unknown task name
+        task_registry.entry(task.name).build()
+    except ValueError as e:  # an unknown task name, or SFT data in a run that needs rewards
         raise ConfigError(f"config.task: {e}") from None
+
+
+def task_entry(name: str) -> task_registry.TaskEntry | None:
+    """The registered task ``name`` (``d1jax.tasks.registry``: the built-ins and those of the
+    modules in $D1JAX_TASK_MODULES), None when none has it (the input checks list the known)."""
+    try:
+        return task_registry.find(name)
+    except ValueError as e:  # a module that does not import
+        raise ConfigError(f"${task_registry.MODULES_ENV}: {e}") from None
 
 
 def check_batch(global_batch: int, group: int, data_parallel: int, what: str,
@@ -196,10 +206,6 @@ def smaller_rollout_batch(rows: int, rollout_batch: int, data_parallel: int) -> 
     return fits[-1] if fits else None
 
 
-# d1's per-task inner iterations (slurm_scripts/*_base.sbatch NUM_ITER).
-_MU = {"gsm8k": 12, "math500": 12, "sudoku": 8, "countdown": 8}
-
-
 def grpo(task: str, arg: str | None, objective: str = "diffu_grpo",
          checkpoint: str = "llada") -> mlc.ConfigDict:
     """GRPO-style RL on ``task`` with ``objective`` (diffu_grpo, wd1, spg, coupled_grpo),
@@ -213,9 +219,10 @@ def grpo(task: str, arg: str | None, objective: str = "diffu_grpo",
     except ValueError as e:
         raise ConfigError(f"${registry.MODULES_ENV}: {e}") from None
     entry = registry.OBJECTIVES.get(objective)  # an unknown one: the spec names the known
+    known = task_entry(task)  # an unknown one: the input checks name the known
     c = base("grpo", task, tiny, steps=5000, checkpoint=checkpoint)
-    if task in ("sudoku", "countdown") and not (tiny or generated):
-        c.task.source = "d1"  # d1's training data (diffu-grpo/data_utils.py); ':generated': ours
+    if known and known.train_source and not (tiny or generated):
+        c.task.source = known.train_source  # sudoku, countdown: d1's data; ':generated': ours
     if not tiny:
         # Planned for v5p-8 (docs/tpu_plan.md): the 8B update without remat, its 32 layers
         # unrolled, fits a v5p chip (61 GiB of 84) at XLA's estimated 55% MFU, against 44%
@@ -225,7 +232,7 @@ def grpo(task: str, arg: str | None, objective: str = "diffu_grpo",
     c.sampler = sampler_fields(tiny)
     g = c.grpo = knobs.group(
         groups.GRPOKnobs, tiny, objective=objective,
-        num_iterations=2 if tiny else _MU.get(task, 12),  # d1's mu of the task
+        num_iterations=2 if tiny else known.mu if known else 12,  # d1's mu of the task
         beta=entry.default_beta if entry else 0.04)  # 0 without a reference term
     if authors:
         _authors(c, objective, tiny)
@@ -308,19 +315,20 @@ def _variant(arg: str | None, authors_ok: bool = False) -> tuple[bool, bool, boo
 
 
 def eval_config(arg: str | None, checkpoint: str = "llada") -> mlc.ConfigDict:
-    """d1's evaluation protocol. ``arg``: "TASK" or "TASK-tiny" (e.g. "sudoku-tiny")."""
+    """d1's evaluation protocol. ``arg``: "TASK" or "TASK-tiny" (e.g. "sudoku-tiny"); the
+    task's entry gives its number of examples and generation lengths."""
     task, _, variant = (arg or "gsm8k").partition("-")
-    from d1jax.tasks import CODE_TASKS, TASK_NAMES
-    if task not in TASK_NAMES + CODE_TASKS or variant not in ("", "tiny"):
+    known = task_entry(task)  # any registered task; the error lists the benchmarks
+    benchmarks = task_registry.names("d1") + task_registry.names("code")
+    if known is None or known.make is None or variant not in ("", "tiny"):
         raise ConfigError(f"unknown eval config {arg!r}: use ':TASK' or ':TASK-tiny' with TASK "
-                          f"one of {', '.join(TASK_NAMES + CODE_TASKS)} (e.g. ':sudoku-tiny')")
+                          f"one of {', '.join(benchmarks)} (e.g. ':sudoku-tiny')")
     tiny = variant == "tiny"
     c = base("eval", task, tiny, checkpoint=checkpoint)
     c.lora.enabled = False  # Evaluate plain weights (export LoRA runs first: <workdir>/hf).
     c.sampler = sampler_fields(tiny, rollout=False)
-    c.eval = knobs.group(
-        groups.EvalKnobs, tiny, gen_lengths=(32,) if tiny else (256, 512) if task in CODE_TASKS
-        else (128, 256, 512), num_examples=16 if tiny else {"sudoku": 256, "countdown": 256}.get(
-            task, 0))  # d1: 256 for sudoku/countdown, all otherwise (0)
+    c.eval = knobs.group(  # d1: 256 for sudoku/countdown, all otherwise (0)
+        groups.EvalKnobs, tiny, gen_lengths=(32,) if tiny else known.gen_lengths,
+        num_examples=16 if tiny else known.eval_examples)
     c.lock()
     return c

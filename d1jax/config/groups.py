@@ -136,7 +136,8 @@ class TaskKnobs:
     """The task and its data: ``config.task``."""
 
     name: str = knob("", "gsm8k, math500, sudoku, countdown, humaneval, mbpp, letters (the "
-                     "install check's toy; or s1k for SFT); set by the builders.")
+                     "install check's toy; or s1k for SFT), or a task a module in "
+                     "$D1JAX_TASK_MODULES registers; set by the builders.")
     source: str | None = knob(
         "", '"d1": d1\'s training data (sudoku, countdown); "spg": SPG\'s Sudoku split with its '
         '3-shot prompt; "toy": generated code problems (humaneval, mbpp); a local data file/dir '

@@ -23,17 +23,9 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from d1jax.tasks import CODE_TASKS, TASK_NAMES, Task, get_task
-
-SCORED = TASK_NAMES + CODE_TASKS
+from d1jax.tasks import Task, get_task, registry
 
 _FILE_NAME = re.compile(r"^(?P<setup>.+)_\d+_generations\.json$")
-# d1 picks the parser by substring of the setup name, in this order.
-_D1_SUBSTRINGS = (("gsm", "gsm8k"), ("math", "math500"), ("countdown", "countdown"),
-                  ("sudoku", "sudoku"))
-_TASK_TOKENS = {"gsm8k": "gsm8k", "gsm": "gsm8k", "math": "math500", "math500": "math500",
-                "countdown": "countdown", "sudoku": "sudoku", "humaneval": "humaneval",
-                "mbpp": "mbpp"}
 
 
 def setup_name(path: str | Path) -> str:
@@ -44,11 +36,22 @@ def setup_name(path: str | Path) -> str:
 
 
 def infer_task(setup: str) -> str | None:
-    """Task from a setup name: its first token if that names a task, else d1's rule."""
-    first = setup.split("_", 1)[0].lower()
-    if first in _TASK_TOKENS:
-        return _TASK_TOKENS[first]
-    return next((task for key, task in _D1_SUBSTRINGS if key in setup), None)
+    """Task from a setup name: a task's name or file token (``gsm``) at its start (the
+    longest wins), else d1's rule, the first task whose substring it contains."""
+    registry.load_modules()
+    entries = [e for e in registry.TASKS.values() if e.make is not None]
+    lower = setup.lower()
+    heads = sorted(((t, e.name) for e in entries for t in (e.name,) + e.file_tokens),
+                   key=lambda tn: -len(tn[0]))
+    found = next((name for tok, name in heads if lower == tok or lower.startswith(tok + "_")),
+                 None)
+    return found or next((e.name for e in entries if e.d1_substring
+                          and e.d1_substring in setup), None)
+
+
+def scored() -> tuple[str, ...]:
+    """The tasks a generation file can be scored as (the registered ones with rewards)."""
+    return registry.names()
 
 
 def infer_gen_length(setup: str) -> int | None:
@@ -70,7 +73,9 @@ def score_records(records: Sequence[dict], task: str | Task, details: bool = Fal
     "math_verify" (MATH by name only).
     """
     if isinstance(task, str):
-        task = get_task(task, **({"equivalence": math_equivalence} if task == "math500" else {}))
+        entry = registry.entry(task)
+        task = get_task(task, **({"equivalence": math_equivalence}
+                                 if entry.math_equivalence else {}))
     verdicts = []
     if task.verdicts is not None:  # code tasks: every item's tests at once, in a pool
         return _summary(task.name, task.verdicts(list(records)), details)
@@ -97,13 +102,19 @@ def _summary(task: str, verdicts: list, details: bool) -> dict:
     hits, total = sum(v.hits for v in verdicts), sum(v.total for v in verdicts)
     out = {"task": task, "n": len(verdicts), "correct": sum(v.correct for v in verdicts),
            "hits": hits, "total": total, "accuracy": hits / total if total else 0.0}
-    if task == "sudoku":
+    if _reports_solved(task):
         out["solved"] = out["correct"]
         out["solved_accuracy"] = out["correct"] / len(verdicts) if verdicts else 0.0
     if details:
         out["items"] = [{"extracted": v.extracted, "correct": v.correct, "hits": v.hits,
                          "total": v.total} for v in verdicts]
     return out
+
+
+def _reports_solved(task: str) -> bool:
+    """Partial credit (Sudoku's cells): the summary reports fully solved items beside it."""
+    entry = registry.find(task)
+    return entry is not None and entry.reports_solved
 
 
 def _load(path: Path) -> dict:
@@ -126,12 +137,12 @@ def score_file(path: str | Path, task: str | None = None, details: bool = False,
     path = Path(path)
     setup = setup_name(path).removesuffix(".jsonl")
     task = task or infer_task(setup)
-    if task not in SCORED:
+    if task not in scored():
         raise ValueError(f"{path}: cannot tell the task from the name {setup!r}; pass "
-                         f"task= (one of {', '.join(SCORED)})")
-    if path.suffix == ".jsonl" and task in CODE_TASKS:
-        from d1jax.tasks import code
-        result = code.score_samples(path, get_task(task).load_test(problems))
+                         f"task= (one of {', '.join(scored())})")
+    entry = registry.entry(task)
+    if path.suffix == ".jsonl" and entry.score_samples is not None:
+        result = entry.score_samples(path, get_task(task).load_test(problems))
         return {"file": str(path), "setup": setup, "gen_length": None, "task": task, **result}
     data = _load(path)
     gen_length = infer_gen_length(setup) or data.get("gen_length")
@@ -172,7 +183,7 @@ def score_paths(paths: Iterable[str | Path], task: str | None = None,
     for p in pooled.values():
         p.pop("file", None)
         p["accuracy"] = p["hits"] / p["total"] if p["total"] else 0.0
-        if p["task"] == "sudoku":
+        if _reports_solved(p["task"]):
             p["solved"] = p["correct"]
             p["solved_accuracy"] = p["correct"] / p["n"] if p["n"] else 0.0
     return [pooled[k] for k in sorted(pooled)]
@@ -183,7 +194,7 @@ def format_table(results: Sequence[dict]) -> str:
              "-" * 84]
     for r in results:
         extra = (f"cells {r['hits']:.0f}/{r['total']}, solved {r['solved']}/{r['n']} "
-                 f"({100 * r['solved_accuracy']:.2f}%)" if r["task"] == "sudoku" else
+                 f"({100 * r['solved_accuracy']:.2f}%)" if "solved_accuracy" in r else
                  ", ".join(f"{k} {100 * v:.2f}%" for k, v in r.items() if k.startswith("pass@")))
         lines.append(f"{r['setup']:<40} {r['task']:<10} {str(r['gen_length'] or '-'):>6} "
                      f"{r['n']:>6} {100 * r['accuracy']:>8.2f}%  {extra}")
@@ -195,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="+", help="generation JSON files or directories")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--task", choices=SCORED, help="override the task inferred from names")
+    parser.add_argument("--task", choices=scored(),
+                        help="override the task inferred from names")
     parser.add_argument("--problems", help="HumanEval/MBPP sample files (.jsonl): the problem "
                         "file to test against (default: the task's public test set)")
     parser.add_argument("--math-equivalence", choices=("d1", "math_verify"), default="d1",

@@ -223,6 +223,12 @@ def record(example: Example, generation: str) -> dict[str, Any]:
             "test": example["eval_test"]}
 
 
+def solution_trajectory(example: Example) -> str:
+    """The SFT target of a generated row: its trace, else its solution in DiffuCoder's format
+    (one ```python block closing the text)."""
+    return example.get("trace") or f"```python\n{example['solution']}```\n"
+
+
 def _verdict(program: str | None, outcome: sandbox.Outcome | None) -> Verdict:
     ok = outcome is not None and outcome.all_passed
     return Verdict(extracted=program, correct=ok, hits=float(ok), total=1)

@@ -397,6 +397,14 @@ def ground_truth(example: Example) -> str:
     return example["solution"]
 
 
+def solution_trajectory(example: Example) -> str:
+    """The SFT target of a generated puzzle: its solution's rows as the reasoning, then the
+    grid, in d1's reasoning/answer layout."""
+    sol = example["solution"]
+    rows = " ".join(sol[i:i + 4] for i in range(0, 16, 4))
+    return f"<reasoning>\nRows: {rows}\n</reasoning>\n<answer>\n{sol}\n</answer>"
+
+
 def make_task() -> Task:
     """d1's Sudoku task."""
     return Task(name="sudoku", system_prompt=SYSTEM_PROMPT, reward_funcs=REWARD_FUNCS,

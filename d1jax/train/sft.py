@@ -22,7 +22,7 @@ from d1jax.objectives.batch import SFTBatch
 from d1jax.run import context
 from d1jax.run.build import build, data_parallel_size
 from d1jax.run.spec import RunSpec
-from d1jax.tasks import s1k
+from d1jax.tasks import registry
 from d1jax.train import jit_steps as steps_lib
 from d1jax.train import loop
 from d1jax.train.data import ExampleIterator, check_examples
@@ -43,8 +43,9 @@ class SFTData:
 def sft_examples(spec: RunSpec) -> list[dict]:
     """(prompt messages, completion text) pairs of the configured task: s1K's traces, or
     d1's prompt and a solution trajectory for a generated task (an offline stand-in)."""
-    if spec.task.name == "s1k":
-        rows = s1k.load_train(spec.task.source)
+    entry = registry.entry(spec.task.name)
+    if entry.sft_rows is not None:  # SFT data of its own (s1k)
+        rows = entry.sft_rows(spec.task.source)
     else:
         task = spec.task.build()
         rows = trajectory_examples(task, task.load_train(spec.task.source))

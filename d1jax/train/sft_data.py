@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from d1jax.model.tokenizer import EOT
-from d1jax.tasks import CODE_TASKS
+from d1jax.tasks import registry
 
 
 def encode_sft(tokenizer, examples: Sequence[dict], max_length: int,
@@ -48,24 +48,9 @@ def encode_sft(tokenizer, examples: Sequence[dict], max_length: int,
     return {"input_ids": ids, "prompt_len": prompt_len}
 
 
-def solution_trajectory(task_name: str, example: dict) -> str:
-    """A well-formed answer for a generated task (the SFT target standing in for s1K): d1's
-    reasoning/answer layout, or for a code task its solution in DiffuCoder's format (one
-    ```python block closing the text)."""
-    if task_name in CODE_TASKS:  # the generated rows say theirs (code.toy_rows)
-        return example.get("trace") or f"```python\n{example['solution']}```\n"
-    if task_name == "sudoku":
-        sol = example["solution"]
-        rows = [sol[i:i + 4] for i in range(0, 16, 4)]
-        trace = f"Rows: {' '.join(rows)}"
-        answer = sol
-    else:
-        trace = "Work it out step by step."
-        answer = str(example.get("answer", example.get("solution", "")))
-    return f"<reasoning>\n{trace}\n</reasoning>\n<answer>\n{answer}\n</answer>"
-
-
 def trajectory_examples(task, examples) -> list[dict]:
-    """SFT pairs (d1's GRPO prompt, solution trajectory) for a task with known solutions."""
-    return [{"prompt": task.build_messages(ex), "completion": solution_trajectory(task.name, ex)}
-            for ex in examples]
+    """SFT pairs (the task's GRPO prompt, its entry's solution trajectory: d1's
+    reasoning/answer layout, a code task's solution) for a task with known solutions."""
+    entry = registry.find(task.name)  # a Task built by hand: the default layout
+    trajectory = entry.trajectory if entry else registry.reasoning_answer
+    return [{"prompt": task.build_messages(ex), "completion": trajectory(ex)} for ex in examples]
