@@ -415,3 +415,106 @@ def edit_json(path: Path, **changes: Any) -> None:
         else:
             obj[k] = v
     _write_json(path, obj)
+
+
+# --------------------------------------------------------------------------- LLaDA2
+
+# inclusionAI/LLaDA2.0-mini. Pinned by public files: config.json's fields (dFactory
+# configs/model_configs/llada2_mini/config.json; the Hub's differs in model_type "llada2_moe"),
+# <|endoftext|> at 156892 (pad_token_id; their generate's eos_id), the mask at 156895 (their
+# generate's mask_id, dFactory's mask_token_id), the chat turns of dInfer's benchmarks
+# ("<role>SYSTEM</role>detailed thinking off<|role_end|><role>HUMAN</role>{prompt}<|role_end|>
+# <role>ASSISTANT</role>"). Not pinned (their tokenizer_config.json was not at hand): the mask
+# token's name (here "<|mask|>"), the ids of the role tokens (here after the mask), the other
+# added tokens (reserved placeholders here), whether config.json names mask_token_id (dFactory's
+# does not; d1jax needs it, so the replica carries it). No remote code: d1jax ships none.
+LLADA2_REAL_FIRST = 156892
+LLADA2_ADDED = ["<|endoftext|>", "<|reserved_token_0|>", "<|reserved_token_1|>", "<|mask|>",
+                "<role>", "</role>", "<|role_end|>"]
+LLADA2_CHAT_TEMPLATE = (
+    "{% if messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] %}"
+    "{% set messages = messages[1:] %}{% else %}{% set system = 'detailed thinking off' %}"
+    "{% endif %}{{ '<role>SYSTEM</role>' + system + '<|role_end|>' }}"
+    "{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{{ '<role>HUMAN</role>' + message['content'] + '<|role_end|>' }}{% else %}"
+    "{{ '<role>ASSISTANT</role>' + message['content'] + '<|role_end|>' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<role>ASSISTANT</role>' }}{% endif %}")
+
+
+def llada2_ids() -> dict[str, int]:
+    """The special ids of the LLaDA2 replica (the real ones minus 156892 plus BASE_VOCAB)."""
+    at = {t: BASE_VOCAB + i for i, t in enumerate(LLADA2_ADDED)}
+    return {"mask": at["<|mask|>"], "eos": at["<|endoftext|>"], "pad": at["<|endoftext|>"],
+            "eot": at["<|role_end|>"]}
+
+
+def llada2_config(layout: str = "hub") -> dict[str, Any]:
+    """The replica's config.json: dFactory's llada2_mini fields and order, tiny sizes (the
+    ``llada2-tiny`` preset's), the replica's ids."""
+    ids, n = llada2_ids(), BASE_VOCAB + len(LLADA2_ADDED)
+    return {
+        "architectures": ["LLaDA2MoeModelLM"], "attention_dropout": 0.0,
+        "auto_map": {"AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
+                     "AutoModel": "modeling_llada2_moe.LLaDA2MoeModel",
+                     "AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM"},
+        "num_hidden_layers": 3, "hidden_size": 32, "intermediate_size": 64,
+        "first_k_dense_replace": 1, "hidden_act": "silu", "max_position_embeddings": 256,
+        "model_type": {"hub": "llada2_moe", "merged": "llada2_moe_veomni"}[layout],
+        "moe_intermediate_size": 16, "norm_topk_prob": True, "num_experts_per_tok": 2,
+        "norm_head": False, "num_attention_heads": 4, "num_experts": 8,
+        "num_key_value_heads": 2, "rope_theta": 600000, "rope_scaling": None,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.52.3", "use_bias": False, "use_rmsnorm": True,
+        "rms_norm_eps": 1e-06, "head_dim": 16, "num_shared_experts": 1, "use_cache": False,
+        "use_qkv_bias": False, "embedding_dropout": 0.0, "norm_softmax": False,
+        "output_dropout": 0.0, "vocab_size": -(-(n + 1) // 64) * 64, "rotary_dim": 8,
+        "using_split_qkv_in_self_attention": False, "router_dtype": "fp32",
+        "moe_router_enable_expert_bias": True, "routed_scaling_factor": 2.5, "n_group": 4,
+        "topk_group": 2, "score_function": "sigmoid", "initializer_range": 0.02,
+        "max_window_layers": 28, "output_router_logits": False, "pad_token_id": ids["pad"],
+        "partial_rotary_factor": 0.5, "use_sliding_window": False,
+        "mask_token_id": ids["mask"], "eos_token_id": ids["eos"]}
+
+
+def write_llada2(d: Path, layout: str = "hub", seed: int = 0) -> Path:
+    """A tiny LLaDA2.0-mini replica in ``layout`` ("hub": per-expert tensors; "merged":
+    dFactory's) in ``d``: config.json, generation_config.json, a byte-level BPE tokenizer with
+    the special tokens and chat template above, bfloat16 weight shards with an index."""
+    import jax
+    from tokenizers import AddedToken
+    from d1jax.model.llada2 import LLaDA2, read_config, save_hf_checkpoint
+    from d1jax.model.predictor import init_params
+    d.mkdir(parents=True, exist_ok=True)
+    _write_json(d / "config.json", llada2_config(layout))
+    config = read_config(d)
+    params = init_params(LLaDA2(config), jax.random.key(seed))
+    # A router bias of the size training gives it, so the selection depends on it.
+    bias = params["moe_layers"]["gate"]["expert_bias"]
+    params["moe_layers"]["gate"]["expert_bias"] = 0.1 * jax.random.normal(
+        jax.random.key(seed + 1), bias.shape)
+    save_hf_checkpoint(d / "weights", config, params, max_shard_size=40_000,
+                       dtype=ml_dtypes.bfloat16, layout=layout)
+    for f in (d / "weights").iterdir():
+        if f.name.endswith(".safetensors") or f.name.endswith(".index.json"):
+            f.rename(d / f.name)
+    shutil.rmtree(d / "weights")
+    ids = llada2_ids()
+    _write_json(d / "generation_config.json", {"_from_model_config": True,
+                                               "eos_token_id": ids["eos"],
+                                               "pad_token_id": ids["pad"],
+                                               "transformers_version": "4.52.3"})
+    tok = _train_bpe(TEXTS)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in LLADA2_ADDED])
+    tok.save(str(d / "tokenizer.json"))
+    _write_json(d / "tokenizer_config.json", {
+        "added_tokens_decoder": {str(BASE_VOCAB + i): {**_token(t), "special": True}
+                                 for i, t in enumerate(LLADA2_ADDED)},
+        "additional_special_tokens": ["<role>", "</role>", "<|role_end|>"],
+        "chat_template": LLADA2_CHAT_TEMPLATE, "clean_up_tokenization_spaces": False,
+        "eos_token": "<|endoftext|>", "model_max_length": 16384,
+        "pad_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast"})
+    _write_json(d / "special_tokens_map.json", {
+        "additional_special_tokens": ["<role>", "</role>", "<|role_end|>"],
+        "eos_token": _token("<|endoftext|>"), "pad_token": _token("<|endoftext|>")})
+    (d / "README.md").write_text("---\nlibrary_name: transformers\n---\n# LLaDA2.0-mini\n")
+    return d

@@ -1,0 +1,73 @@
+"""LLaDA2 end to end through ``python -m d1jax.main``: a tiny replica of each published layout
+(tests/published.py: the Hub's per-expert tensors, dFactory's merged experts; bfloat16 shards,
+tokenizer with their special tokens and chat template) trains two block-SFT steps on 8 fake
+CPU devices with the experts on a mesh axis of 4, exports in the layout it loaded, and the
+export reloads with the trained weights."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+
+from d1jax import sharding as shd
+from d1jax.metrics import read_jsonl
+from d1jax.model import hf_checkpoint as hf
+from d1jax.model.llada2 import load_hf_checkpoint
+from tests import published
+from tests.learnable import MAIN
+
+ROOT = Path(__file__).resolve().parents[1]
+MESH = "(2,1,1,4)"  # data 2 x expert 4
+
+pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices")
+
+
+@pytest.mark.parametrize("layout", ["hub", "merged"])
+def test_sft_exports_and_reloads_each_layout(tmp_path, layout):
+    src = published.write_llada2(tmp_path / "src", layout)
+    wd = tmp_path / "run"
+    r = subprocess.run(
+        [sys.executable, "-c", MAIN, "--config=configs/sdar/sft_s1k.py:tiny",
+         f"--workdir={wd}", "--config.model.family=llada2", f"--config.model.path={src}",
+         "--config.model.random_init=", "--config.train.num_steps=2", "--config.sft.batch_size=2",
+         "--config.train.export_hf=True", f"--config.mesh.shape={MESH}",
+         "--config.sft.max_length=720"],  # the replica BPE spends ~630 tokens on a prompt
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = read_jsonl(wd / "metrics.jsonl")
+    assert [x["step"] for x in rows] == [1, 2]
+    assert all(np.isfinite(x["loss"]) and x["masked_tokens"] > 0 for x in rows)  # block SFT
+    run_cfg = json.loads((wd / "config.json").read_text())
+    assert tuple(run_cfg["mesh"]["shape"]) == (2, 1, 1, 4)
+    out = wd / "hf"
+    exported = json.loads((out / "config.json").read_text())
+    source = json.loads((src / "config.json").read_text())
+    assert exported["model_type"] == source["model_type"]  # the layout it loaded
+    keys = set(hf.open_checkpoint(out))
+    assert ("model.layers.1.mlp.experts.gate_proj" in keys) == (layout == "merged")
+    assert ("model.layers.1.mlp.experts.7.down_proj.weight" in keys) == (layout == "hub")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (out / name).is_file()
+    assert "<|role_end|>" in json.loads((out / "tokenizer_config.json").read_text())[
+        "chat_template"]
+    # Reloaded on the expert mesh: the experts sharded 4 ways, the weights trained (moved from
+    # the source's), the router bias as the source had it (a buffer: not trained).
+    mesh = shd.make_mesh((2, 1, 1, 4))
+    rules = shd.DEFAULT_RULES + ((shd.EXPERT, shd.EXPERT_AXIS),)
+    config, params = load_hf_checkpoint(out, mesh, rules=rules)
+    _, before = load_hf_checkpoint(src)
+    experts = params["moe_layers"]["experts"]["gate_proj"]
+    assert experts.addressable_shards[0].data.shape[1] == config.num_experts // 4
+    moved = np.abs(np.asarray(experts, np.float32)
+                   - np.asarray(before["moe_layers"]["experts"]["gate_proj"], np.float32))
+    assert moved.max() > 0
+    bias = lambda p: np.asarray(p["moe_layers"]["gate"]["expert_bias"])  # noqa: E731
+    np.testing.assert_array_equal(bias(params), bias(before).astype(ml_dtypes.bfloat16)
+                                  .astype(np.float32))
