@@ -100,11 +100,16 @@ def test_eval_parsers_total_fast_and_in_range(name, text):
 
 def test_no_dynamic_execution_in_source():
     """No call to eval / exec / compile / __import__ anywhere in the package, but in the code
-    sandbox's child, a script run in a subprocess of its own (tests/test_sandbox.py)."""
+    sandbox's scripts, each run in a subprocess of its own: the untrusted child's files
+    (``sandbox_os.CHILD_FILES``) and the trusted judge (``sandbox.JUDGE``), which runs a task's
+    own test code (tests/test_sandbox*.py)."""
+    from d1jax.tasks import sandbox, sandbox_os
     root = Path(__file__).resolve().parents[1] / "d1jax"
     files = sorted(root.rglob("*.py"))
     assert root / "tasks" / "rewards.py" in files and root / "eval" / "score.py" in files
-    files.remove(root / "tasks" / "sandbox_child.py")
+    scripts = [root / "tasks" / n for n in sandbox_os.CHILD_FILES] + [sandbox.JUDGE]
+    for script in scripts:
+        files.remove(script)
     for f in files:
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
