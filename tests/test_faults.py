@@ -179,12 +179,14 @@ def d1_data():
 
 def test_sigterm_saves_exits_75_and_resumes_bitwise_under_a_compatible_change(reference,
                                                                               tmp_path):
-    # Preempted during step 1, on a config whose step count and save cadence differ.
+    # Preempted during step 3 (after steps of this process finished: SIGTERM while the first
+    # step compiles exits at once, below), on a config whose step count and save cadence
+    # differ: the rollout's updates (steps 3 and 4) finish and step 4 is saved.
     r = run(tmp_path, "--config.train.num_steps=1000", "--config.train.save_every=1000",
-            fault=("sigterm", "1"))
+            fault=("sigterm", "3"))
     assert r.returncode == 75, (r.stdout[-2000:], r.stderr[-3000:])
-    assert "stopped at step 2 of 1000 (SIGTERM) with a checkpoint saved" in r.stderr
-    assert "Traceback" not in r.stderr and steps(tmp_path) == [2]
+    assert "stopped at step 4 of 1000 (SIGTERM) with a checkpoint saved" in r.stderr
+    assert "Traceback" not in r.stderr and steps(tmp_path) == [4]
     assert not (tmp_path / "hf").exists()
     ok(run(tmp_path))  # the plain config: 30 steps, saves every 2
     assert_same_run(tmp_path, reference)
