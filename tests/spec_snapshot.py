@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
-import importlib.util
 import json
 import os
 import sys
@@ -77,10 +76,8 @@ def config_files() -> list[Path]:
 
 
 def load(path: Path):
-    spec = importlib.util.spec_from_file_location(f"cfg_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from tests.config_files import load_module
+    return load_module(path)
 
 
 def _value(v):

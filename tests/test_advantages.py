@@ -51,15 +51,9 @@ def test_completion_mask_keeps_up_to_and_including_first_eos():
 # ---------------------------------------------------------------------------- TraceRL's signal
 
 def _config_spec(rel_path, variant=None):
-    import importlib.util
-    from pathlib import Path
-
     from d1jax.run.spec import from_config
-    path = Path(__file__).resolve().parents[1] / rel_path
-    spec = importlib.util.spec_from_file_location("cfg_under_test", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return from_config(mod.get_config(variant), weights=False)
+    from tests.config_files import load_config
+    return from_config(load_config(rel_path, variant), weights=False)
 
 
 def _math_rollout(counts, group, seed=0):

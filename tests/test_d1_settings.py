@@ -11,7 +11,6 @@ is no o_proj, gate_proj or down_proj: PEFT matches module names exactly, so d1's
 adapts q, k, v and up only.
 """
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 from d1jax.run import optim
 from d1jax.run import spec as spec_lib
+from tests.config_files import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,11 +130,7 @@ DEPARTURES = {
 
 
 def _config(name: str, arg=None):
-    path = ROOT / "configs" / f"{name}.py"
-    mod_spec = importlib.util.spec_from_file_location(f"d1_settings_{name}", path)
-    module = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(module)
-    return module.get_config(arg)
+    return load_config(f"configs/{name}.py", arg)
 
 
 def _get(c, dotted: str):

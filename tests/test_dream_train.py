@@ -306,10 +306,8 @@ def test_dream_configs_save_resume_and_export(config_file, arg, changes, tmp_pat
     """The family's configs as d1jax.main runs them: stopped (with a save) after the first
     rollout's mu = 2 steps (SFT: after step 1), resumed from the workdir to the end, then
     exported as a Dream checkpoint."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("cfg", config_file)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from tests.config_files import load_module
+    mod = load_module(config_file)
 
     first = 1 if mod.get_config(arg).stage == "sft" else 2
     steps = 2 * first

@@ -5,7 +5,6 @@ drawing from the rollout's key (c = 0) or ``fold_in(key, c)``; bad chunk sizes r
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from pathlib import Path
 
 import jax
@@ -19,16 +18,14 @@ from d1jax.run.build import build
 from d1jax.run.spec import from_config
 from d1jax.train import engine, grpo
 from d1jax.train import rollout as rl
+from tests.config_files import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS, CHUNK = 16, 8  # 4 prompts x G 4, on 8 devices (fsdp 8): two calls of 8 rows
 
 
 def _config():
-    spec = importlib.util.spec_from_file_location("cfg", ROOT / "configs/sdar/tracerl_math.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    c = mod.get_config("tiny")
+    c = load_config("configs/sdar/tracerl_math.py", "tiny")
     c.grpo.prompts_per_step = ROWS // c.grpo.num_generations
     return c
 

@@ -26,6 +26,7 @@ from d1jax.config import ConfigError
 from d1jax.eval import evaluate
 from d1jax.metrics import read_jsonl
 from d1jax.model import family as family_lib
+from d1jax.model.preflight import check_checkpoint
 from d1jax.model.tokenizer import TokenizerError, load_tokenizer, special_ids
 from d1jax.model.hf_checkpoint import open_checkpoint as _open_checkpoint
 from tests import learnable, published
@@ -87,7 +88,7 @@ def test_special_ids_are_each_checkpoints_own(replicas, slug):
     assert {k: v - BASE_VOCAB for k, v in ids.items()} == {k: v - base for k, v in real.items()}
     assert tok.convert_ids_to_tokens(ids["mask"]) == MASK_TOKENS[p.family]
     instruct = None if p.chat else replicas[INSTRUCT[slug]]  # Base: no chat template
-    assert family_lib.check_checkpoint(d, p.family, instruct) == ids
+    assert check_checkpoint(d, p.family, instruct) == ids
     if p.dlm_pad:
         assert tok.convert_ids_to_tokens(ids["pad"]) == "<|dlm_pad|>"
         assert cfg.pad_token_id == ids["eos"] != ids["pad"]
@@ -241,7 +242,7 @@ def _chain(replicas, slug: str, tmp_path: Path) -> None:
     assert row["step"] == 1 and np.isfinite(row["loss"]) and 0 <= row["reward"] <= 1, slug
 
     want = json.loads((src / "config.json").read_text())
-    ids = family_lib.check_checkpoint(src, p.family, None if p.chat else tok_src)
+    ids = check_checkpoint(src, p.family, None if p.chat else tok_src)
     before = _weights(src)
     for hf in (sft_wd / "hf", grpo_wd / "hf"):
         assert (hf / "generation_config.json").read_bytes() == (
@@ -251,7 +252,7 @@ def _chain(replicas, slug: str, tmp_path: Path) -> None:
         got = json.loads((hf / "config.json").read_text())
         for key in ("model_type", "mask_token_id", "eos_token_id", "pad_token_id", "vocab_size"):
             assert got[key] == want[key], (hf, key)
-        assert family_lib.check_checkpoint(hf, p.family) == ids, hf
+        assert check_checkpoint(hf, p.family) == ids, hf
         cfg, params = family_lib.get(p.family).load(hf)
         assert cfg.mask_token_id == want["mask_token_id"] and params
         if dtypes:  # stored as published
@@ -333,13 +334,9 @@ def _make_bad(replicas, tmp_path, case) -> tuple[str, Path, str]:
 def test_a_checkpoint_that_does_not_fit_is_refused_before_any_work(replicas, tmp_path, case):
     """d1jax.config.check_inputs, which the commands run after parsing their flags: one
     line naming the problem and the values."""
-    import importlib.util
+    from tests.config_files import load_config
     config, d, message = _make_bad(replicas, tmp_path, case)
-    file, _, arg = config.partition(":")
-    spec = importlib.util.spec_from_file_location("cfg", ROOT / file)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    c = mod.get_config(arg)
+    c = load_config(config)
     c.model.path = str(d)
     with pytest.raises(ConfigError) as e:
         config_lib.check_inputs(c)

@@ -5,7 +5,6 @@ checkpoint."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -21,16 +20,13 @@ from d1jax.model import sdar
 from d1jax.run.spec import from_config
 from d1jax.run.context import RunStopped
 from d1jax.train import grpo
+from tests.config_files import load_module
 from tests.learnable import MAIN
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load(config_file):
-    spec = importlib.util.spec_from_file_location("cfg", ROOT / config_file)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+load = load_module  # a config file's module, by its path
 
 
 def test_tracerl_tiny_runs_through_main_and_exports(tmp_path):

@@ -246,15 +246,9 @@ def test_block_size_or_dreams_forward_on_llada_is_refused(tiny_model):
 
 @pytest.mark.parametrize("variant,family", [("tiny", "llada"), ("dream,tiny", "dream")])
 def test_config_carries_their_yaml_values(variant, family):
-    import importlib.util
-    from pathlib import Path
-
     from d1jax.run.spec import from_config
-    path = Path(__file__).resolve().parents[1] / "configs" / "tracerl_math.py"
-    spec = importlib.util.spec_from_file_location("tracerl_math", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    c = mod.get_config(variant)
+    from tests.config_files import load_config
+    c = load_config("configs/tracerl_math.py", variant)
     h = from_config(c, weights=False).grpo.hparams
     assert (c.model.family, h.method, h.shrink, h.post_num, h.beta) == (family, "TraceRL", 8, 0,
                                                                       0.01)

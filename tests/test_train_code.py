@@ -10,7 +10,6 @@ trained model earns more than its warm start on the same fixed prompts and sampl
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from d1jax.metrics import read_jsonl
 from d1jax.model.llada import weights
 from d1jax.model.tokenizer import encode_prompts, load_tokenizer
 from d1jax.tasks import code, format_prompt, get_task
+from tests.config_files import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/grpo_code_toy.py"
@@ -64,10 +64,7 @@ def test_toy_solutions_earn_the_full_reward_and_wrong_ops_partial_credit():
 
 
 def toy_config(variant: str):
-    spec = importlib.util.spec_from_file_location("grpo_code_toy", ROOT / CONFIG)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(variant)
+    return load_config(CONFIG, variant)
 
 
 def mean_reward(hf: Path, variant: str) -> tuple[float, float]:
