@@ -5,7 +5,8 @@ run's config travels. ``tests/test_package.py`` asserts on these; run this file 
     python tests/structure.py --reach    # also the modules a tiny SFT run's config enters
 
 Imports are read from the source (top-level and inside functions alike), resolved to
-d1jax's subpackages and top-level modules, the units of ``LAYERS``.
+d1jax's subpackages and top-level modules, the units of ``LAYERS``, and to d1jax's modules
+for the cycles between modules (two modules of one folder that import each other included).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ PACKAGE = ROOT / "d1jax"
 
 # Lowest first. A unit may import its own layer and the ones below it, never one above.
 LAYERS = (
-    ("sharding", "metrics", "checkpoint", "distributed", "knobs"),  # services without a model
+    ("sharding", "metrics", "checkpoint", "distributed", "knobs", "plugins"),  # services
+    # without a model; ``plugins``: importing the modules named in $D1JAX_*_MODULES (every
+    # registry's: families, objectives, tasks)
     # ``knobs``: how a knob is declared (every layer that has knobs: objectives, config)
     ("model", "tasks"),  # the families; tasks with prompts, rewards, loaders
     ("sampling", "objectives"),  # the jitted pieces users reuse
@@ -85,12 +88,43 @@ def unit_edges() -> set[tuple[str, str]]:
     return edges
 
 
+def module_edges() -> set[tuple[str, str]]:
+    """(importer module, imported module) pairs: ``from d1jax.model import family`` is an
+    edge to ``d1jax.model.family``, ``from d1jax.model import FAMILIES`` one to the package's
+    ``__init__`` (``d1jax.model``); a parent package imported on the way does not count."""
+    known = modules()
+
+    def resolve(name: str) -> str | None:  # the longest prefix that is a module
+        parts = name.split(".")
+        while parts and ".".join(parts) not in known:
+            parts.pop()
+        return ".".join(parts) or None
+
+    edges = set()
+    for name, path in known.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [resolve(a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else resolve(base)
+                           for a in node.names]
+            else:
+                continue
+            edges.update((name, t) for t in targets if t and t != name)
+    return edges
+
+
 def upward(edges) -> list[tuple[str, str]]:
     return sorted((a, b) for a, b in edges if LAYER_OF[b] > LAYER_OF[a])
 
 
 def cycles(edges) -> list[list[str]]:
-    """Strongly connected groups of more than one unit (Tarjan)."""
+    """Strongly connected groups of more than one unit, or module (Tarjan)."""
     graph: dict[str, list[str]] = {}
     for a, b in edges:
         graph.setdefault(a, []).append(b)
@@ -189,6 +223,7 @@ def main() -> None:
     print(f"units: {len(LAYER_OF)} in {len(LAYERS)} layers; modules: {len(lines)}")
     print(f"import edges between units: {len(edges)}; upward: {upward(edges) or 'none'}; "
           f"cycles: {cycles(edges) or 'none'}")
+    print(f"cycles between modules (inside folders too): {cycles(module_edges()) or 'none'}")
     print(f"largest module: {biggest} ({lines[biggest]} lines); over 450: "
           f"{sorted(n for n, c in lines.items() if c > 450) or 'none'}")
     if "--reach" in sys.argv:

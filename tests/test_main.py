@@ -394,13 +394,13 @@ def test_a_model_path_without_a_checkpoint_or_tokenizer_is_one_line(tmp_path, ti
     with pytest.raises(TokenizerError, match=r"holds no tokenizer .*config.model.tokenizer_path"):
         load_tokenizer(tmp_path / "weights_only")
     # A run's workdir given for its export: the error points at the export.
-    from d1jax.model import family
+    from d1jax.model import preflight
     from d1jax.model.hf_checkpoint import CheckpointError
     run = tmp_path / "run"
     weights.save_hf_checkpoint(run / "hf", tiny_config, tiny_params)
     (run / "config.json").write_text('{"stage": "sft", "model": {}}')
     with pytest.raises(CheckpointError, match=rf"a d1jax run's workdir: its model is {run}/hf$"):
-        family.check_checkpoint(run, "llada")
+        preflight.check_checkpoint(run, "llada")
 
 
 def test_an_eval_prompt_longer_than_the_models_positions_is_one_line_before_generating(

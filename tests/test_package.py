@@ -97,11 +97,13 @@ def test_the_model_layer_imports_no_higher_layer():
 
 def test_layers_import_only_downward_without_cycles_and_modules_stay_small():
     """The layers of tests/structure.py (docs/training.md, "The package's layers"): no unit
-    imports one above it, no two units import each other, no module passes 450 lines."""
+    imports one above it, no two units import each other, nor two modules (of one folder or
+    not; imports inside functions count), no module passes 450 lines."""
     from tests import structure
     edges = structure.unit_edges()
     assert structure.upward(edges) == []
     assert structure.cycles(edges) == []
+    assert structure.cycles(structure.module_edges()) == []
     assert set(structure.LAYER_OF) == {p.name for p in (ROOT / "d1jax").iterdir()
                                        if p.is_dir() and (p / "__init__.py").exists()} | {
         p.stem for p in (ROOT / "d1jax").glob("*.py") if p.stem != "__init__"}

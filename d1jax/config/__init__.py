@@ -16,14 +16,14 @@ __all__ = ["ConfigError", "base", "check_batch", "check_inputs", "check_workdir"
 def check_inputs(config, data: bool = True) -> None:
     """``defaults.check_inputs`` (paths, data source, task), then the checkpoint at
     config.model.path against config.model.family and its own tokenizer
-    (``d1jax.model.family.check_checkpoint``): all before anything is written (the
+    (``d1jax.model.preflight.check_checkpoint``): all before anything is written (the
     commands call it after parsing their flags)."""
     defaults.check_inputs(config, data)
     model = config.get("model") or {}
     path = model.get("path")
     if not path:
         return  # random weights (defaults.check_inputs refused a folder without config.json)
-    from d1jax.model import family
+    from d1jax.model import family, preflight
     from d1jax.model.hf_checkpoint import CheckpointError, UnsupportedConfigError
     from d1jax.sampling.dream import ALGS
     name = model.get("family", "llada")
@@ -35,7 +35,7 @@ def check_inputs(config, data: bool = True) -> None:
         return  # the spec names the families in one line
     tokenizer = model.get("tokenizer_path") or None
     try:
-        family.check_checkpoint(Path(path).expanduser(), name,
-                                tokenizer and Path(tokenizer).expanduser(), ALGS)
+        preflight.check_checkpoint(Path(path).expanduser(), name,
+                                   tokenizer and Path(tokenizer).expanduser(), ALGS)
     except (CheckpointError, UnsupportedConfigError) as e:
         raise ConfigError(f"config.model.path={path!r}: {e}") from None

@@ -7,7 +7,7 @@
   mixture-of-experts block diffusion).
 - Shared: ``layers``, ``attention``, ``kv_cache``, ``lora``, ``quant``, ``hf_checkpoint``
   (Hugging Face safetensors in and out), ``hf_files`` (an export's companion files),
-  ``tokenizer``.
+  ``tokenizer``, ``preflight`` (a checkpoint checked against its family before a run).
 
 ``preset`` and ``PRESETS`` are LLaDA's (``d1jax.model.llada``), the default family's;
 each family package has its own (``d1jax.model.dream.preset``).

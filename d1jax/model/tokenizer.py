@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from d1jax.model import family
 from d1jax.model.hf_checkpoint import CheckpointError
 
 # LLaDA-8B-Instruct's chat template (Llama-3 style headers, bos on the first message).
@@ -173,7 +174,6 @@ def _added_special(tok) -> list[str]:
 def turn_ends() -> tuple[str, ...]:
     """Tokens that close a chat turn, every family's (``Family.turn_ends``: LLaDA's Llama-3
     headers' <|eot_id|>, Dream's / DiffuCoder's Qwen <|im_end|>)."""
-    from d1jax.model import family
     return tuple(t for fam in family.FAMILIES.values() for t in fam.turn_ends)
 
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import os
 from typing import Any, Callable
+
+from d1jax import plugins
 
 # Modules that register objectives, imported by ``load_modules`` (comma-separated).
 MODULES_ENV = "D1JAX_OBJECTIVE_MODULES"
@@ -138,12 +139,7 @@ def register(objective: Objective) -> Objective:
 def load_modules() -> None:
     """Imports the built-in objectives and the modules named in ``$D1JAX_OBJECTIVE_MODULES``."""
     importlib.import_module("d1jax.objectives.table")
-    for name in filter(None, (n.strip() for n in os.environ.get(MODULES_ENV, "").split(","))):
-        try:
-            importlib.import_module(name)
-        except ImportError as e:
-            raise ValueError(f"cannot import the objective module {name!r} ({e}); is it on "
-                             f"PYTHONPATH?") from None
+    plugins.import_named(MODULES_ENV, "objective")
 
 
 def get(name: str) -> Objective:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import os
 from typing import Any, Callable
 
+from d1jax import plugins
 from d1jax.tasks.base import Example, Task
 
 # Modules that register tasks, imported by ``load_modules`` (comma-separated).
@@ -111,12 +111,7 @@ def register_task(name: str, make_task: Callable[..., Task] | None, **facts) -> 
 def load_modules() -> None:
     """Imports the built-in tasks and the modules named in ``$D1JAX_TASK_MODULES``."""
     importlib.import_module("d1jax.tasks.table")
-    for name in filter(None, (n.strip() for n in os.environ.get(MODULES_ENV, "").split(","))):
-        try:
-            importlib.import_module(name)
-        except ImportError as e:
-            raise ValueError(f"cannot import the task module {name!r} ({e}); is it on "
-                             f"PYTHONPATH?") from None
+    plugins.import_named(MODULES_ENV, "task")
 
 
 def find(name: str) -> TaskEntry | None:
