@@ -18,6 +18,7 @@ explicit fallback, ``D1JAX_SANDBOX=process`` (docs/evaluation.md, "The code sand
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import platform
@@ -43,31 +44,37 @@ class SandboxUnavailable(RuntimeError):
 
 # --------------------------------------------------------------------------- seccomp
 
-# Syscalls refused with EPERM, by architecture (x86_64's table, then asm-generic's).
-_REFUSED = {
-    "x86_64": dict(ptrace=101, process_vm_readv=310, process_vm_writev=311, memfd_create=319,
-                   memfd_secret=447, shmget=29, shmat=30, msgget=68, userfaultfd=323,
-                   mount=165, umount2=166, pivot_root=155, chroot=161, unshare=272, setns=308,
-                   keyctl=250, add_key=248, request_key=249, bpf=321, perf_event_open=298,
-                   kexec_load=246, kexec_file_load=320, init_module=175, finit_module=313,
-                   delete_module=176, open_by_handle_at=304, name_to_handle_at=303,
-                   io_uring_setup=425, io_uring_enter=426, io_uring_register=427,
-                   kcmp=312, pidfd_getfd=438, fanotify_init=300, move_pages=279,
-                   migrate_pages=256, mbind=237, swapon=167, swapoff=168, reboot=169,
-                   acct=163, iopl=172, ioperm=173),
-    "aarch64": dict(ptrace=117, process_vm_readv=270, process_vm_writev=271, memfd_create=279,
-                    memfd_secret=447, shmget=194, shmat=196, msgget=186, userfaultfd=282,
-                    mount=40, umount2=39, pivot_root=41, chroot=51, unshare=97, setns=268,
-                    keyctl=219, add_key=217, request_key=218, bpf=280, perf_event_open=241,
-                    kexec_load=104, kexec_file_load=294, init_module=105, finit_module=273,
-                    delete_module=106, open_by_handle_at=265, name_to_handle_at=264,
-                    io_uring_setup=425, io_uring_enter=426, io_uring_register=427,
-                    kcmp=272, pidfd_getfd=438, fanotify_init=262, move_pages=239,
-                    migrate_pages=238, mbind=235, swapon=224, swapoff=225, reboot=142,
-                    acct=89),
-}
-_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-_CLONE = {"x86_64": (56, 435), "aarch64": (220, 435)}  # clone, clone3
+# Syscalls refused with EPERM: name -> (x86_64's number, aarch64's: asm-generic's; None
+# where the architecture has no such call).
+_REFUSED = dict(
+    ptrace=(101, 117), process_vm_readv=(310, 270), process_vm_writev=(311, 271),
+    memfd_create=(319, 279), memfd_secret=(447, 447), shmget=(29, 194), shmat=(30, 196),
+    msgget=(68, 186), userfaultfd=(323, 282), mount=(165, 40), umount2=(166, 39),
+    pivot_root=(155, 41), chroot=(161, 51), unshare=(272, 97), setns=(308, 268),
+    keyctl=(250, 219), add_key=(248, 217), request_key=(249, 218), bpf=(321, 280),
+    perf_event_open=(298, 241), kexec_load=(246, 104), kexec_file_load=(320, 294),
+    init_module=(175, 105), finit_module=(313, 273), delete_module=(176, 106),
+    open_by_handle_at=(304, 265), name_to_handle_at=(303, 264), io_uring_setup=(425, 425),
+    io_uring_enter=(426, 426), io_uring_register=(427, 427), kcmp=(312, 272),
+    pidfd_getfd=(438, 438), fanotify_init=(300, 262), move_pages=(279, 239),
+    migrate_pages=(256, 238), mbind=(237, 235), swapon=(167, 224), swapoff=(168, 225),
+    reboot=(169, 142), acct=(163, 89), iopl=(172, None), ioperm=(173, None),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Arch:
+    """What the filter needs of one architecture besides the numbers it refuses."""
+
+    column: int  # its column of ``_REFUSED``
+    audit: int  # AUDIT_ARCH_*: seccomp_data.arch of its native ABI
+    clone: int
+    clone3: int
+    foreign_from: int | None  # numbers from here on are another ABI's (x86_64's x32)
+
+
+_ARCHES = {"x86_64": _Arch(0, 0xC000003E, 56, 435, 0x40000000),
+           "aarch64": _Arch(1, 0xC00000B7, 220, 435, None)}
 # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
 _NS_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 _EPERM, _ENOSYS = 1, 38
@@ -81,20 +88,21 @@ def _ins(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
 
 def seccomp_program(arch: str | None = None) -> bytes:
     """The filter as bwrap's ``--seccomp`` reads it: an array of ``struct sock_filter``."""
-    arch = arch or platform.machine()
-    if arch not in _REFUSED:
-        raise SandboxUnavailable(f"sandbox: no seccomp table for {arch}; set {ENV_VAR}=process")
+    name = arch or platform.machine()
+    arch = _ARCHES.get(name)
+    if arch is None:
+        raise SandboxUnavailable(f"sandbox: no seccomp table for {name}; set {ENV_VAR}=process")
     prog = [_ins(_LD_ABS, 4),  # seccomp_data.arch: another ABI (i386 int 0x80) is killed
-            _ins(_JEQ, _AUDIT_ARCH[arch], 1, 0), _ins(_RET, _KILL),
+            _ins(_JEQ, arch.audit, 1, 0), _ins(_RET, _KILL),
             _ins(_LD_ABS, 0)]  # seccomp_data.nr
-    if arch == "x86_64":  # the x32 ABI's numbers
-        prog += [_ins(_JGE, 0x40000000, 0, 1), _ins(_RET, _KILL)]
-    for nr in sorted(_REFUSED[arch].values()):
+    if arch.foreign_from is not None:
+        prog += [_ins(_JGE, arch.foreign_from, 0, 1), _ins(_RET, _KILL)]
+    refused = (nrs[arch.column] for nrs in _REFUSED.values())
+    for nr in sorted(nr for nr in refused if nr is not None):
         prog += [_ins(_JEQ, nr, 0, 1), _ins(_RET, _ERRNO | _EPERM)]
-    clone, clone3 = _CLONE[arch]
     # clone3 passes its flags in memory a filter cannot read: ENOSYS, and glibc uses clone.
-    prog += [_ins(_JEQ, clone3, 0, 1), _ins(_RET, _ERRNO | _ENOSYS),
-             _ins(_JEQ, clone, 0, 3), _ins(_LD_ABS, 16),  # args[0], low 32 bits: the flags
+    prog += [_ins(_JEQ, arch.clone3, 0, 1), _ins(_RET, _ERRNO | _ENOSYS),
+             _ins(_JEQ, arch.clone, 0, 3), _ins(_LD_ABS, 16),  # args[0], low 32 bits: the flags
              _ins(_JSET, _NS_FLAGS, 0, 1), _ins(_RET, _ERRNO | _EPERM),
              _ins(_RET, _ALLOW)]
     return b"".join(prog)
