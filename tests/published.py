@@ -27,6 +27,9 @@ template is the case d1jax must name (its tasks prompt in chat turns).
 The remote code files are stand-ins by the real names: d1jax's own ``configuration_*.py`` and
 ``modeling_*.py`` (same class names, ``model_type`` and weight names as the authors'), and
 ``tokenization_dream.py`` / ``generation_utils.py`` that name what the authors' hold.
+
+``write_checkpoint`` is the one writer of the tests' other hand-made checkpoints (a config.json
+and a state dict of any family, in one file or in shards with an index).
 """
 
 from __future__ import annotations
@@ -362,27 +365,55 @@ def _tensors(p: Published, seed: int, vocab: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
+# --------------------------------------------------------------------------- any checkpoint
+
+def write_safetensors(d: Path, tensors: dict[str, np.ndarray],
+                      shards: int | list[list[str]] = 0, total_size: int | None = None) -> None:
+    """``tensors`` (Hugging Face name -> array, torch layout) into ``d`` as the Hub lays them
+    out, written by the safetensors library (not by d1jax's writer, which the tests check):
+    ``shards`` 0, one ``model.safetensors``; else ``model-0000i-of-0000n.safetensors`` files
+    (``shards`` of them, the names split in order; or the given lists of names) and
+    ``model.safetensors.index.json``, its weight_map sorted by name as the real ones are and
+    its total_size the tensors' bytes unless given (the real files' bfloat16 size, say)."""
+    d.mkdir(parents=True, exist_ok=True)
+    if not shards:
+        save_file(dict(tensors), str(d / "model.safetensors"), metadata={"format": "pt"})
+        return
+    keys = list(tensors)
+    groups = shards if isinstance(shards, list) else [
+        [keys[j] for j in part] for part in np.array_split(np.arange(len(keys)), shards)]
+    weight_map = {}
+    for i, group in enumerate(groups):
+        name = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        save_file({k: tensors[k] for k in group}, str(d / name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in group})
+    total = sum(tensors[k].nbytes for k in weight_map) if total_size is None else total_size
+    _write_json(d / "model.safetensors.index.json",
+                {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
+
+
+def write_checkpoint(d: Path, config: dict[str, Any], tensors: dict[str, np.ndarray],
+                     shards: int | list[list[str]] = 0, **kw: Any) -> Path:
+    """A hand-made checkpoint directory ``d``: ``config`` as its config.json and ``tensors``
+    as ``write_safetensors`` lays them out (``shards``, ``total_size``); returns ``d``."""
+    d.mkdir(parents=True, exist_ok=True)
+    _write_json(d / "config.json", config)
+    write_safetensors(d, tensors, shards, **kw)
+    return d
+
+
 def _write_weights(p: Published, d: Path, seed: int, vocab: int = 0) -> None:
     """bfloat16 shards (LLaDA's 6, Dream's 4 with lm_head.weight alone in the last) and the
-    index, its weight_map sorted by name as the real ones are."""
+    index."""
     tensors = {k: a.astype(ml_dtypes.bfloat16) for k, a in _tensors(p, seed, vocab).items()}
     keys = list(tensors)
     if p.family == "llada":
-        n = 6
-        groups = [keys[i::n] for i in range(n)]
+        groups = [keys[i::6] for i in range(6)]
     else:
-        n, body = 4, keys[:-1]
+        body = keys[:-1]
         size = -(-len(body) // 3)
         groups = [body[i * size:(i + 1) * size] for i in range(3)] + [keys[-1:]]
-    weight_map, total = {}, 0
-    for i, group in enumerate(groups):
-        name = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-        save_file({k: tensors[k] for k in group}, str(d / name), metadata={"format": "pt"})
-        for k in group:
-            weight_map[k] = name
-            total += tensors[k].nbytes
-    _write_json(d / "model.safetensors.index.json",
-                {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
+    write_safetensors(d, tensors, groups)
 
 
 def write(slug: str, d: Path, seed: int = 0, vocab: int = 0) -> Path:

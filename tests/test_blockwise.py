@@ -3,17 +3,16 @@ float64 torch port of Gen-Verse/dLLM-RL ``train/sft_sdar.py`` (tests/dllm_rl_por
 tiny random SDAR model: the same HF-keyed weights, the same masks handed in; loss and every
 parameter's gradient compared."""
 
-import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
 from d1jax.model import sdar
 from d1jax.objectives import blockwise
 from test_sdar import CFG, hf_state
+from tests import published
 
 torch = pytest.importorskip("torch")
 import dllm_rl_port as port  # noqa: E402
@@ -29,10 +28,7 @@ def sd():
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory, sd):
-    d = tmp_path_factory.mktemp("sdar") / "ckpt"
-    d.mkdir()
-    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
-    (d / "config.json").write_text(json.dumps(CFG.to_hf_dict()))
+    d = published.write_checkpoint(tmp_path_factory.mktemp("sdar") / "ckpt", CFG.to_hf_dict(), sd)
     cfg, params = sdar.load_hf_checkpoint(d)
     return sdar.SDAR(cfg), params
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from d1jax import sharding as shd
 from d1jax.model import predictor
@@ -23,6 +23,7 @@ from d1jax.model.dream import DreamConfig, preset as dream_preset
 from d1jax.model.dream.weights import (CheckpointError, key_map as dream_key_map,
                                       load_hf_checkpoint as load_dream_checkpoint,
                                       save_hf_checkpoint as save_dream_checkpoint)
+from tests import published
 
 CFG = dream_preset("dream-test-tiny")
 
@@ -56,10 +57,7 @@ def hf_state(cfg: DreamConfig, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def write_hf_dir(path, cfg: DreamConfig, sd) -> str:
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(sd, str(path / "model.safetensors"), metadata={"format": "pt"})
-    (path / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
-    return path
+    return published.write_checkpoint(path, cfg.to_hf_dict(), sd)
 
 
 def np_raw_logits(sd, cfg: DreamConfig, ids, mask=None, positions=None, *, cache=None,

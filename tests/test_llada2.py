@@ -25,6 +25,7 @@ from d1jax.model.llada2 import moe
 from d1jax.model.llada2.config import LLaDA2Config
 from d1jax.model.llada2.weights import load_hf_checkpoint, save_hf_checkpoint
 from d1jax.model.predictor import init_params
+from tests import published
 
 # LLaDA2.0-mini's config.json (dFactory configs/model_configs/llada2_mini) with the sizes of
 # the tiny preset: 3 layers (1 dense), 8 experts in 4 groups of which 2 kept, 2 per token.
@@ -89,9 +90,7 @@ def hub_state(cfg: dict, seed: int = 0, bias_scale: float = 0.3) -> dict[str, np
 
 
 def write_dir(path, cfg: dict, sd: dict) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(cfg))
-    hf.write_safetensors(path / "model.safetensors", list(sd.items()))
+    published.write_checkpoint(path, cfg, sd)
 
 
 def merge_experts(sd: dict, cfg: dict) -> dict:

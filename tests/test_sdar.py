@@ -13,10 +13,11 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from d1jax.model import family, hf_checkpoint, predictor, sdar
 from d1jax.model.hf_checkpoint import UnsupportedConfigError
+from tests import published
 
 CFG = sdar.preset("sdar-tiny")
 BS = CFG.block_size
@@ -158,10 +159,7 @@ def sd():
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory, sd):
-    d = tmp_path_factory.mktemp("sdar") / "ckpt"
-    d.mkdir()
-    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
-    (d / "config.json").write_text(json.dumps(CFG.to_hf_dict()))
+    d = published.write_checkpoint(tmp_path_factory.mktemp("sdar") / "ckpt", CFG.to_hf_dict(), sd)
     return sdar.load_hf_checkpoint(d)
 
 
@@ -271,22 +269,12 @@ def test_hf_save_load_round_trip(tmp_path, loaded, sd):
 def write_replica(d, seed=0):
     """A tiny SDAR-4B-Chat: its config.json fields and generation_config.json, its weight
     names in two shards with model.safetensors.index.json; only the sizes shrink."""
-    d.mkdir(parents=True)
     cfg_json = {**SDAR_4B_CONFIG, **TINY_SIZES, "max_window_layers": 2}
-    (d / "config.json").write_text(json.dumps(cfg_json, indent=2))
-    (d / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=4))
     sd = hf_state(sdar.SDARConfig.from_hf_dict(cfg_json), seed)
-    shards = {"model-00001-of-00002.safetensors": {k: v for k, v in sd.items()
-                                                   if k != "lm_head.weight" and k != "model.norm.weight"},
-              "model-00002-of-00002.safetensors": {k: sd[k] for k in ("lm_head.weight",
-                                                                       "model.norm.weight")}}
-    weight_map = {}
-    for name, part in shards.items():
-        save_file(part, str(d / name), metadata={"format": "pt"})
-        weight_map.update({k: name for k in part})
-    total = sum(v.nbytes for v in sd.values()) // 2  # bfloat16 in the real files
-    (d / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}))
+    last = ["lm_head.weight", "model.norm.weight"]
+    published.write_checkpoint(d, cfg_json, sd, [[k for k in sd if k not in last], last],
+                               total_size=sum(v.nbytes for v in sd.values()) // 2)  # bfloat16
+    (d / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=4))
     return sd
 
 

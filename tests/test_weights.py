@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 import d1jax
 from d1jax.model import hf_checkpoint
@@ -16,6 +16,7 @@ from d1jax.model import llada
 from d1jax.model.llada import weights
 from d1jax.model import UnsupportedConfigError
 from d1jax.model.hf_checkpoint import CheckpointError
+from tests import published
 from tests.published import LLADA_8B_CONFIG  # config.json of LLaDA-8B-Instruct
 
 HF = "model.transformer."
@@ -41,11 +42,8 @@ def torch_layout_state(cfg, seed=0):
     return {k: rs.randn(*s).astype(np.float32) for k, s in shapes.items()}
 
 
-def write_checkpoint(path, sd, cfg=TINY_CONFIG):
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(cfg))
-    save_file(sd, str(path / "model.safetensors"), metadata={"format": "pt"})
-    return path
+def write_checkpoint(path, sd):
+    return published.write_checkpoint(path, TINY_CONFIG, sd)
 
 
 @pytest.fixture
@@ -79,13 +77,7 @@ def assert_bitwise_equal(a_tree, b_tree):
 def split_into_files(path, sd, n_files):
     """Rewrites a checkpoint as n_files safetensors files plus model.safetensors.index.json."""
     (path / weights.SINGLE_FILE).unlink(missing_ok=True)
-    keys = list(sd)
-    weight_map = {}
-    for i, chunk in enumerate(np.array_split(np.arange(len(keys)), n_files)):
-        name = f"model-{i + 1:05d}-of-{n_files:05d}.safetensors"
-        save_file({keys[j]: sd[keys[j]] for j in chunk}, str(path / name), metadata={"format": "pt"})
-        weight_map.update({keys[j]: name for j in chunk})
-    (path / weights.INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    published.write_safetensors(path, sd, shards=n_files)
 
 
 # --------------------------------------------------------------------------- loading
@@ -114,7 +106,7 @@ def test_sharded_checkpoint_with_index_loads(hf_dir, hf_state):
 
 def test_bfloat16_checkpoint_loads_in_either_dtype(hf_dir, hf_state):
     bf16 = {k: v.astype(ml_dtypes.bfloat16) for k, v in hf_state.items()}
-    save_file(bf16, str(hf_dir / weights.SINGLE_FILE))
+    published.write_safetensors(hf_dir, bf16)
     _, as_bf16 = weights.load_hf_checkpoint(hf_dir, dtype=jnp.bfloat16)
     _, as_f32 = weights.load_hf_checkpoint(hf_dir)
     key = HF + "blocks.1.up_proj.weight"
