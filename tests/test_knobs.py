@@ -251,3 +251,97 @@ def test_a_group_built_in_python_keeps_its_bounds():
         dataclasses.replace(spec.train, save_every=0)
     with pytest.raises(ConfigError, match=r"^GRPOSpec.num_generations=1: must be >= 2$"):
         dataclasses.replace(spec.grpo_run, num_generations=1)
+
+
+# Each knob is declared once: on the library config the pure functions take where there is one
+# (d1jax.knobs.of / group_of carry its field into the group), else in the group. Same-named
+# fields that are different things: the model's param_dtype and the adapters' (LoraConfig);
+# config.sft.loss, which also takes "family" (the spec resolves it to SFTConfig.loss).
+NOT_THE_SAME_KNOB = {("ModelKnobs", "param_dtype"), ("SFTKnobs", "loss")}
+
+
+def library_pairs() -> list[tuple[type, type]]:
+    """(config group, the library config it feeds) of every group with one; the built-in
+    objectives' groups from their records."""
+    from d1jax.objectives import registry, table
+    from d1jax.run import optim
+    registry.load_modules()
+    pairs = [(groups.SamplerKnobs, smp.SamplerConfig), (groups.LoraKnobs, LoraConfig),
+             (groups.ModelKnobs, LoraConfig), (groups.OptimKnobs, optim.OptimConfig),
+             (groups.GRPOKnobs, table.GRPOConfig), (groups.SFTKnobs, table.SFTConfig)]
+    return pairs + [(o.knobs, o.hparams) for o in registry.OBJECTIVES.values()
+                    if o.knobs is not None and o.knobs.__module__.startswith("d1jax.")]
+
+
+def declared_twice(group, library) -> list[str]:
+    """Names ``group`` and ``library`` both have that neither takes from the other."""
+    in_group = {f.name: f for f in knobs.fields(group) if "group" not in f.metadata}
+    out = []
+    for f in dataclasses.fields(library):
+        g = in_group.get(f.name)
+        if g is None or (group.__name__, f.name) in NOT_THE_SAME_KNOB:
+            continue
+        taken = (g.metadata.get("from") is library and "doc" in f.metadata) or \
+            f.metadata.get("from") is group
+        if not taken:
+            out.append(f.name)
+    return out
+
+
+def test_no_knob_is_declared_twice():
+    """A knob the library takes is declared on its config and the group takes it from there
+    (or, for run.optim.OptimConfig above the config layer, the other way round): its doc,
+    type, bounds and tiny default exist once. A same-named field written in both places (a
+    knob(...) in the group, or a plain field with its own default in the library) fails."""
+    pairs = library_pairs()
+    assert len(pairs) >= 11  # six groups and the five built-in objectives with knobs
+    assert {g.__name__: declared_twice(g, lib) for g, lib in pairs} == \
+        {g.__name__: [] for g, _ in pairs}
+
+
+def test_the_sampler_group_is_sampler_configs_knobs_with_the_rollouts_set_once():
+    """config.sampler's knobs are SamplerConfig's fields (meaning, bounds, tiny default); the
+    only values a GRPO config's sampler holds other than SamplerConfig's are the rollouts'
+    (defaults.ROLLOUT_SAMPLER: d1's train.yaml), an evaluation config's none."""
+    lib = {f.name: f for f in knobs.fields(smp.SamplerConfig)}
+    assert names(groups.SamplerKnobs) == set(lib) and len(lib) == 17
+    for f in knobs.fields(groups.SamplerKnobs):
+        assert f.metadata["from"] is smp.SamplerConfig
+        for key in ("doc", "default", "tiny", "low", "high", "choices"):
+            assert f.metadata[key] == lib[f.name].metadata[key], (f.name, key)
+    for tiny in (False, True):
+        rollout = config_lib.grpo("sudoku", "tiny" if tiny else None).sampler
+        evaluation = config_lib.sampler_fields(tiny, rollout=False)  # eval_config's
+        declared = {n: f.metadata["tiny" if tiny else "default"] for n, f in lib.items()}
+        moved = {k: v for k, v in rollout.items() if declared[k] != v}
+        want = {"temperature": 0.9} if tiny else config_lib.defaults.ROLLOUT_SAMPLER
+        assert moved == want
+        assert {k: v for k, v in evaluation.items() if declared[k] != v} == {}
+    assert (smp.SamplerConfig().gen_length, smp.SamplerConfig().steps,
+            smp.SamplerConfig().temperature) == (128, 64, 0.0)  # the library's own defaults
+
+
+def test_a_library_config_checks_its_bounds_after_its_own_rules():
+    """``frozen`` composes: the class's own checks (their messages) then the knobs' bounds,
+    however the config is built (a notebook's SamplerConfig, dataclasses.replace)."""
+    with pytest.raises(ValueError, match="steps=0 must be positive"):
+        smp.SamplerConfig(steps=0)
+    with pytest.raises(ValueError, match="block_length=8 must divide gen_length=30"):
+        smp.SamplerConfig(gen_length=30, block_length=8)
+    with pytest.raises(ConfigError, match=r"^SamplerConfig.top_k=-1: must be >= 0$"):
+        smp.SamplerConfig(top_k=-1)  # no rule of its own on loop "llada": the bound
+    with pytest.raises(ConfigError, match=r"^LoraConfig.rank=0: must be >= 1$"):
+        dataclasses.replace(LoraConfig(), rank=0)
+    from d1jax.objectives import tracerl
+    assert tracerl.TraceRLConfig().block_size is None  # held as None, the config's 0
+    assert tracerl.TraceRLConfig().post_num == 0
+
+
+def test_a_borrowed_knob_keeps_its_source_type():
+    from d1jax.knobs import frozen, of
+
+    class Slip:
+        steps: float = of(smp.SamplerConfig)  # SamplerConfig.steps is an int
+
+    with pytest.raises(TypeError, match="Slip.steps is annotated"):
+        frozen(Slip)

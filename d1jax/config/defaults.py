@@ -1,7 +1,8 @@
 """Config builders shared by ``configs/*.py`` and their validation.
 
 Each group's knobs (model, lora, optim, train, task, mesh, sampler, grpo, sft, eval) are
-declared once, with their defaults, types and meaning, in ``d1jax.config.groups``; the
+declared once, with their defaults, types and meaning, in ``d1jax.config.groups`` or, for
+those the library takes, on its config (``SamplerConfig``, ``GRPOConfig``, ...); the
 builders here assemble them and set what depends on the task, objective or checkpoint
 (each with the source it follows). Defaults are d1's ``diffu-grpo/slurm_scripts/train.yaml``
 and ``DiffuGRPOConfig``. A ``tiny`` variant shrinks everything to a random width-64 model and a tokenizer trained
@@ -60,13 +61,21 @@ def grpo_targets(family: str) -> tuple[str, ...]:
     return family_lib.get(family).grpo_targets
 
 
+# The rollouts' sampler: d1's train.yaml (max_completion_length 256, diffusion_steps 128)
+# and DiffuGRPOConfig's temperature 0.9, where SamplerConfig's defaults are d1's evaluation's
+# (128 tokens, 64 steps, greedy). The tiny variant keeps the knobs' tiny lengths.
+ROLLOUT_SAMPLER = dict(gen_length=256, steps=128, temperature=0.9)
+
+
 def sampler_fields(tiny: bool, rollout: bool = True) -> mlc.ConfigDict:
-    """The sampler's fields (``groups.SamplerKnobs``): rollouts (GRPO) or, with
-    ``rollout=False``, evaluation, whose lengths come from eval.gen_lengths with steps =
-    length / 2 and whose decoding is greedy (d1's protocol)."""
+    """The sampler's fields (``groups.SamplerKnobs``, declared on ``SamplerConfig``): rollouts
+    (GRPO, ``ROLLOUT_SAMPLER``) or, with ``rollout=False``, evaluation, whose lengths come
+    from eval.gen_lengths with steps = length / 2 and whose decoding is greedy (d1's
+    protocol: SamplerConfig's own default)."""
     if rollout:
-        return knobs.group(groups.SamplerKnobs, tiny)
-    return knobs.group(groups.SamplerKnobs, tiny, omit=("gen_length", "steps"), temperature=0.0)
+        run = {"temperature": ROLLOUT_SAMPLER["temperature"]} if tiny else ROLLOUT_SAMPLER
+        return knobs.group(groups.SamplerKnobs, tiny, **run)
+    return knobs.group(groups.SamplerKnobs, tiny, omit=("gen_length", "steps"))
 
 
 def base(stage: str, task: str, tiny: bool, steps: int = 1000,

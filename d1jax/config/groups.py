@@ -1,7 +1,11 @@
-"""The run config's groups, each knob declared once (``d1jax.config.knobs``): its default,
-its CPU-sized default (``tiny``), its type, what it means and what it allows. The ConfigDict
-groups of ``d1jax.config.defaults`` and the typed spec of ``d1jax.run.spec`` (these classes,
-or subclasses that add methods) are both made from these fields.
+"""The run config's groups: each knob's default, its CPU-sized default (``tiny``), its
+type, what it means and what it allows, declared once (``d1jax.knobs``). A knob the library
+takes is declared on the library's config (``SamplerConfig``, ``GRPOConfig``, ``SFTConfig``,
+``LoraConfig``, the objectives' configs) and shown here with ``of(...)`` or ``group_of``; the
+run's own knobs are declared here (``OptimKnobs`` too: ``run.optim.OptimConfig`` sits above
+this layer and takes its knobs from there). The ConfigDict groups of ``d1jax.config.defaults``
+and the typed spec of ``d1jax.run.spec`` (these classes, or subclasses that add methods) are
+both made from these fields.
 
 Symbols in brackets are the paper's (d1, arXiv 2504.12216). Defaults are d1's
 ``diffu-grpo/slurm_scripts/train.yaml`` and ``DiffuGRPOConfig`` (GRPO), ``SFT/sft_train.py``
@@ -9,16 +13,18 @@ Symbols in brackets are the paper's (d1, arXiv 2504.12216). Defaults are d1's
 sets a knob per task, objective or checkpoint, its default here says so.
 """
 
-import dataclasses
 from typing import Any
 
-from d1jax.knobs import frozen, knob
-# The objectives' own groups are declared next to their modules (their records name them).
+from d1jax.knobs import frozen, group_of, knob, of
+from d1jax.model.lora import LoraConfig
+# The objectives' own groups: their configs' knobs, next to their modules (records name them).
 from d1jax.objectives.coupled_grpo import CoupledGRPOKnobs  # noqa: F401 - re-exported
 from d1jax.objectives.justgrpo import JustGRPOKnobs  # noqa: F401
 from d1jax.objectives.spg import SPGKnobs  # noqa: F401
 from d1jax.objectives.tracerl import TraceRLKnobs  # noqa: F401
+from d1jax.objectives.table import GRPOConfig, SFTConfig
 from d1jax.objectives.wd1 import WD1Knobs  # noqa: F401
+from d1jax.sampling.config import SamplerConfig
 
 
 def objective_groups() -> list[tuple[str, type, str]]:
@@ -32,11 +38,6 @@ def objective_groups() -> list[tuple[str, type, str]]:
 def _dtype(name: str) -> Any:
     import jax.numpy as jnp
     return getattr(jnp, name)
-
-
-def _names(value) -> tuple[str, ...]:
-    """One name or several: a tuple."""
-    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def _comma_list(text: str) -> tuple[str, ...]:
@@ -82,10 +83,7 @@ class ModelKnobs:
         "(False); None: unrolled up to 8 layers.")
     layers_per_loop: int = knob(
         1, "Middle layers per iteration of that loop (compile time grows with it).", low=1)
-    base_quant: str = knob(
-        "none", 'Frozen base under LoRA: "none" (param_dtype), "int8" (per-channel absmax) or '
-        '"nf4" (d1\'s bitsandbytes 4-bit NormalFloat) storage of the block projections '
-        "(d1jax.model.quant).")
+    base_quant: str = of(LoraConfig)
 
 
 @frozen
@@ -94,27 +92,23 @@ class LoraKnobs:
 
     enabled: bool = knob(True, "Train LoRA adapters (d1); False: full fine-tuning with a "
                          "frozen reference copy.")
-    rank: int = knob(128, "r.", tiny=8, low=1)
-    alpha: float = knob(64.0, "alpha; adapters scale by alpha / r (d1 SFT: 256).", tiny=16.0)
-    dropout: float = knob(0.05, "Dropout on the adapter input.", tiny=0.0)
-    targets: tuple[str, ...] = knob(
-        (), "Projections that get adapters, by the family's module names: LLaDA's q_proj, "
-        "k_proj, v_proj, attn_out, ff_proj, up_proj, ff_out; Dream's q_proj, k_proj, v_proj, "
-        "o_proj, gate_proj, up_proj, down_proj. The builders set d1's: GRPO's on the family's "
-        "names (its record's grpo_targets), SFT's q_proj, k_proj, v_proj.",
-        kind=(tuple, list, str), parse=_names)
+    rank: int = of(LoraConfig)
+    alpha: float = of(LoraConfig)
+    dropout: float = of(LoraConfig)
+    targets: tuple[str, ...] = of(LoraConfig)
 
 
 @frozen
 class OptimKnobs:
-    """AdamW and its schedule: ``config.optim``."""
+    """AdamW and its schedule: ``config.optim`` (the spec's ``run.optim.OptimConfig`` takes its
+    knobs from here)."""
 
     learning_rate: float = knob(3e-6, "Peak learning rate; > 0.", tiny=1e-3)
     b1: float = knob(0.9, "Adam beta1.")
     b2: float = knob(0.99, "Adam beta2.")
     eps: float = knob(1e-8, "Adam epsilon (torch default).")
-    weight_decay: float = knob(0.1, "AdamW decoupled weight decay.")
-    max_grad_norm: float = knob(0.2, "Global-norm gradient clipping.")
+    weight_decay: float = knob(0.1, "AdamW decoupled weight decay (lr x wd x param).")
+    max_grad_norm: float = knob(0.2, "Global-norm gradient clipping (0: none).")
     warmup_ratio: float = knob(0.0001, "Linear warmup over this fraction of the steps.")
     lr_schedule: str = knob(
         "constant_with_warmup", 'After the warmup: "constant_with_warmup" (d1 GRPO), "linear" '
@@ -159,46 +153,15 @@ class MeshKnobs:
         (), 'Logical-axis rule overrides, e.g. (("embed", None),); () keeps the defaults.')
 
 
-@frozen
-class SamplerKnobs:
-    """The sampler: ``config.sampler`` (the spec holds a ``d1jax.sampling.SamplerConfig``).
-    Evaluation configs have no gen_length or steps: eval.gen_lengths, steps = length / 2."""
-
-    gen_length: int = knob(256, "Completion length (max_completion_length).", tiny=32, low=1)
-    steps: int = knob(128, "Diffusion steps over the whole completion (diffusion_steps).",
-                      tiny=16, low=1)
-    block_length: int = knob(32, "Semi-autoregressive block length (d1: 32).", tiny=16, low=1)
-    temperature: float = knob(0.9, "Rollouts: d1's DiffuGRPOConfig default; eval: 0, greedy "
-                              "(d1).")
-    cfg_scale: float = knob(0.0, "Classifier-free guidance scale.")
-    remasking: str = knob("low_confidence", '"low_confidence" or "random"; loop "sdar": '
-                          '"low_confidence_static" or "low_confidence_dynamic" (threshold).')
-    use_attention_mask: bool = knob(True, "Honour prompt padding; False attends to padding "
-                                    "like d1.")
-    kv_cache: str = knob("none", '"none" (exact, d1\'s protocol), "prefix" or "dual" block KV '
-                         "cache (Fast-dLLM).")
-    threshold: float = knob(1.0, "Parallel decoding: also unmask every token with confidence "
-                            "> tau (>= 1: off).")
-    parallel_rule: str = knob(
-        "budget", 'With threshold < 1: "budget" unmasks at least the exact schedule\'s tokens '
-        'per step; "fast_dllm" at least one (Fast-dLLM, no step cap).')
-    recompute: str = knob("block", "Dual cache steps recompute the whole block (Fast-dLLM) or "
-                          'only "masked" positions.')
-    cache_refresh: int = knob(0, "With kv_cache: refresh it once this many block tokens were "
-                              "decoded (0: at block starts only).", low=0)
-    first_position: bool = knob(
-        False, 'With parallel_rule "fast_dllm": a block\'s first step unmasks its first '
-        "position alone (Fast-dLLM's Dream loop).")
-    loop: str = knob(
-        "llada", '"llada": LLaDA\'s semi-autoregressive blocks (d1); "dream": Dream\'s '
-        "diffusion_generate over the whole completion (DiffuCoder's rollouts; block_length = "
-        'gen_length); "sdar": block diffusion (SDAR, TraDo; block_length = the model\'s '
-        'block_size, kv_cache "prefix" or "none").')
-    alg: str = knob("entropy", 'loop "dream": which positions a step decodes (origin, '
-                    "maskgit_plus, topk_margin, entropy).")
-    top_p: float = knob(1.0, 'loop "dream": nucleus filter of the token draw (< 1 applies it).')
-    top_k: int = knob(50, 'loop "dream": keep the k largest logits (0: none; 50: '
-                      "diffusion_generate's value when the call names none).", low=0)
+# The sampler's knobs, all declared on the library's SamplerConfig. Its defaults are d1's
+# evaluation's; the rollouts' (256 tokens, 128 steps, temperature 0.9) are set by
+# ``defaults.sampler_fields``.
+SamplerKnobs = group_of(
+    SamplerConfig, "The sampler: ``config.sampler`` (the spec holds a "
+    "``d1jax.sampling.SamplerConfig``). GRPO configs take d1's rollout lengths and temperature "
+    "(``defaults.sampler_fields``; SamplerConfig's defaults are d1's evaluation's: 128 tokens, "
+    "64 steps, greedy); evaluation configs have no gen_length or steps: eval.gen_lengths, "
+    "steps = length / 2.")
 
 
 @frozen
@@ -215,13 +178,10 @@ class GRPOKnobs:
         "fsdp); one program serves every call. Chunks draw other samples than one call (the "
         "samplers draw a whole batch's noise from one key; chunk c > 0 uses fold_in(key, c)).",
         low=0)
-    num_iterations: int = knob(12, "mu: inner updates per rollout, each with a fresh mask seed "
-                               "(d1: 12 gsm8k, math500; 8 sudoku, countdown).", tiny=2, low=1)
-    beta: float = knob(0.04, "beta: weight of the k3 KL to the reference policy (wd1, spg: 0, "
-                       "they have none).")
-    epsilon: float = knob(0.5, "epsilon: PPO ratio clipping.")
-    p_mask_prompt: float = knob(0.15, "Probability of masking each prompt token in the "
-                                "log-prob estimator.")
+    num_iterations: int = of(GRPOConfig)  # the update's GRPOConfig declares these four
+    beta: float = of(GRPOConfig)
+    epsilon: float = of(GRPOConfig)
+    p_mask_prompt: float = of(GRPOConfig)
     random_masking: bool = knob(True, "Fresh random mask seed per inner iteration (False: seed "
                                 "42 for all, as d1).")
     advantage: str = knob("group_mean", "group_mean (d1), grpo (std-normalised), dr_grpo, "
@@ -236,9 +196,7 @@ class GRPOKnobs:
         10, "Passes over the training prompts (d1: num_train_epochs 10); the run's optimizer "
         "steps are then epochs x (prompts // prompts_per_step) x mu (TRL's count), printed at "
         "the start; 0: train.num_steps.", tiny=0, low=0)
-    objective: str = knob("diffu_grpo", "Policy loss: diffu_grpo, wd1, spg, coupled_grpo, "
-                          "justgrpo or tracerl (d1jax.objectives.table.OBJECTIVES); knobs of "
-                          "each below.")
+    objective: str = of(GRPOConfig)
     # Then each registered objective's own group, config.grpo.<name> (its record's knobs:
     # d1jax.objectives.registry), spliced in here by ``more_groups``.
     # The reference of the KL term. False (d1): under LoRA the base model with the adapters
@@ -272,7 +230,7 @@ class SFTKnobs:
                            "accumulation x 4 GPUs).", tiny=8, low=1)
     max_length: int = knob(4096, "Prompt + completion tokens (longer are cut).", tiny=256, low=1)
     num_epochs: int = knob(20, "Epochs (d1: 20); 0: run train.num_steps.", tiny=0, low=0)
-    eps: float = knob(1e-3, "masked: lower bound of the mask ratio t ~ U(eps, 1).")
+    eps: float = of(SFTConfig)
     tokenize: str = knob(
         "joint", '"joint": template the whole conversation (d1); "split": prompt and completion '
         "apart, as generation sees them.", choices=("joint", "split"))
@@ -281,11 +239,9 @@ class SFTKnobs:
         "(dLLM-RL sft_sdar.py: a noised copy of the row attends to its clean earlier blocks); "
         '"family": the model family\'s own (block for SDAR/TraDo, masked otherwise).',
         choices=("family", "masked", "block"))
-    lower_p: float = knob(0.1, "block: each completion position masked with its own p ~ "
-                          "U(lower_p, upper_p) (sft_sdar.yaml: 0.1).")
-    upper_p: float = knob(0.9, "block: upper end of that p (sft_sdar.yaml: 0.9).")
-    post_num: int = knob(0, "block: padding tokens after the completion trained on per row "
-                         "(sft_sdar.yaml: 0; -1: all).", low=-1)
+    lower_p: float = of(SFTConfig)  # the update's SFTConfig declares these
+    upper_p: float = of(SFTConfig)
+    post_num: int | None = of(SFTConfig)  # -1 ("all") here, None in SFTConfig
 
 
 @frozen

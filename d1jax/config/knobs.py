@@ -19,6 +19,8 @@ A knob's default is the config's value. ``choices`` lists the values allowed (th
 names them); ``parse`` turns the config's value into the spec's (``model.dtype``: a name in
 the config, a dtype in the spec), checked against ``kind`` (default: the default's type)
 instead of the field's type. ``subgroup(cls, doc)`` nests a group (``grpo.wd1``).
+A knob the library takes is declared on the library's config, and a group takes it from
+there: ``rank: int = of(LoraConfig)``, or every knob at once, ``group_of(SamplerConfig, doc)``.
 ``shared(target, spec)`` passes a translated group's knobs to a library type with fields of
 the same names (``grpo`` -> ``objectives.GRPOConfig``), so no knob is copied by hand.
 """
@@ -34,11 +36,11 @@ import ml_collections as mlc
 
 # The declarations (a knob, a group, its bounds) live below the config layer, so a library
 # config (an objective's knobs) declares its own; re-exported here for the config's readers.
-from d1jax.knobs import (ConfigError, check_bounds, check_value_bounds, fields, knob, shared,
-                         subgroup)
+from d1jax.knobs import (ConfigError, check_bounds, check_value_bounds, fields, group_of, knob,
+                         of, shared, subgroup)
 
-__all__ = ["ConfigError", "check_bounds", "describe", "fields", "group", "knob", "shared",
-           "subgroup", "translate"]
+__all__ = ["ConfigError", "check_bounds", "describe", "fields", "group", "group_of", "knob", "of",
+           "shared", "subgroup", "translate"]
 
 
 def _optional(kind) -> tuple[Any, bool]:

@@ -19,13 +19,13 @@ by our logical rules, scanned over layers, with adapters toggled per call.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
+from d1jax.knobs import frozen, knob
 from d1jax.model import quant
 
 Params = dict[str, Any]
@@ -33,22 +33,33 @@ Params = dict[str, Any]
 ADAPTER_NAMES = ("lora_a", "lora_b")
 
 
-@dataclasses.dataclass(frozen=True)
-class LoraConfig:
-    """LoRA adapters (Hu et al. 2021) on the named projections: W x + (alpha/r) B A x."""
+def _names(value) -> tuple[str, ...]:
+    """One name or several: a tuple."""
+    return (value,) if isinstance(value, str) else tuple(value)
 
-    rank: int = 128
-    alpha: float = 64.0
-    dropout: float = 0.05
-    # The projections adapted, by the family's module names (``Family.lora_targets``); the
-    # default is LLaDA's seven.
-    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")
+
+@frozen
+class LoraConfig:
+    """LoRA adapters (Hu et al. 2021) on the named projections: W x + (alpha/r) B A x. Its
+    knobs are declared here once (``config.lora``; base_quant is ``config.model``'s)."""
+
+    rank: int = knob(128, "r.", tiny=8, low=1)
+    alpha: float = knob(64.0, "alpha; adapters scale by alpha / r (d1 SFT: 256).", tiny=16.0)
+    dropout: float = knob(0.05, "Dropout on the adapter input.", tiny=0.0)
+    targets: tuple[str, ...] = knob(
+        ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out"),
+        "Projections that get adapters, by the family's module names (Family.lora_targets; "
+        "the default is LLaDA's seven): LLaDA's q_proj, k_proj, v_proj, attn_out, ff_proj, "
+        "up_proj, ff_out; Dream's q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+        "down_proj. The builders set d1's: GRPO's on the family's names (its record's "
+        "grpo_targets), SFT's q_proj, k_proj, v_proj.", kind=(tuple, list, str), parse=_names)
     # Storage dtype of lora_a / lora_b, whatever the model's param_dtype: a bfloat16 adapter
     # drops every update smaller than ~1/256 of its magnitude (PEFT keeps adapters float32).
     param_dtype: str = "float32"
-    # Storage of the frozen base's block projections (d1jax.model.quant): "none" (the
-    # model's param_dtype), "int8" or "nf4" (d1's bitsandbytes 4-bit base).
-    base_quant: str = "none"
+    base_quant: str = knob(
+        "none", 'Frozen base under LoRA: "none" (param_dtype), "int8" (per-channel absmax) or '
+        '"nf4" (d1\'s bitsandbytes 4-bit NormalFloat) storage of the block projections '
+        "(d1jax.model.quant).")
 
     @property
     def scale(self) -> float:

@@ -18,13 +18,12 @@ only when beta != 0, token mean over the completion mask.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from d1jax.knobs import frozen, knob, shared
+from d1jax.knobs import frozen, group_of, knob, shared
 
 from d1jax.model.predictor import MaskPredictor
 from d1jax.objectives import losses, masking
@@ -32,14 +31,17 @@ from d1jax.objectives import losses, masking
 Array = jax.Array
 
 
-@dataclasses.dataclass(frozen=True)
+@frozen
 class CoupledGRPOConfig:
-    """Coupled-GRPO knobs; defaults from DiffuCoder's ``recipes/config_coupled_code.yaml``."""
+    """Coupled-GRPO knobs; defaults from DiffuCoder's ``recipes/config_coupled_code.yaml``.
+    Its knobs (``knob``) are config.grpo.coupled_grpo; the other fields the run sets from the
+    loop's (beta and epsilon: config.grpo's)."""
 
     epsilon: float = 0.5  # epsilon: ratio clip (the authors set epsilon_low = epsilon_high).
     beta: float = 0.01  # beta: weight of the k3 KL to the reference (0: no reference pass).
-    t_min: float = 0.2  # t ~ U(t_min, t_max): mask ratio of the set M.
-    t_max: float = 0.8
+    t_min: float = knob(0.2, "t ~ U(t_min, t_max): mask ratio of the set M of the "
+                        "complementary pair.")
+    t_max: float = knob(0.8, "Upper end of t.")
     use_attention_mask: bool = True  # False attends to prompt padding, as the authors do.
     seq_chunk: int | None = None  # Completion positions per head chunk (None: automatic).
 
@@ -131,12 +133,8 @@ def coupled_grpo_loss(model: MaskPredictor, params: Any, prompt_ids_bp: Array, p
     return loss, {**metrics, "mask_ratio": jnp.mean(t_b)}
 
 
-# config.grpo.coupled_grpo: its knobs (d1jax.knobs), the ConfigDict group and the spec's.
-@frozen
-class CoupledGRPOKnobs:
-    t_min: float = knob(0.2, "t ~ U(t_min, t_max): mask ratio of the set M of the "
-                        "complementary pair.")
-    t_max: float = knob(0.8, "Upper end of t.")
+# config.grpo.coupled_grpo: CoupledGRPOConfig's knobs, the ConfigDict group and the spec's.
+CoupledGRPOKnobs = group_of(CoupledGRPOConfig, "coupled-GRPO's knobs: config.grpo.coupled_grpo.")
 
 
 def hparams_from(g, s) -> CoupledGRPOConfig:

@@ -26,13 +26,12 @@ Shape letters: B rows, P prompt, C completion, L = P + C, K positions per chunk,
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from d1jax.knobs import frozen, knob, shared
+from d1jax.knobs import frozen, group_of, knob, shared, zero_is_none
 
 from d1jax.model.predictor import MaskPredictor
 from d1jax.objectives import logprob, losses, masking
@@ -44,12 +43,16 @@ CPU_CHUNK_TOKENS = 4096
 ACCELERATOR_CHUNK_TOKENS = 65536
 
 
-@dataclasses.dataclass(frozen=True)
+@frozen
 class JustGRPOConfig:
-    """JustGRPO knobs; defaults from its ``train.py`` (gain 1.0 x grad_accumulation 8)."""
+    """JustGRPO knobs; defaults from its ``train.py`` (gain 1.0 x grad_accumulation 8). Its
+    knobs (``knob``) are config.grpo.justgrpo, where position_chunk 0 is this config's None."""
 
-    gain: float = 8.0  # Loss multiplier: their gain (1.0) x their summed accumulation steps (8).
-    position_chunk: int | None = None  # K: completion positions per batched forward (None: auto).
+    gain: float = knob(8.0, "Loss multiplier: its logprob_loss gain 1.0 x its 8 summed "
+                       "accumulation steps (train.py).")
+    position_chunk: int | None = knob(
+        0, "K: completion positions per batched, rematerialised forward of the likelihood (0: "
+        "auto by a token budget).", low=0, held_as=zero_is_none)
     use_attention_mask: bool = True  # False attends to prompt padding (they never pad: 1 prompt a GPU).
 
     def __post_init__(self):
@@ -175,16 +178,10 @@ def justgrpo_loss(model: MaskPredictor, params: Any, prompt_ids_bp: Array, promp
                               epsilon=epsilon, beta=beta, old_is_current=old_is_current)
 
 
-# config.grpo.justgrpo: its knobs (d1jax.knobs), the ConfigDict group and the spec's.
-@frozen
-class JustGRPOKnobs:
-    gain: float = knob(8.0, "Loss multiplier: its logprob_loss gain 1.0 x its 8 summed "
-                       "accumulation steps (train.py).")
-    position_chunk: int = knob(0, "K: completion positions per batched, rematerialised forward "
-                               "of the likelihood (0: auto by a token budget).", low=0)
+# config.grpo.justgrpo: JustGRPOConfig's knobs, the ConfigDict group and the spec's.
+JustGRPOKnobs = group_of(JustGRPOConfig, "JustGRPO's knobs: config.grpo.justgrpo.")
 
 
 def hparams_from(g, s) -> JustGRPOConfig:
     """config.grpo.justgrpo (position_chunk 0: automatic) with the loop's attention mask."""
-    return shared(JustGRPOConfig, g.justgrpo, position_chunk=g.justgrpo.position_chunk or None,
-                  use_attention_mask=s.use_attention_mask)
+    return shared(JustGRPOConfig, g.justgrpo, use_attention_mask=s.use_attention_mask)

@@ -15,13 +15,12 @@ averages times n_i, the ELBO's 1/t weighting. No ratio, no old-policy or referen
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from d1jax.knobs import frozen, knob, shared
+from d1jax.knobs import frozen, group_of, knob, shared
 
 from d1jax.model.predictor import MaskPredictor
 from d1jax.objectives import logprob, masking
@@ -29,17 +28,21 @@ from d1jax.objectives import logprob, masking
 Array = jax.Array
 
 
-@dataclasses.dataclass(frozen=True)
+@frozen
 class SPGConfig:
-    """SPG knobs; defaults from the authors' ``spg_mix`` GSM8K/MATH scripts (mix, beta 1.5)."""
+    """SPG knobs; defaults from the authors' ``spg_mix`` GSM8K/MATH scripts (mix, beta 1.5).
+    Its knobs (``knob``) are config.grpo.spg; the other fields the run sets from the loop's."""
 
     block_length: int = 32  # Block size of the masking (the sampler's block length).
-    num_t: int = 2  # J: noisy copies per sequence (Monte Carlo samples of the bounds).
-    min_t: float = 0.0  # Masked share of the chosen block lies in [min_t, max_t].
-    max_t: float = 1.0
+    num_t: int = knob(2, "J: block-masked noisy copies per sequence (Monte Carlo samples of the "
+                      "bounds); in [1, gen_length / block_length].", low=1)
+    min_t: float = knob(0.0, "Masked share of the chosen block lies in [min_t, max_t].")
+    max_t: float = knob(1.0, "Upper end of that share.")
     p_mask_prompt: float = 0.15  # p: noise on the prompt and the clean blocks before block k.
-    eubo_beta: float = 1.5  # beta: the EUBO's power (authors: 1.0 Sudoku, 2.0 Countdown EUBO).
-    mix_weight: float = 0.5  # omega: EUBO share of the negative-advantage estimate.
+    # The authors: 1.0 on Sudoku, 2.0 on Countdown's EUBO.
+    eubo_beta: float = knob(1.5, "beta: power of the upper bound (EUBO).")
+    mix_weight: float = knob(0.5, "omega: EUBO share of the negative-advantage estimate (1: "
+                             "pure EUBO).")
     use_attention_mask: bool = True  # The authors pass the prompt mask as attention mask.
     seq_chunk: int | None = None  # Completion positions per head chunk (None: automatic).
 
@@ -144,16 +147,8 @@ def spg_copies_loss(model: MaskPredictor, params: Any, ids_bjl: Array, is_mask_b
                          eubo_beta=cfg.eubo_beta, mix_weight=cfg.mix_weight)
 
 
-# config.grpo.spg: its knobs (d1jax.knobs), the ConfigDict group and the spec's.
-@frozen
-class SPGKnobs:
-    num_t: int = knob(2, "J: block-masked noisy copies per sequence (Monte Carlo samples of the "
-                      "bounds); in [1, gen_length / block_length].", low=1)
-    min_t: float = knob(0.0, "Masked share of the chosen block lies in [min_t, max_t].")
-    max_t: float = knob(1.0, "Upper end of that share.")
-    eubo_beta: float = knob(1.5, "beta: power of the upper bound (EUBO).")
-    mix_weight: float = knob(0.5, "omega: EUBO share of the negative-advantage estimate (1: "
-                             "pure EUBO).")
+# config.grpo.spg: SPGConfig's knobs, the ConfigDict group and the spec's.
+SPGKnobs = group_of(SPGConfig, "SPG's knobs: config.grpo.spg.")
 
 
 def hparams_from(g, s) -> SPGConfig:

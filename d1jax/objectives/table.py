@@ -22,6 +22,7 @@ from typing import Any
 
 import jax
 
+from d1jax.knobs import frozen, knob, negative_is_none
 from d1jax.model.predictor import MaskPredictor
 from d1jax.objectives import (coupled_grpo, justgrpo, logprob, losses, masking, recipes, spg,
                               tracerl, tracerl_full, wd1)
@@ -331,14 +332,18 @@ def check_hparams(entry: Objective, hparams: Any, beta: float, epsilon: float) -
 
 
 # ---------------------------------------------------------------------------- configs
-@dataclasses.dataclass(frozen=True)
+@frozen
 class GRPOConfig:
-    """diffu-GRPO knobs (static under jit); symbols as in d1 (arXiv 2504.12216)."""
+    """diffu-GRPO knobs (static under jit); symbols as in d1 (arXiv 2504.12216). Its knobs
+    (``knob``) are config.grpo's; the other fields the run sets from other groups."""
 
-    num_iterations: int = 12  # mu: updates per rollout, each with its own mask seed.
-    beta: float = 0.04  # beta: weight of the k3 KL to the reference (0: no reference pass).
-    epsilon: float = 0.5  # epsilon: ratio clip.
-    p_mask_prompt: float = 0.15  # p_mask: probability of masking each prompt token.
+    num_iterations: int = knob(12, "mu: inner updates per rollout, each with a fresh mask seed "
+                               "(d1: 12 gsm8k, math500; 8 sudoku, countdown).", tiny=2, low=1)
+    beta: float = knob(0.04, "beta: weight of the k3 KL to the reference policy (0: no "
+                       "reference pass; wd1, spg: 0, they have none).")
+    epsilon: float = knob(0.5, "epsilon: PPO ratio clipping.")
+    p_mask_prompt: float = knob(0.15, "p_mask: probability of masking each prompt token in "
+                                "the log-prob estimator.")
     cfg_scale: float = 0.0  # Classifier-free guidance inside the estimator (d1: 0).
     use_attention_mask: bool = True  # False attends to prompt padding, as d1 does.
     grad_accum: int = 1  # Micro-batches per optimizer step (each its own token mean).
@@ -355,7 +360,9 @@ class GRPOConfig:
     # jitted steps run on one device. Off on a mesh: XLA's SPMD partitioner mispartitions
     # its switch under the gradient on a (2, 2, 2) mesh (tests/test_update.py).
     narrow_last_layer: bool | None = None
-    objective: str = "diffu_grpo"  # The policy loss, a key of OBJECTIVES.
+    objective: str = knob("diffu_grpo", "Policy loss: diffu_grpo, wd1, spg, coupled_grpo, "
+                          "justgrpo or tracerl (d1jax.objectives.table.OBJECTIVES); knobs of "
+                          "each below.")
     # The objective's own config, its record's ``hparams`` class: wd1.WD1Config,
     # spg.SPGConfig, coupled_grpo.CoupledGRPOConfig (its beta and epsilon equal to the fields
     # above), justgrpo.JustGRPOConfig or tracerl.TraceRLConfig (None: their defaults where the
@@ -375,15 +382,21 @@ class GRPOConfig:
                              f"max_tokens={self.max_tokens}")
 
 
-@dataclasses.dataclass(frozen=True)
+@frozen
 class SFTConfig:
-    """SFT knobs: d1's masked SFT trainer, or block SFT (dLLM-RL sft_sdar.py)."""
+    """SFT knobs: d1's masked SFT trainer, or block SFT (dLLM-RL sft_sdar.py). Its knobs
+    (``knob``) are config.sft's, where post_num -1 is this config's None."""
 
-    eps: float = 1e-3  # masked: lower bound of the mask ratio t ~ U(eps, 1).
-    loss: str = "masked"  # "masked" (losses.sft_loss) or "block" (blockwise.sft_stage_loss).
-    lower_p: float = 0.1  # block: p ~ U(lower_p, upper_p) per completion position.
-    upper_p: float = 0.9
-    post_num: int | None = 0  # block: padding tokens trained per row (None: all).
+    eps: float = knob(1e-3, "masked: lower bound of the mask ratio t ~ U(eps, 1).")
+    # "masked" (losses.sft_loss) or "block" (blockwise.sft_stage_loss); config.sft.loss
+    # also takes "family", which the spec resolves to one of these.
+    loss: str = "masked"
+    lower_p: float = knob(0.1, "block: each completion position masked with its own p ~ "
+                          "U(lower_p, upper_p) (sft_sdar.yaml: 0.1).")
+    upper_p: float = knob(0.9, "block: upper end of that p (sft_sdar.yaml: 0.9).")
+    post_num: int | None = knob(
+        0, "block: padding tokens after the completion trained on per row (sft_sdar.yaml: 0; "
+        "-1: all).", low=-1, held_as=negative_is_none)
     grad_accum: int = 1  # Micro-batches per optimizer step.
     lora_dropout: bool = False  # LoRA dropout in the forward pass.
     seq_chunk: int | None = None  # Positions per head chunk (None: automatic).

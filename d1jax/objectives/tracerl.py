@@ -38,13 +38,12 @@ Shape letters: B completions, P prompt, C completion, R rounds (copies).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from d1jax.knobs import frozen, knob, shared
+from d1jax.knobs import frozen, group_of, knob, negative_is_none, shared, zero_is_none
 
 from d1jax.model.predictor import MaskPredictor
 from d1jax.objectives import blockwise, losses
@@ -53,22 +52,31 @@ Array = jax.Array
 METHODS = ("TraceRL", "random_masking", "coupled")
 
 
-@dataclasses.dataclass(frozen=True)
+@frozen
 class TraceRLConfig:
-    """dLLM-RL's ``training`` knobs (configs/rl_trado.yaml values)."""
+    """dLLM-RL's ``training`` knobs (configs/rl_trado.yaml values). Its knobs (``knob``) are
+    config.grpo.tracerl, where post_num -1 and block_size 0 are this config's None."""
 
-    method: str = "TraceRL"  # "TraceRL" (the trace), "random_masking" or "coupled".
-    shrink: int = 1  # s: trace steps merged per round (collapse_k_unique's k).
-    post_num: int | None = 0  # Padding tokens scored per row (None: all).
-    lower_p: float = 0.1  # random_masking/coupled: p ~ U(lower_p, upper_p) per position.
-    upper_p: float = 0.9
-    beta: float = 0.01  # beta: weight of the KL to the old (rollout) policy.
-    use_kl_estimator_k3: bool = True  # k3 estimator; False: the plain log-ratio.
-    block_size: int | None = None  # Training block (training.block_size); None: the model's.
+    method: str = knob("TraceRL", "TraceRL scores the rollout's trace; random_masking, coupled: "
+                       "their random-mask variants (dLLM-RL training.method).", choices=METHODS)
+    # collapse_k_unique's k.
+    shrink: int = knob(1, "s: trace steps merged into one training round (rl_trado.yaml: 1).",
+                       low=1)
+    post_num: int | None = knob(0, "Padding tokens after the response scored per row (-1: all).",
+                                low=-1, held_as=negative_is_none)
+    lower_p: float = knob(0.1, "random_masking/coupled: p ~ U(lower_p, upper_p) per position.")
+    upper_p: float = knob(0.9, "random_masking/coupled: upper end of that p.")
+    beta: float = knob(0.01, "beta: weight of the k3 KL to the OLD (rollout) policy, their "
+                       "training.beta; grpo.beta stays 0.")
+    use_kl_estimator_k3: bool = knob(True, "k3 estimator of that KL (False: the log-ratio).")
+    block_size: int | None = knob(0, "Training block of the rounds and the mask (0: the model's; "
+                                  "LLaDA, Dream: none, leave 0).", low=0, held_as=zero_is_none)
     seq_chunk: int | None = None  # Copy positions per head chunk (None: automatic).
     # Full-attention families (LLaDA, Dream; d1jax.objectives.tracerl_full) only:
     use_attention_mask: bool = True  # Mask the prompt's padding keys (the sampler's knob).
-    their_dream_forward: bool = False  # rl_dream.py's training positions (tracerl_full doc).
+    their_dream_forward: bool = knob(False, "Dream: rl_dream.py's training forward (RoPE "
+                                     "positions 0..L-1 across prompt padding; the rollout's "
+                                     "count real tokens; tracerl_full's doc).")
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -217,35 +225,14 @@ def tracerl_loss(model: MaskPredictor, params: Any, prompt_ids_bp: Array, prompt
                              old_is_current=old_is_current)
 
 
-# config.grpo.tracerl: its knobs (d1jax.knobs), the ConfigDict group and the spec's.
-@frozen
-class TraceRLKnobs:
-    method: str = knob("TraceRL", "TraceRL scores the rollout's trace; random_masking, coupled: "
-                       "their random-mask variants (dLLM-RL training.method).",
-                       choices=("TraceRL", "random_masking", "coupled"))
-    shrink: int = knob(1, "s: trace steps merged into one training round (rl_trado.yaml: 1).",
-                        low=1)
-    post_num: int = knob(0, "Padding tokens after the response scored per row (-1: all).",
-                         low=-1)
-    lower_p: float = knob(0.1, "random_masking/coupled: p ~ U(lower_p, upper_p) per position.")
-    upper_p: float = knob(0.9, "random_masking/coupled: upper end of that p.")
-    beta: float = knob(0.01, "beta: weight of the k3 KL to the OLD (rollout) policy, their "
-                       "training.beta; grpo.beta stays 0.")
-    use_kl_estimator_k3: bool = knob(True, "k3 estimator of that KL (False: the log-ratio).")
-    block_size: int = knob(0, "Training block of the rounds and the mask (0: the model's; "
-                           "LLaDA, Dream: none, leave 0).", low=0)
-    their_dream_forward: bool = knob(False, "Dream: rl_dream.py's training forward (RoPE "
-                                     "positions 0..L-1 across prompt padding; the rollout's "
-                                     "count real tokens).")
+# config.grpo.tracerl: TraceRLConfig's knobs, the ConfigDict group and the spec's.
+TraceRLKnobs = group_of(TraceRLConfig, "TraceRL's knobs: config.grpo.tracerl.")
 
 
 def hparams_from(g, s) -> TraceRLConfig:
-    """config.grpo.tracerl (block_size 0: the model's; post_num -1: all) with the loop's
-    attention mask."""
-    t = g.tracerl
-    return shared(TraceRLConfig, t, block_size=t.block_size or None,
-                  post_num=None if t.post_num < 0 else t.post_num,
-                  use_attention_mask=s.use_attention_mask)
+    """config.grpo.tracerl (translated: block_size 0 and post_num -1 are None) with the
+    loop's attention mask."""
+    return shared(TraceRLConfig, g.tracerl, use_attention_mask=s.use_attention_mask)
 
 
 def check_shared(h: TraceRLConfig, beta: float, epsilon: float) -> None:

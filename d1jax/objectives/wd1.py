@@ -15,22 +15,22 @@ second term (the authors' ``wll_d1_pos_only`` trainer).
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
-from d1jax.knobs import frozen, knob, shared
+from d1jax.knobs import frozen, group_of, knob, shared
 
 Array = jax.Array
 
 
-@dataclasses.dataclass(frozen=True)
+@frozen
 class WD1Config:
-    """wd1 knobs; defaults from the authors' ``wd1/train.yaml`` and ``run/wll_NP_*.sh``."""
+    """wd1 knobs; defaults from the authors' ``wd1/train.yaml`` and ``run/wll_NP_*.sh``. Its
+    knobs (``knob``) are config.grpo.wd1; the other fields the run sets from the loop's."""
 
     group_size: int = 6  # G: completions per prompt, contiguous in the batch (softmax span).
-    negative: bool = True  # Keep the w- term (wll_d1_neg); False: positive part only.
+    negative: bool = knob(True, "Keep the negative-advantage term - sum w- log pi (False: the "
+                          "authors' positive-only variant, wll_d1_pos_only).")
     use_attention_mask: bool = True  # False attends to prompt padding, as the authors do.
     seq_chunk: int | None = None  # Completion positions per head chunk (None: automatic).
 
@@ -66,11 +66,8 @@ def wd1_weighted_loss(logps_bc: Array, completion_mask_bc: Array, w_pos_b: Array
     return loss, {"positive_loss": pos, "negative_loss": neg, "seq_logp_mean": seq_b.mean()}
 
 
-# config.grpo.wd1: its knobs (d1jax.knobs), the ConfigDict group and the spec's.
-@frozen
-class WD1Knobs:
-    negative: bool = knob(True, "Keep the negative-advantage term - sum w- log pi (False: the "
-                          "authors' positive-only variant).")
+# config.grpo.wd1: WD1Config's knobs, the ConfigDict group and the spec's.
+WD1Knobs = group_of(WD1Config, "wd1's knobs: config.grpo.wd1.")
 
 
 def hparams_from(g, s) -> WD1Config:

@@ -9,7 +9,6 @@ skipped, leaving params and optimizer state untouched, when the gradient is not 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -17,29 +16,31 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
+from d1jax.config.groups import OptimKnobs
+from d1jax.knobs import frozen, of
+
 Array = jax.Array
 # loss_fn(params, micro_batch, micro_index) -> (loss, metrics)
 LossFn = Callable[[Any, dict, Array], tuple[Array, dict]]
 
 
-@dataclasses.dataclass(frozen=True)
+@frozen
 class OptimConfig:
-    """AdamW as HF Trainer runs it for d1 (``train.yaml``)."""
+    """AdamW as HF Trainer runs it for d1 (``train.yaml``). Its knobs are config.optim's,
+    declared there once (``d1jax.config.groups.OptimKnobs``: the config layer lies below
+    this one); warmup_steps and total_steps the run computes."""
 
-    learning_rate: float = 3e-6  # Peak learning rate.
-    b1: float = 0.9  # Adam beta1.
-    b2: float = 0.99  # Adam beta2.
-    eps: float = 1e-8  # Adam epsilon (torch default).
-    weight_decay: float = 0.1  # Decoupled weight decay (lr x wd x param); norms excluded.
-    max_grad_norm: float = 0.2  # Global-norm clipping before AdamW; 0 disables.
+    learning_rate: float = of(OptimKnobs)
+    b1: float = of(OptimKnobs)
+    b2: float = of(OptimKnobs)
+    eps: float = of(OptimKnobs)
+    weight_decay: float = of(OptimKnobs)  # norms excluded (``make_optimizer``)
+    max_grad_norm: float = of(OptimKnobs)  # before AdamW
     warmup_steps: int = 0  # Linear warmup from 0 over this many optimizer steps.
-    # After the warmup: "constant_with_warmup" keeps the rate (d1's GRPO, train.yaml);
-    # "linear" decays it to 0 at ``total_steps`` (HF Trainer's default: d1's SFT).
-    # "cosine_with_min_lr" (DiffuCoder's coupled-GRPO recipe): a half cosine from lr to
-    # lr x ``min_lr_rate`` at ``total_steps``.
-    schedule: str = "constant_with_warmup"
+    # "linear" and the cosine end at ``total_steps``.
+    schedule: str = of(OptimKnobs, "lr_schedule")
     total_steps: int = 0  # Optimizer steps of the run; "linear" and the cosine need it.
-    min_lr_rate: float = 0.0  # "cosine_with_min_lr": the final rate as a share of lr.
+    min_lr_rate: float = of(OptimKnobs)
 
     def __post_init__(self):
         if self.learning_rate <= 0 or self.warmup_steps < 0 or self.max_grad_norm < 0:

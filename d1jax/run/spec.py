@@ -289,7 +289,6 @@ def _sft(c, o: OptimSpec, lora: LoraConfig | None) -> tuple[SFTConfig, SFTSpec]:
                           f"model.family={fam.name!r} trains with sft.loss='masked'")
     try:
         cfg = knobs.shared(SFTConfig, s, grad_accum=o.grad_accum, loss=loss,
-                           post_num=None if s.post_num < 0 else s.post_num,
                            lora_dropout=lora is not None and lora.dropout > 0)
     except ValueError as e:
         raise ConfigError(f"sft: {e}") from None

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
+
+from d1jax.knobs import frozen, knob
 
 REMASKING = ("low_confidence", "random")
 # loop="sdar" (block diffusion, ``d1jax.sampling.block_diffusion``): the authors' names.
@@ -22,52 +22,63 @@ def num_transfer_tokens(block_length: int, steps: int) -> np.ndarray:
     return np.array([base + (i < rem) for i in range(steps)], np.int32)
 
 
-@dataclasses.dataclass(frozen=True)
+@frozen
 class SamplerConfig:
-    """Static knobs of the sampler (frozen and hashable: a static jit argument)."""
+    """Static knobs of the sampler (frozen and hashable: a static jit argument). Each knob is
+    declared here once: ``config.sampler`` is made from these fields (``d1jax.config``). The
+    defaults are d1's evaluation's (128 tokens, 64 steps, greedy); the GRPO configs' rollouts
+    set d1's train.yaml values (``d1jax.config.defaults.sampler_fields``)."""
 
-    gen_length: int = 128  # Completion tokens.
-    block_length: int = 32  # Semi-autoregressive block size (must divide gen_length).
-    steps: int = 64  # Denoising steps in total; steps // num_blocks per block (min 1).
-    temperature: float = 0.0  # Gumbel-max temperature T; 0 = argmax.
-    cfg_scale: float = 0.0  # Classifier-free guidance w; > 0 adds a prompt-masked pass.
-    remasking: str = "low_confidence"  # "low_confidence" (p of the chosen token) or "random";
-    #                                  loop="sdar": "low_confidence_static" or
-    #                                  "low_confidence_dynamic" (BLOCK_REMASKING).
+    gen_length: int = knob(128, "Completion length (max_completion_length).", tiny=32, low=1)
+    steps: int = knob(64, "Diffusion steps over the whole completion (diffusion_steps); "
+                      "steps // num_blocks a block (at least 1).", tiny=16, low=1)
+    block_length: int = knob(32, "Semi-autoregressive block length (d1: 32); must divide "
+                             "gen_length.", tiny=16, low=1)
+    temperature: float = knob(0.0, "Gumbel-max temperature T: 0, argmax (d1's evaluation); "
+                              "rollouts: 0.9, d1's DiffuGRPOConfig default.")
+    cfg_scale: float = knob(0.0, "Classifier-free guidance scale w (> 0 adds a prompt-masked "
+                            "pass).")
+    remasking: str = knob("low_confidence", '"low_confidence" or "random"; loop "sdar": '
+                          '"low_confidence_static" or "low_confidence_dynamic" (threshold).')
+    use_attention_mask: bool = knob(True, "Honour prompt padding; False attends to padding "
+                                    "like d1.")
+    kv_cache: str = knob("none", '"none" (exact, d1\'s protocol), "prefix" or "dual" block KV '
+                         "cache (Fast-dLLM).")
+    # loop="sdar": low_confidence_dynamic's threshold (the authors use 0.9).
+    threshold: float = knob(1.0, "Parallel decoding: also unmask every token with confidence "
+                            "> tau (>= 1: off).")
+    # "fast_dllm": a block runs until decoded, <= block_length steps (get_transfer_index).
+    parallel_rule: str = knob(
+        "budget", 'With threshold < 1: "budget" unmasks at least the exact schedule\'s tokens '
+        'per step; "fast_dllm" at least one (Fast-dLLM, no step cap).')
+    recompute: str = knob("block", "Dual cache steps recompute the whole block (Fast-dLLM) or "
+                          'only "masked" positions.')
+    cache_refresh: int = knob(0, "With kv_cache: refresh it once this many block tokens were "
+                              "decoded (0: at block starts only).", low=0)
+    first_position: bool = knob(
+        False, 'With parallel_rule "fast_dllm": a block\'s first step unmasks its first '
+        "position alone (Fast-dLLM's Dream loop).")
+    # "dream" (d1jax.sampling.dream) takes steps, temperature, mask_id, alg, top_p and top_k;
+    # "sdar" (d1jax.sampling.block_diffusion) steps_per_block steps a block, temperature,
+    # top_p, top_k, threshold and eos_id.
+    loop: str = knob(
+        "llada", '"llada": LLaDA\'s semi-autoregressive blocks (d1); "dream": Dream\'s '
+        "diffusion_generate over the whole completion (DiffuCoder's rollouts; block_length = "
+        'gen_length); "sdar": block diffusion (SDAR, TraDo; block_length = the model\'s '
+        'block_size, kv_cache "prefix" or "none").')
+    alg: str = knob("entropy", 'loop "dream": which positions a step decodes (origin, '
+                    "maskgit_plus, topk_margin, entropy).")
+    top_p: float = knob(1.0, 'loop "dream"/"sdar": nucleus filter of the token draw (< 1 '
+                        "applies it).")
+    # The SDAR/TraDo engines' default top_k is 0.
+    top_k: int = knob(50, 'loop "dream"/"sdar": keep the k largest logits (0: none; 50: '
+                      "diffusion_generate's value when the call names none).", low=0)
+    # Not knobs: the tokenizer's ids (``d1jax.run.spec.with_tokens``) and LLaDA's options.
     mask_id: int = 126336  # [MASK] token id.
-    use_attention_mask: bool = True  # False attends to left padding, exactly as d1 does.
     logits_eos_inf: bool = False  # LLaDA App. B.4: never sample EOS.
     confidence_eos_eot_inf: bool = False  # LLaDA App. B.4: EOS/EoT are unmasked last.
     eos_id: int = 126081  # <|endoftext|>.
     eot_id: int = 126348  # <|eot_id|>.
-    kv_cache: str = "none"  # "none" (exact), "prefix" or "dual" (Fast-dLLM block KV cache).
-    threshold: float = 1.0  # Parallel decoding tau: also unmask every p above tau (loop="sdar":
-    #                        low_confidence_dynamic's threshold; the authors use 0.9).
-    parallel_rule: str = "budget"  # How tau acts: "budget" (every p > tau and at least the
-    #                               step's budget; tau >= 1 is the exact sampler) or
-    #                               "fast_dllm" (every p >= tau and at least one token, no
-    #                               step budget: a block runs until decoded, <= block_length
-    #                               steps; Fast-dLLM's get_transfer_index).
-    recompute: str = "block"  # dual cache: recompute the whole block ("block", Fast-dLLM) or
-    #                          only positions masked before the previous step ("masked").
-    cache_refresh: int = 0  # kv_cache: a full forward (fresh keys/values) before any step
-    #                        once this many block tokens were decoded since the last one;
-    #                        0 = only at block starts (Fast-dLLM).
-    first_position: bool = False  # A block's first step (its full forward) unmasks the
-    #                              block's first position alone: Fast-dLLM's Dream loop
-    #                              (generation_utils_block); needs parallel_rule="fast_dllm".
-    loop: str = "llada"  # "llada": the block loop above (LLaDA, d1); "dream": Dream's
-    #                     diffusion_generate over the whole completion (DiffuCoder's
-    #                     rollouts; ``d1jax.sampling.dream``), with steps, temperature,
-    #                     mask_id and the three fields below; needs block_length = gen_length;
-    #                     "sdar": block diffusion (SDAR, TraDo; ``d1jax.sampling.block_diffusion``)
-    #                     with block_length = the model's block_size, steps_per_block denoising
-    #                     steps a block, temperature, top_p, top_k, threshold and eos_id.
-    alg: str = "entropy"  # loop="dream": which positions a step decodes (dream.ALGS).
-    top_p: float = 1.0  # loop="dream"/"sdar": nucleus filter of the token draw (< 1 applies it).
-    top_k: int = 50  # loop="dream"/"sdar": keep the k largest logits (0: none); 50 is what
-    #                 diffusion_generate uses when the call names none (``dream`` module);
-    #                 the SDAR/TraDo engines' default is 0.
 
     def __post_init__(self):
         for name in ("gen_length", "block_length", "steps"):
