@@ -7,6 +7,9 @@ authors' loops written here from their source (not from d1jax's):
   against ``d1jax.sampling.threshold``: greedy and at temperature 1 (the same uniforms u),
   with a threshold and without one (1.0: one token a step and its near ties), the block cache
   and a full forward each step, a batch of two rows whose prompt ends inside a block;
+- LLaDA2.1's token editing, SGLang's ``JointThreshold`` (sgl-project/sglang
+  ``python/sglang/srt/dllm/algorithm/joint_threshold.py``) on dInfer's blocks, against
+  ``threshold.decode(..., edit_threshold=...)``, greedy;
 - the Hugging Face file's ``LLaDA2MoeModelLM.generate`` (inclusionAI/LLaDA2.0-mini
   ``modeling_llada2_moe.py``: block_length, steps, threshold; greedy) against the existing
   block-diffusion loop (``loop="sdar"``, ``low_confidence_dynamic``).
@@ -200,3 +203,71 @@ def test_sdar_loop_matches_the_hf_generate(llada2, steps, thr, cache):
         want = hf_port(lambda x: logits(params["eos"], x), PROMPTS[row:row + 1], GEN, BLOCK,
                        steps, thr)
         np.testing.assert_array_equal(np.asarray(ids)[row, p:p + len(want)], want)
+
+
+def joint_port(logits_fn, prompt, gen_length, block, thr, edit_thr, max_post):
+    """SGLang's JointThreshold (LLaDA2.1: M2T above ``thr``, else the top one; T2T above
+    ``edit_thr`` on the block's own decoded tokens; ``max_post`` steps after the block fills)
+    run on dInfer's blocks with its EOS stop: the buffer and the steps each block ran."""
+    b, p = prompt.shape
+    total = (p + gen_length + block - 1) // block * block
+    x = np.full((b, total), MASK, np.int64)
+    x[:, :p] = prompt
+    done, steps = np.zeros(b, bool), []
+    for s in range(p // block * block, total, block):
+        e = s + block
+        states = [{"post": 0, "fin": bool(done[r]) or not (x[r, s:e] == MASK).any(),
+                   "prompt": x[r, s:e] != MASK} for r in range(b)]
+        k = 0
+        while not all(st["fin"] for st in states) and k < block + max_post + 1:
+            logits = logits_fn(x)[:, s:e]
+            for r, st in enumerate(states):
+                if st["fin"]:
+                    continue
+                cur, lg = x[r, s:e], logits[r]
+                xr = lg.argmax(-1)
+                z = np.exp(lg - lg.max(-1, keepdims=True))
+                pr = np.take_along_axis(z / z.sum(-1, keepdims=True), xr[:, None], -1)[:, 0]
+                mi = cur == MASK
+                m2t = np.zeros(block, bool)
+                if mi.any():
+                    conf = np.where(mi, pr, -np.inf)
+                    m2t = conf > thr
+                    if not m2t.any():
+                        m2t[conf.argmax()] = True
+                else:
+                    st["post"] += 1
+                    if st["post"] > max_post:
+                        st["fin"] = True
+                        continue
+                t2t = (pr > edit_thr) & (cur != xr) & ~mi & ~st["prompt"]
+                SEEN["edited"] |= bool(t2t.any())
+                put = m2t | t2t
+                if not put.any():
+                    st["fin"] = True
+                    continue
+                cur[put] = xr[put]
+            k += 1
+        steps.append(k)
+        eos = (x[:, s:e] == EOS).any(1) & ~done
+        x[eos, e:] = EOS
+        done |= eos | (e - p >= gen_length)
+        if done.all():
+            break
+    return x, steps
+
+
+def test_token_editing_matches_sglangs_joint_threshold(llada2):
+    model, params, logits = llada2
+    cfg = sampler(threshold=0.9)
+    fns = smp.model_fns(model)
+    got = jax.jit(lambda p, x: threshold.decode(fns, p, x, None, jax.random.key(0), cfg,
+                                                edit_threshold=0.5, max_post_edit_steps=2))(
+        params["eos"], jnp.asarray(PROMPTS))
+    SEEN["edited"] = False
+    want, steps = joint_port(lambda x: logits(params["eos"], x), PROMPTS, GEN, BLOCK, 0.9, 0.5,
+                             2)
+    p = PROMPTS.shape[1]
+    np.testing.assert_array_equal(np.asarray(got.ids)[:, p:want.shape[1]], want[:, p:])
+    assert list(np.asarray(got.block_steps)[:len(steps)]) == steps
+    assert SEEN["edited"]  # a decoded token was rewritten (T2T)

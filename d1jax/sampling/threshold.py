@@ -31,6 +31,18 @@ u))``, in float32 (the same order as theirs but for rounding), u from
 the mask id at temperature 0; a block needs at most ``block`` steps otherwise); the
 completions are cut after their first EOS, as every d1jax sampler returns them.
 
+LLaDA2.1's token editing (``edit_threshold`` set): SGLang's ``JointThreshold``
+(sgl-project/sglang ``python/sglang/srt/dllm/algorithm/joint_threshold.py``, the decoding
+their LLaDA2.1 cookbook serves) on the same blocks. A step takes ``x0`` the argmax and ``p``
+its softmax probability; mask to token (M2T): the masked positions with ``p > threshold``,
+else the single most confident one; token to token (T2T): every position of the block
+decoded in this block (not the prompt's) whose ``x0`` differs from its token and
+``p > edit_threshold`` takes ``x0``. Once a block has no mask, each further step counts
+toward ``max_post_edit_steps``; a row's block ends at the first step that changes nothing
+or when that count passes the limit (at most ``block + max_post_edit_steps + 1`` steps).
+EOS is handled as above (SGLang's scheduler stops a request elsewhere); at temperature > 0
+``x0`` is the Gumbel-max draw above (theirs is greedy only).
+
 Shape letters: B batch, T buffer, S block, V vocab.
 """
 
@@ -62,32 +74,54 @@ def transfer(logits_bsv: Array, open_bs: Array, u_bsv: Array | None, temperature
              threshold: float, mask_id: int) -> tuple[Array, Array]:
     """(x0 [B, S] int32, commit bool [B, S]) of one step: ``get_transfer_index_threshold``
     (rm_mask on) and ``ThresholdParallelDecoder.decode``'s ``& mask_index``."""
-    l = logits_bsv.astype(F32)
-    score = l if temperature == 0 else l - temperature * jnp.log(-jnp.log(u_bsv))
-    x0 = jnp.argmax(score, axis=-1).astype(jnp.int32)
-    p = jnp.take_along_axis(jax.nn.softmax(l, axis=-1), x0[..., None], axis=-1)[..., 0]
+    x0, p = draw(logits_bsv, u_bsv, temperature)
     cand = open_bs & (x0 != mask_id)  # never decode to the mask id
     conf = jnp.where(cand, p, -jnp.inf)
     bar = jnp.clip(jnp.max(conf, axis=1, keepdims=True) - NEAR_TIE, FLOOR, threshold)
     return x0, cand & (conf >= bar)
 
 
+def draw(logits_bsv: Array, u_bsv: Array | None, temperature: float) -> tuple[Array, Array]:
+    """(x0 [B, S] int32, p [B, S] float32): the Gumbel-max draw (the argmax at temperature
+    0) and its probability under the raw logits' softmax."""
+    l = logits_bsv.astype(F32)
+    score = l if temperature == 0 else l - temperature * jnp.log(-jnp.log(u_bsv))
+    x0 = jnp.argmax(score, axis=-1).astype(jnp.int32)
+    return x0, jnp.take_along_axis(jax.nn.softmax(l, axis=-1), x0[..., None], axis=-1)[..., 0]
+
+
+def joint_transfer(x0_bs: Array, p_bs: Array, blk_bs: Array, masked_bs: Array,
+                   editable_bs: Array, threshold: float, edit_threshold: float) -> Array:
+    """bool [B, S]: the positions a ``JointThreshold`` step writes ``x0`` to (M2T among the
+    masked, T2T among the editable decoded ones; module docstring)."""
+    conf = jnp.where(masked_bs, p_bs, -jnp.inf)
+    m2t = masked_bs & (conf > threshold)
+    top = jax.nn.one_hot(jnp.argmax(conf, axis=1), conf.shape[1], dtype=bool) & masked_bs
+    m2t = jnp.where(jnp.any(m2t, axis=1, keepdims=True), m2t, top)
+    t2t = editable_bs & ~masked_bs & (p_bs > edit_threshold) & (blk_bs != x0_bs)
+    return m2t | t2t
+
+
 class Decoded(NamedTuple):
     ids: Array  # [B, T] int32: the buffer (module docstring's layout), eos after an EOS block.
-    decoded_at: Array  # [B, T] int32: the row's step count that committed a position; -1.
+    decoded_at: Array  # [B, T] int32: the row's step count that last wrote a position; -1.
     completion_start: Array  # [B] int32: where each row's completion starts in ``ids``.
     block_steps: Array  # [n] int32: steps each block ran.
 
 
 def decode(fns: ModelFns, params: Any, prompt_ids: Array, prompt_mask: Array | None,
-           rng: Array, cfg: SamplerConfig, max_steps: int | None = None) -> Decoded:
+           rng: Array, cfg: SamplerConfig, max_steps: int | None = None,
+           edit_threshold: float | None = None, max_post_edit_steps: int = 16) -> Decoded:
     """dInfer's loop (module docstring) reading ``cfg``'s block_length, gen_length,
     temperature, threshold, mask_id, eos_id and kv_cache ("prefix": the committed blocks'
     cache; "none": a block-causal forward every step). ``max_steps``: a block's step cap
-    (default 4 x block_length)."""
+    (default 4 x block_length). ``edit_threshold``: LLaDA2.1's JointThreshold steps instead
+    (M2T at ``cfg.threshold``, T2T at ``edit_threshold``, ``max_post_edit_steps``)."""
     b, lp = prompt_ids.shape
     bl, gen = cfg.block_length, cfg.gen_length
-    cap = 4 * bl if max_steps is None else max_steps
+    joint = edit_threshold is not None
+    if max_steps is None:
+        max_steps = bl + max_post_edit_steps + 1 if joint else 4 * bl
     start, n = layout(lp, gen, bl)
     total = start + n * bl
     if prompt_mask is None:
@@ -102,30 +136,42 @@ def decode(fns: ModelFns, params: Any, prompt_ids: Array, prompt_mask: Array | N
             return fns.decode(params, ids, cache, at, bl, attn, bl)
         return fns.forward(params, ids, attn, at, bl)
 
-    def step(carry):
-        ids, trace, count, k, at, cache, done, i = carry
+    def step(carry):  # fin [B]: the row's block is over; post [B]: its post-fill steps
+        ids, trace, count, k, at, cache, fin, post, i = carry
         blk = jax.lax.dynamic_slice_in_dim(ids, at, bl, axis=1)
-        masked = (blk == cfg.mask_id) & ~done[:, None]
+        masked = (blk == cfg.mask_id) & ~fin[:, None]
         logits = logits_of(ids, cache, at)
         u = noise(step_key(rng, i, k), logits.shape) if cfg.temperature > 0 else None
-        x0, put = transfer(logits, masked, u, cfg.temperature, cfg.threshold, cfg.mask_id)
+        if joint:
+            x0, p = draw(logits, u, cfg.temperature)
+            has = jnp.any(masked, axis=1)
+            post = post + (~has & ~fin)
+            stop = fin | (~has & (post > max_post_edit_steps))
+            editable = (at + jnp.arange(bl))[None] >= comp[:, None]  # not the prompt's
+            put = joint_transfer(x0, p, blk, masked, editable, cfg.threshold,
+                                 edit_threshold) & ~stop[:, None]
+            new_fin = stop | ~jnp.any(put, axis=1)  # a step that changes nothing ends it
+        else:
+            x0, put = transfer(logits, masked, u, cfg.temperature, cfg.threshold,
+                               cfg.mask_id)
+            new_fin = fin | ~jnp.any(masked & ~put, axis=1)  # no mask left
         ids = jax.lax.dynamic_update_slice_in_dim(ids, jnp.where(put, x0, blk), at, axis=1)
         old = jax.lax.dynamic_slice_in_dim(trace, at, bl, axis=1)
         trace = jax.lax.dynamic_update_slice_in_dim(
             trace, jnp.where(put, count[:, None], old), at, axis=1)
-        count = count + jnp.any(masked, axis=1)
-        return ids, trace, count, k + 1, at, cache, done, i
+        return ids, trace, count + ~fin, k + 1, at, cache, new_fin, post, i
 
-    def open_masks(carry):
-        ids, _, _, k, at, _, done, _ = carry
-        blk = jax.lax.dynamic_slice_in_dim(ids, at, bl, axis=1)
-        return (k < cap) & jnp.any((blk == cfg.mask_id) & ~done[:, None])
+    def open_rows(carry):
+        return (carry[3] < max_steps) & ~jnp.all(carry[6])
 
     def block(carry):
         ids, trace, count, cache, done, steps, i = carry
         at = start + i * bl
-        ids, trace, count, k, _, _, _, _ = jax.lax.while_loop(
-            open_masks, step, (ids, trace, count, 0, at, cache, done, i))
+        blk = jax.lax.dynamic_slice_in_dim(ids, at, bl, axis=1)
+        fin = done | ~jnp.any(blk == cfg.mask_id, axis=1)
+        ids, trace, count, k, _, _, _, _, _ = jax.lax.while_loop(
+            open_rows, step, (ids, trace, count, 0, at, cache, fin, jnp.zeros((b,), jnp.int32),
+                              i))
         if cached:  # the decoded block's keys/values, from its final tokens
             idx = jnp.broadcast_to(jnp.arange(bl)[None], (b, bl))
             window = jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, at, bl, axis=2),
@@ -150,11 +196,13 @@ def decode(fns: ModelFns, params: Any, prompt_ids: Array, prompt_mask: Array | N
 
 
 def generate(fns: ModelFns, params: Any, prompt_ids: Array, prompt_mask: Array | None,
-             rng: Array, cfg: SamplerConfig, max_steps: int | None = None
+             rng: Array, cfg: SamplerConfig, max_steps: int | None = None,
+             edit_threshold: float | None = None, max_post_edit_steps: int = 16
              ) -> tuple[Array, Array, Array]:
     """(ids [B, Lp + gen_length]: the prompts as given, then the completions cut after
     their first EOS; decoded_at [B, gen_length]; block_steps [n]): ``loop="sdar"``'s
-    outputs under dInfer's decoding rule."""
-    d = decode(fns, params, prompt_ids, prompt_mask, rng, cfg, max_steps)
+    outputs under dInfer's decoding rule (``decode``'s arguments)."""
+    d = decode(fns, params, prompt_ids, prompt_mask, rng, cfg, max_steps, edit_threshold,
+               max_post_edit_steps)
     return _completions(d.ids, d.decoded_at, d.completion_start, prompt_ids, cfg) + (
         d.block_steps,)
