@@ -27,7 +27,6 @@ Fields and their meaning: d1jax/config/defaults.py (sft, grpo).
 """
 
 from d1jax import config
-from d1jax.config import ConfigError
 
 VARIANTS = ("sft", "diffu_grpo", "coupled_grpo", "justgrpo")
 # Prompt tokens of the toy under the SFT run's tokenizer: 66 at most; the completion ~19.
@@ -43,10 +42,7 @@ JUSTGRPO = {"sampler.block_length": 1, "train.num_steps": 15, "optim.learning_ra
 
 
 def get_config(arg=None):
-    variant = arg or "diffu_grpo"
-    if variant not in VARIANTS:
-        raise ConfigError(f"configs/grpo_code_toy.py: unknown variant {arg!r}; use one of "
-                          f"{', '.join(VARIANTS)} (nothing: diffu_grpo)")
+    (variant,) = config.variants.parse(arg, VARIANTS, exclusive=[VARIANTS]) or {"diffu_grpo"}
     if variant == "sft":
         c = config.sft("tiny")
         c.update_from_flattened_dict({

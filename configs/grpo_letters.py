@@ -15,8 +15,7 @@ from d1jax.tasks import letters
 
 
 def get_config(arg=None):
-    if arg not in (None, "", "tiny"):
-        raise ValueError(f"configs/grpo_letters.py has one size, tiny; got ':{arg}'")
+    config.variants.parse(arg, ("tiny",))  # one size: nothing or ':tiny'
     c = config.grpo(letters.NAME, "tiny")
     c.update_from_flattened_dict(letters.TINY_OVERRIDES)
     return c

@@ -26,6 +26,6 @@ def load_module(path: str | Path) -> ModuleType:
 
 def load_config(path: str | Path, arg: str | None = None):
     """``get_config(arg)`` of the config file ``path``. ``path`` may carry the argument as the
-    command line does (``"configs/eval.py:sudoku-tiny"``); an explicit ``arg`` wins."""
+    command line does (``"configs/eval.py:sudoku,tiny"``); an explicit ``arg`` wins."""
     file, _, flag_arg = str(path).partition(":")
     return load_module(file).get_config(arg if arg is not None else (flag_arg or None))

@@ -33,7 +33,7 @@ VARIANTS = (None, "tiny", "authors", "authors,tiny", "generated", "tiny,generate
             "bogus")
 EVAL_TASKS = ("gsm8k", "math500", "sudoku", "countdown", "humaneval", "mbpp")
 EVAL_VARIANTS = (None, "bogus", "sudoku-huge") + tuple(
-    f"{t}{v}" for t in EVAL_TASKS for v in ("", "-tiny"))
+    f"{t}{v}" for t in EVAL_TASKS for v in ("", ",tiny"))
 # Overrides reaching translation paths no config file takes by default, on one file each.
 OVERRIDES = {
     "grpo_sudoku.py:tiny+fast": {"sampler.kv_cache": "dual", "sampler.threshold": 0.9,
@@ -47,7 +47,7 @@ OVERRIDES = {
                                   "task.source": "", "mesh.rules": (("embed", None),)},
     "sft_s1k.py:tiny+split": {"sft.tokenize": "split", "sft.num_epochs": 2,
                               "model.dtype": "bfloat16", "model.param_dtype": "float16"},
-    "eval.py:sudoku-tiny+cache": {"sampler.kv_cache": "prefix", "sampler.temperature": 0.5,
+    "eval.py:sudoku,tiny+cache": {"sampler.kv_cache": "prefix", "sampler.temperature": 0.5,
                                   "eval.gen_lengths": (32, 64)},
     # bad values: the error each gives
     "grpo_sudoku.py:tiny+bad_token_mean": {"grpo.token_mean": "batch"},

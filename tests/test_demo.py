@@ -221,7 +221,7 @@ def test_eval_cli_scores_the_exported_d1_model(demo_run, tmp_path):
     """d1jax's evaluation (an eval config, through the demo's command so that the demo's
     task is registered) scores the exported d1 model as the demo's own evaluation did."""
     wd, _ = demo_run
-    r = run_main("--config=configs/eval.py:sudoku-tiny", f"--config.task.name={demo_task.NAME}",
+    r = run_main("--config=configs/eval.py:sudoku,tiny", f"--config.task.name={demo_task.NAME}",
                  f"--config.model.path={wd / 'd1_s1' / 'hf'}",
                  f"--config.eval.num_examples={demo_config.get_config('ci').demo.eval.num_examples}",
                  "--config.sampler.block_length=32", "--config.eval.batch_size=64",

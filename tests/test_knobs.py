@@ -54,7 +54,7 @@ def test_each_group_and_its_spec_come_from_one_declaration(name):
 def test_every_run_config_group_holds_exactly_the_declared_knobs():
     configs = [config_lib.grpo("sudoku", "tiny"), config_lib.grpo("gsm8k", None, "spg"),
                config_lib.sft("tiny"), config_lib.sft(None, checkpoint="dream"),
-               config_lib.eval_config("gsm8k"), config_lib.eval_config("mbpp-tiny")]
+               config_lib.eval_config("gsm8k"), config_lib.eval_config("mbpp,tiny")]
     for c in configs:
         for name, (cls, _) in GROUPS.items():
             if name not in c:
@@ -122,7 +122,7 @@ def test_a_bad_value_is_refused_naming_the_knob_the_value_and_what_is_allowed(ke
                                                                               message):
     """A ConfigDict keeps its fields' types on override; a group a config file builds by hand
     (a plain mapping) is checked on translation."""
-    c = config_lib.eval_config("sudoku-tiny") if key.startswith("eval") else \
+    c = config_lib.eval_config("sudoku,tiny") if key.startswith("eval") else \
         config_lib.grpo("sudoku", "tiny")
     group, knob_name = key.rsplit(".", 1)
     with c.unlocked():
@@ -193,7 +193,7 @@ def declared(cls, prefix: str, bound: str) -> dict:
 
 def run_config(key: str):
     if key.startswith("eval."):
-        return config_lib.eval_config("sudoku-tiny")
+        return config_lib.eval_config("sudoku,tiny")
     return config_lib.sft("tiny") if key.startswith("sft.") else config_lib.grpo("sudoku", "tiny")
 
 

@@ -49,7 +49,7 @@ def test_unknown_config_key_fails_in_one_line_naming_the_closest_keys(tmp_path, 
         "closest valid keys: model.preset"], r.stderr[-2000:]
 
 
-@pytest.mark.parametrize("module,config", [("d1jax.eval", "configs/eval.py:sudoku-tiny"),
+@pytest.mark.parametrize("module,config", [("d1jax.eval", "configs/eval.py:sudoku,tiny"),
                                            ("d1jax.plan", "configs/grpo_sudoku.py")])
 def test_eval_and_plan_refuse_an_unknown_key_in_one_line(module, config, tmp_path):
     r = subprocess.run([sys.executable, "-m", module, f"--config={config}",
@@ -103,7 +103,7 @@ def _quiet_env(**extra) -> dict:
 
 
 TINY = "--config=configs/grpo_sudoku.py:tiny"
-EVAL_TINY = "--config=configs/eval.py:sudoku-tiny"
+EVAL_TINY = "--config=configs/eval.py:sudoku,tiny"
 
 
 @pytest.mark.parametrize("module,args,message", [
@@ -119,8 +119,9 @@ EVAL_TINY = "--config=configs/eval.py:sudoku-tiny"
      "error: --config.mesh.shape=(1,2: expected a tuple such as --config.mesh.shape='(-1, 1, 1)'"),
     # Config files and variants: the valid variants named.
     ("d1jax.main", ["--config=configs/grpo_sudoku.py:tiyn"],
-     "error: --config=configs/grpo_sudoku.py:tiyn: unknown config variant 'tiyn': use ':tiny', "
-     "':authors', ':authors,tiny' or nothing"),
+     "error: --config=configs/grpo_sudoku.py:tiyn: unknown config variant 'tiyn' for "
+     "configs/grpo_sudoku.py: use comma-separated words from tiny, full, authors, generated, "
+     "or nothing"),
     ("examples.demo", ["--config=configs/forward_demo.py:tiny"],
      "error: --config=configs/forward_demo.py:tiny: configs/forward_demo.py takes no "
      "':variant'; drop it"),
@@ -149,11 +150,12 @@ EVAL_TINY = "--config=configs/eval.py:sudoku-tiny"
      "error: train.if_incompatible='x': choose one of refuse, move_aside"),
     ("d1jax.eval", [EVAL_TINY, "--config.model.path=/nope", "--config.model.random_init="],
      "error: config.model.path='/nope' is not a directory"),
-    ("d1jax.eval", ["--config=configs/eval.py:sudokuu-tiny"],
-     "error: --config=configs/eval.py:sudokuu-tiny: unknown eval config 'sudokuu-tiny': use "
-     "':TASK' or ':TASK-tiny' with TASK one of gsm8k, math500, sudoku, countdown, humaneval, mbpp"),
-    ("d1jax.eval", ["--config=configs/eval.py:sudoku-tinyy"],
-     "error: --config=configs/eval.py:sudoku-tinyy: unknown eval config 'sudoku-tinyy'"),
+    ("d1jax.eval", ["--config=configs/eval.py:sudokuu,tiny"],
+     "error: --config=configs/eval.py:sudokuu,tiny: unknown config variant 'sudokuu' for "
+     "configs/eval.py: use comma-separated words from tiny, gsm8k, math500, sudoku, countdown, "
+     "humaneval, mbpp"),
+    ("d1jax.eval", ["--config=configs/eval.py:sudoku,tinyy"],
+     "error: --config=configs/eval.py:sudoku,tinyy: unknown config variant 'tinyy'"),
     ("d1jax.plan", ["--config=configs/grpo_gsm8k.py:tiyn"],
      "error: --config=configs/grpo_gsm8k.py:tiyn: unknown config variant 'tiyn'"),
     ("d1jax.plan", [TINY, "--config.grpo.beta=abc"],
@@ -371,7 +373,7 @@ def test_an_eval_workdir_refuses_another_models_results(tmp_path):
     from d1jax.eval import evaluate
     earlier = tmp_path / "sudoku_d1jax_32_16_0_generations.json"
     earlier.write_text(json.dumps({"generations": [], "model_path": "/models/base"}))
-    c = config_lib.eval_config("sudoku-tiny")
+    c = config_lib.eval_config("sudoku,tiny")
     with pytest.raises(ConfigError, match=r"holds an evaluation of model_path='/models/base' "
                                           r"\(sudoku_d1jax_32_16_0_generations.json\); this one "
                                           r"is of ''"):

@@ -200,7 +200,7 @@ def test_out_of_memory_while_creating_the_state_is_model_setup(tmp_path):
 def test_eval_sampler_out_of_memory_names_the_eval_batch(tmp_path):
     r = run(tmp_path, "--config.eval.num_examples=8", "--config.eval.batch_size=8",
             fault=("sampler", "1", TPU_RUN), module="d1jax.eval",
-            config=("--config=configs/eval.py:sudoku-tiny",))
+            config=("--config=configs/eval.py:sudoku,tiny",))
     line = failed_in_one_line(r)
     assert line.startswith("error: eval sampler (gen_length ") and line.endswith(
         "ran out of device memory: needs 12.5 GiB; a smaller --config.eval.batch_size (now 8), "

@@ -179,7 +179,7 @@ def _head_at_the_widest_branch(model_config, scfg, rows: int) -> float:
 
 
 def _eval_config(batch: int = 8, vocab: int = 0):
-    c = config_lib.eval_config("sudoku-tiny")
+    c = config_lib.eval_config("sudoku,tiny")
     # width 512: sharded four ways, kernels keep a 128-wide minor dimension (no tile padding)
     c.model.width, c.model.n_layers, c.model.vocab_size = 512, 1, vocab
     c.eval.gen_lengths, c.sampler.block_length = (16,), 8
@@ -323,7 +323,7 @@ def test_loop_aware_flops_match_the_analytic_count(sampler_by_fsdp):
 # 2^21 rows, vocab 2^16, blocks of 8. The block's float32 logits alone are
 # 2^21 / 4 x 8 x 2^16 x 4 bytes = 1 TiB a chip, and XLA refuses to compile it: "Ran out of
 # memory on HBM, the total memory required for HLO temporaries (2.00T) exceeds ...".
-_TOO_LARGE = ["--config=configs/eval.py:sudoku-tiny", "--config.eval.batch_size=2097152",
+_TOO_LARGE = ["--config=configs/eval.py:sudoku,tiny", "--config.eval.batch_size=2097152",
               "--config.model.vocab_size=65536", "--config.eval.gen_lengths=(16,)",
               "--config.max_prompt_length=16", "--config.sampler.block_length=8",
               "--config.model.n_layers=1"]
@@ -483,7 +483,7 @@ def test_main_check_fits_stops_before_the_run(tmp_path):
                            "have 4")])
 def test_main_check_fits_names_a_topology_or_mesh_it_cannot_plan(tmp_path, topology, mesh,
                                                                  says):
-    cmd = [sys.executable, "-m", "d1jax.main", "--config=configs/eval.py:sudoku-tiny",
+    cmd = [sys.executable, "-m", "d1jax.main", "--config=configs/eval.py:sudoku,tiny",
            f"--workdir={tmp_path / 'run'}", f"--check_fits={topology}",
            f"--config.mesh.shape={mesh}"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -147,7 +147,7 @@ def test_tiny_dream_cached_sampler_compiles_to_the_analytic_count():
     takes the sequence's keys once)."""
     from d1jax.plan import compile as plan_lib
     from d1jax.plan.programs import PlanSpec
-    c = config_lib.eval_config("sudoku-tiny", checkpoint="dream")
+    c = config_lib.eval_config("sudoku,tiny", checkpoint="dream")
     c.model.width, c.model.n_layers, c.model.vocab_size = 512, 1, 1152
     c.eval.gen_lengths, c.sampler.block_length, c.sampler.kv_cache = (16,), 8, "dual"
     c.eval.batch_size, c.max_prompt_length = 8, 16

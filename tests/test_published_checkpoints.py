@@ -107,7 +107,7 @@ def test_special_ids_are_each_checkpoints_own(replicas, slug):
 # --------------------------------------------------------------------------- sampling
 
 def _eval_config(p, path: Path, **changes):
-    c = config_lib.eval_config("sudoku-tiny", checkpoint=p.family)
+    c = config_lib.eval_config("sudoku,tiny", checkpoint=p.family)
     c.unlock()
     values = {"task.name": learnable.NAME, "model.path": str(path), "eval.num_examples": 8,
               **changes}
@@ -164,7 +164,7 @@ def _cli(*args, module="d1jax.main", main=None) -> subprocess.CompletedProcess:
 def test_dream_v0_instruct_samples_through_the_eval_command(replicas, tmp_path):
     """The command issue 41 reports: Dream-v0-Instruct-7B (mask <|mask|>) through
     ``python -m d1jax.eval --config=configs/dream/eval.py``."""
-    r = _cli("--config=configs/dream/eval.py:sudoku-tiny",
+    r = _cli("--config=configs/dream/eval.py:sudoku,tiny",
              f"--config.model.path={replicas['Dream-v0-Instruct-7B']}", *EVAL_FLAGS,
              f"--workdir={tmp_path}", main=EVAL_MAIN)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -301,7 +301,7 @@ CASES = {
                        lambda d: published.edit_json(d / "config.json", mask_token_id=None),
                        "its config.json names no mask_token_id (the tokenizer's mask token: "
                        "'<|mask|>'): add the id the model was trained with"),
-    "unknown_alg": ("configs/dream/eval.py:sudoku-tiny",
+    "unknown_alg": ("configs/dream/eval.py:sudoku,tiny",
                     lambda d: published.edit_json(d / "generation_config.json",
                                                   alg="confidence_threshold"),
                     "{d}/generation_config.json: alg='confidence_threshold' is not an "

@@ -75,7 +75,7 @@ GRPO_CONFIG = ("from d1jax import config\n\n\n"
                "    return c\n")
 EVAL_CONFIG = ("from d1jax import config\n\n\n"
                "def get_config(arg=None):\n"
-               f"    return config.eval_config({NAME + '-tiny'!r})\n")
+               f"    return config.eval_config({NAME + ',tiny'!r})\n")
 
 
 # Shorter than :tiny (one inner iteration, 16 positions in 8 steps): the task is what's tested.

@@ -107,7 +107,7 @@ def test_unwritable_workdir_is_refused(tmp_path):
 
 def test_eval_of_the_exported_model_writes_d1_layout_and_scores(grpo_run, tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "d1jax.eval", "--config=configs/eval.py:sudoku-tiny",
+        [sys.executable, "-m", "d1jax.eval", "--config=configs/eval.py:sudoku,tiny",
          f"--workdir={tmp_path}", f"--config.model.path={grpo_run / 'hf'}",
          "--config.model.random_init=", "--config.eval.num_examples=8"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -174,7 +174,7 @@ def test_config_is_translated_once_into_typed_configs():
     import math
     from d1jax import config as config_lib
     from d1jax.run import spec as spec_lib
-    c = config_lib.eval_config("sudoku-tiny")
+    c = config_lib.eval_config("sudoku,tiny")
     c.eval.gen_lengths, c.sampler.kv_cache = (32, 64), "dual"
     got = [(s.gen_length, s.steps, s.block_length, s.kv_cache, s.temperature)
            for s in spec_lib.from_config(c).eval.samplers]

@@ -25,6 +25,6 @@ def get_config(arg=None):
     c = config.grpo("humaneval", arg, objective="coupled_grpo", checkpoint="diffucoder")
     if c.model.random_init:  # :tiny: generated problems, nothing downloaded
         c.task.source = "toy"
-    elif "authors" in (arg or ""):
+    elif "authors" in config.variants.parse(arg, config.defaults.VARIANTS["grpo"]):
         c.grpo.num_epochs = 1  # config_coupled_code.yaml: num_train_epochs 1
     return c

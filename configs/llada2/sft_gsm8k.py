@@ -24,7 +24,7 @@ from d1jax import config
 
 
 def get_config(arg=None):
-    tiny = "tiny" in (arg or "").split(",")
+    tiny = "tiny" in config.variants.parse(arg, config.defaults.VARIANTS["sft"])
     c = config.sft(arg, checkpoint="llada2")
     c.sft.loss = "block"  # the family's own; named so the file says what it trains
     c.sft.lower_p, c.sft.upper_p = 0.3, 0.8  # noise_range_low / noise_range_high

@@ -20,7 +20,7 @@ from d1jax import config
 
 
 def get_config(arg=None):
-    tiny = arg is not None and "tiny" in arg.split(",")
+    tiny = "tiny" in config.variants.parse(arg, config.defaults.VARIANTS["grpo"])
     # :tiny runs offline on the letters toy task (a reward a random model varies on;
     # gsm8k needs its download).
     c = config.grpo("letters" if tiny else "gsm8k", arg, checkpoint="sdar")

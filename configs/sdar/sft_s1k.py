@@ -30,7 +30,7 @@ from d1jax import config
 
 
 def get_config(arg=None):
-    checkpoint, rest, tiny = config.checkpoint_word(arg, "trado", "sdar")
+    checkpoint, rest, tiny = config.checkpoint_word(arg, "trado", "sdar", builder="sft")
     c = config.sft(rest, checkpoint=checkpoint)
     c.sft.loss = "block"  # the family's own; named so the file says what it trains
     c.sft.lower_p, c.sft.upper_p = 0.1, 0.9

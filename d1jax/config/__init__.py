@@ -3,14 +3,14 @@ that need no model (``d1jax.run.spec`` translates and validates the rest)."""
 
 from pathlib import Path
 
-from d1jax.config import defaults
+from d1jax.config import defaults, variants
 from d1jax.config.defaults import (ConfigError, base, check_batch, check_workdir,
                                    checkpoint_word, dllm_rl, eval_config, full_finetuning, grpo,
                                    rollout_chunks, sampler_fields, sft, smaller_rollout_batch)
 
 __all__ = ["ConfigError", "base", "check_batch", "check_inputs", "check_workdir",
            "checkpoint_word", "dllm_rl", "eval_config", "full_finetuning", "grpo",
-           "rollout_chunks", "sampler_fields", "sft", "smaller_rollout_batch"]
+           "rollout_chunks", "sampler_fields", "sft", "smaller_rollout_batch", "variants"]
 
 
 def check_inputs(config, data: bool = True) -> None:

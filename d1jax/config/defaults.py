@@ -17,7 +17,7 @@ from pathlib import Path
 
 import ml_collections as mlc
 
-from d1jax.config import groups, knobs
+from d1jax.config import groups, knobs, variants
 from d1jax.knobs import ConfigError  # noqa: F401 - the config layer's name for it
 from d1jax.objectives import registry
 from d1jax.objectives.recipes import full_finetuning  # noqa: F401 - configs call it
@@ -261,12 +261,14 @@ def _authors(c: mlc.ConfigDict, objective: str, tiny: bool) -> None:
     entry.authors(c, tiny)
 
 
-def checkpoint_word(arg: str | None, word: str, default: str) -> tuple[str, str | None, bool]:
+def checkpoint_word(arg: str | None, word: str, default: str,
+                    builder: str = "grpo") -> tuple[str, str | None, bool]:
     """(checkpoint, the argument's other words or None, tiny) of a config argument in which
-    the word ``word`` picks that checkpoint instead of ``default`` (``:dream,tiny``)."""
-    parts = [a for a in (arg or "").split(",") if a]
-    rest = ",".join(a for a in parts if a != word) or None
-    return word if word in parts else default, rest, "tiny" in (rest or "").split(",")
+    the word ``word`` picks that checkpoint instead of ``default`` (``:dream,tiny``); the
+    other words are ``builder``'s ("grpo" or "sft": ``VARIANTS``)."""
+    words = variants.parse(arg, (word, *VARIANTS[builder]), exclusive=[("tiny", "full")])
+    rest = ",".join(w for w in (arg or "").split(",") if w.strip() in words - {word}) or None
+    return word if word in words else default, rest, "tiny" in words
 
 
 def dllm_rl(c: mlc.ConfigDict, tiny: bool, *, steps: int, responses: int, tasks: int,
@@ -309,30 +311,33 @@ def sft(arg: str | None, checkpoint: str = "llada") -> mlc.ConfigDict:
     return c
 
 
+# The words of the builders' config variants (``d1jax.config.variants``): "tiny" shrinks
+# the run for CPU, "full" is the full-size run spelled out (as no word); "authors" takes the
+# objective's authors' recipe; "generated" trains sudoku and countdown on generated puzzles
+# instead of d1's data.
+VARIANTS = {"grpo": ("tiny", "full", "authors", "generated"), "sft": ("tiny", "full")}
+
+
 def _variant(arg: str | None, authors_ok: bool = False) -> tuple[bool, bool, bool]:
-    """(tiny, authors, generated) of a config argument: comma-separated words of "tiny",
-    and with ``authors_ok`` "authors" and "generated" (sudoku, countdown: train on our
-    generated puzzles instead of d1's data)."""
-    words = set((arg or "").replace("full", "").split(",")) - {""}
-    allowed = {"tiny", "authors", "generated"} if authors_ok else {"tiny"}
-    if words - allowed:
-        use = ("':tiny', ':authors', ':authors,tiny' or nothing; ',generated' with any of them "
-               "trains sudoku and countdown on generated puzzles instead of d1's data"
-               if authors_ok else "':tiny' or nothing")
-        raise ConfigError(f"unknown config variant {arg!r}: use {use}")
+    """(tiny, authors, generated) of a config argument: words of ``VARIANTS["grpo"]`` with
+    ``authors_ok``, else of ``VARIANTS["sft"]``."""
+    words = variants.parse(arg, VARIANTS["grpo" if authors_ok else "sft"],
+                           exclusive=[("tiny", "full")])
     return "tiny" in words, "authors" in words, "generated" in words
 
 
 def eval_config(arg: str | None, checkpoint: str = "llada") -> mlc.ConfigDict:
-    """d1's evaluation protocol. ``arg``: "TASK" or "TASK-tiny" (e.g. "sudoku-tiny"); the
-    task's entry gives its number of examples and generation lengths."""
-    task, _, variant = (arg or "gsm8k").partition("-")
-    known = task_entry(task)  # any registered task; the error lists the benchmarks
-    benchmarks = task_registry.names("d1") + task_registry.names("code")
-    if known is None or known.make is None or variant not in ("", "tiny"):
-        raise ConfigError(f"unknown eval config {arg!r}: use ':TASK' or ':TASK-tiny' with TASK "
-                          f"one of {', '.join(benchmarks)} (e.g. ':sudoku-tiny')")
-    tiny = variant == "tiny"
+    """d1's evaluation protocol. ``arg``: a task's name (gsm8k, the default, or any registered
+    task), "tiny" or both ("sudoku,tiny"); the task's entry gives its number of examples and
+    generation lengths."""
+    try:
+        tasks = task_registry.names()
+    except ValueError as e:  # a module in $D1JAX_TASK_MODULES that does not import
+        raise ConfigError(f"${task_registry.MODULES_ENV}: {e}") from None
+    named = tuple(a for t in tasks for a in task_entry(t).aliases)
+    words = variants.parse(arg, ("tiny", *tasks, *named), exclusive=[tasks + named])
+    task = next((w for w in words if w != "tiny"), "gsm8k")
+    known, tiny = task_entry(task), "tiny" in words
     c = base("eval", task, tiny, checkpoint=checkpoint)
     c.lora.enabled = False  # Evaluate plain weights (export LoRA runs first: <workdir>/hf).
     c.sampler = sampler_fields(tiny, rollout=False)

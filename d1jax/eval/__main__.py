@@ -30,4 +30,4 @@ def main(argv) -> None:
 
 if __name__ == "__main__":
     app.run(main, flags_parser=lambda argv: parse_flags(
-        argv, example="configs/eval.py:sudoku-tiny", check_inputs=True))
+        argv, example="configs/eval.py:sudoku,tiny", check_inputs=True))

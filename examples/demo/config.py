@@ -30,10 +30,9 @@ def get_config(arg: str | None) -> mlc.ConfigDict:
     steps, one 60-step diffu-GRPO run from the SFT model with exact rollouts, 128 puzzles
     per evaluation set).
     """
-    if arg not in (None, "", "ci", "compare", "seeds", "d1like", "d1like,ci"):
-        raise ConfigError(f"unknown demo variant {arg!r}: use nothing, ':ci', ':compare', "
-                          "':seeds', ':d1like' or ':d1like,ci'")
-    parts = set((arg or "").split(","))
+    parts = config_lib.variants.parse(arg, ("ci", "compare", "seeds", "d1like"),
+                                      exclusive=[("compare", "seeds", "d1like"),
+                                                 ("compare", "seeds", "ci")])
     ci = "ci" in parts
     c = mlc.ConfigDict()
     c.stage = "demo"  # python -m examples.demo runs examples/demo/run.py.
@@ -58,7 +57,7 @@ def get_config(arg: str | None) -> mlc.ConfigDict:
     d.pretrain = _pretrain(ci)
     d.sft = _sft(ci)
     d.grpo = _grpo(ci)
-    if arg == "seeds":  # converged supervised stages (docs/demo.md, multi-seed table)
+    if "seeds" in parts:  # converged supervised stages (docs/demo.md, multi-seed table)
         # Harder puzzles, and writers who solve only part of them: the base's corpus one pass
         # of naked singles, SFT's two; only the reward knows every cell. Each stage then
         # converges below the ceiling and leaves the next one room (docs/demo.md).
@@ -85,7 +84,7 @@ def get_config(arg: str | None) -> mlc.ConfigDict:
         # to +2.2 / +2.8 from SFT (docs/demo.md, ':d1like').
         s.kv_cache, s.threshold = "none", 1.0
         d.grpo.steps = 60 if ci else D1LIKE_GRPO_STEPS
-    if arg == "compare":  # every objective of the GRPO loop on the same budget, from SFT
+    if "compare" in parts:  # every objective of the GRPO loop on the same budget, from SFT
         d.grpo.objectives = OBJECTIVES
         d.grpo.starts = ("sft",)
     d.eval = _eval(ci)
@@ -348,7 +347,7 @@ def grpo_config(demo: mlc.ConfigDict, data: dict, start: Path, seed: int,
 def eval_config(demo: mlc.ConfigDict, model_dir: Path) -> mlc.ConfigDict:
     """Greedy evaluation of an exported stage at the demo's length with exact decoding
     (d1's protocol: steps = gen_length / 2)."""
-    c = config_lib.eval_config("sudoku-tiny")
+    c = config_lib.eval_config("sudoku,tiny")
     c.model.random_init = ""
     c.model.path = str(model_dir)
     c.task.name = demo_task.NAME
