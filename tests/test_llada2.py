@@ -165,8 +165,9 @@ def np_attention(x, sd, p, cfg, pos, block):
     return out.reshape(L, n * h) @ sd[p + "attention.dense.weight"].T
 
 
-def np_logits(sd, cfg, ids, block):
-    """Logits [L, V] of one row in float64 from the HF state dict."""
+def np_logits(sd, cfg, ids, block, routes=None):
+    """Logits [L, V] of one row in float64 from the HF state dict; ``routes``: a list that
+    gets (layer, router input [L, D], chosen experts [L, K]) of each MoE layer."""
     sd = {k: a.astype(np.float64) for k, a in sd.items()}
     eps, L = cfg["rms_norm_eps"], len(ids)
     x = sd["model.word_embeddings.weight"][ids]
@@ -179,6 +180,8 @@ def np_logits(sd, cfg, ids, block):
             x = x + np_swiglu(xn, *(sd[p + f"mlp.{q}.weight"] for q in PROJ))
             continue
         eids, w = np_route(xn, sd, p, cfg)
+        if routes is not None:
+            routes.append((j, xn, eids))
         y = np.zeros_like(xn)
         for t in range(L):
             for slot in range(eids.shape[1]):
@@ -269,6 +272,65 @@ def test_router_metrics_are_sown(replica):
     np.testing.assert_allclose(np.asarray(load).sum(-1), 1.0, rtol=1e-6)
     assert entropy.shape == (config.n_moe,)
     assert np.all((np.asarray(entropy) > 0) & (np.asarray(entropy) <= np.log(8) + 1e-6))
+
+
+def test_step_metrics_match_numpy(replica):
+    """The train step's router summary (``LLaDA2.step_metrics``: max/min load share over MoE
+    layers and experts, mean score entropy) against the numpy port's routing of the row."""
+    path, sd = replica
+    config, params = load_hf_checkpoint(path)
+    config = dataclasses.replace(config, block_size=4)
+    _, state = LLaDA2(config).apply({"params": params}, jnp.asarray(IDS),
+                                    mutable=["intermediates"])
+    got = LLaDA2.step_metrics(state["intermediates"])
+    routes = []
+    np_logits(sd, TINY_JSON, IDS[0], 4, routes)
+    e = TINY_JSON["num_experts"]
+    loads, entropies = [], []
+    for j, xn, eids in routes:
+        loads.append(np.bincount(eids.ravel(), minlength=e) / eids.size)
+        s = 1 / (1 + np.exp(-(xn @ sd[f"model.layers.{j}.mlp.gate.weight"].astype(np.float64).T)))
+        q = s / s.sum(-1, keepdims=True)
+        entropies.append(-(q * np.log(q)).sum(-1).mean())
+    assert len(routes) == config.n_moe == 2
+    assert float(got["router_load_max"]) == pytest.approx(np.max(loads), abs=1e-7)
+    assert float(got["router_load_min"]) == pytest.approx(np.min(loads), abs=1e-7)
+    assert float(got["router_entropy"]) == pytest.approx(np.mean(entropies), rel=1e-5)
+    assert LLaDA2.step_metrics({}) == {}  # a forward that sowed nothing
+
+
+def test_block_sft_loss_reports_the_router(replica):
+    """Block SFT (the family's SFT loss, whose metrics the train step logs) returns the router
+    summary of its own forward: the clean row (the plain forward's routes) and its noised copy,
+    whose block b sees the clean blocks before it and itself noised (the port run on that
+    prefix), 2 x 12 tokens of 2 experts each. The anchor is position 0 (no prompt): a copy
+    block before the anchor's attends to nothing, which the port does not model."""
+    from d1jax.objectives import blockwise
+    path, sd = replica
+    config, params = load_hf_checkpoint(path)
+    model = LLaDA2(dataclasses.replace(config, block_size=4))
+    key, ids, prompt = jax.random.key(0), IDS[0], 0
+    loss, metrics = blockwise.sft_stage_loss(
+        model, params, jnp.asarray(IDS), jnp.asarray([prompt]), key, lower=0.3, upper=0.8,
+        post_num=None, pad_id=config.pad_token_id)
+    pmask = np.asarray(blockwise.random_noise(key, IDS.shape, 0.3, 0.8))[0]
+    noised = np.where(pmask & (np.arange(12) >= prompt), TINY_JSON["mask_token_id"], ids)
+    counts = {}  # MoE layer -> expert counts
+    clean = []
+    np_logits(sd, TINY_JSON, ids, 4, clean)
+    for j, _, eids in clean:
+        counts[j] = np.bincount(eids.ravel(), minlength=8)
+    for b in range(3):
+        routes = []
+        np_logits(sd, TINY_JSON, np.concatenate([ids[:4 * b], noised[4 * b:4 * b + 4]]), 4,
+                  routes)
+        for j, _, eids in routes:
+            counts[j] += np.bincount(eids[4 * b:].ravel(), minlength=8)
+    shares = np.stack([c / c.sum() for c in counts.values()])
+    assert np.isfinite(float(loss)) and shares.sum() == pytest.approx(2.0)
+    assert float(metrics["router_load_max"]) == pytest.approx(shares.max(), abs=1e-7)
+    assert float(metrics["router_load_min"]) == pytest.approx(shares.min(), abs=1e-7)
+    assert 0 < float(metrics["router_entropy"]) <= np.log(8)
 
 
 def _hub_keys(cfg) -> set[str]:

@@ -1,8 +1,9 @@
-"""LLaDA2 end to end through ``python -m d1jax.main``: a tiny replica of each published layout
-(tests/published.py: the Hub's per-expert tensors, dFactory's merged experts; bfloat16 shards,
-tokenizer with their special tokens and chat template) trains two block-SFT steps on 8 fake
-CPU devices with the experts on a mesh axis of 4, exports in the layout it loaded, and the
-export reloads with the trained weights."""
+"""LLaDA2 end to end through ``python -m d1jax.main`` (configs/llada2/sft_gsm8k.py:tiny): a tiny
+replica of each published layout (tests/published.py: the Hub's per-expert tensors, dFactory's
+merged experts; bfloat16 shards, tokenizer with their special tokens and chat template) trains
+two block-SFT steps on 8 fake CPU devices with the experts on a mesh axis of 4, logging the
+router's summary each step, exports in the layout it loaded, and the export reloads with the
+trained weights."""
 
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ def test_sft_exports_and_reloads_each_layout(tmp_path, layout):
     src = published.write_llada2(tmp_path / "src", layout)
     wd = tmp_path / "run"
     r = subprocess.run(
-        [sys.executable, "-c", MAIN, "--config=configs/sdar/sft_s1k.py:tiny",
-         f"--workdir={wd}", "--config.model.family=llada2", f"--config.model.path={src}",
+        [sys.executable, "-c", MAIN, "--config=configs/llada2/sft_gsm8k.py:tiny",
+         f"--workdir={wd}", f"--config.model.path={src}",
          "--config.model.random_init=", "--config.train.num_steps=2", "--config.sft.batch_size=2",
          "--config.train.export_hf=True", f"--config.mesh.shape={MESH}",
          "--config.sft.max_length=720"],  # the replica BPE spends ~630 tokens on a prompt
@@ -49,6 +50,9 @@ def test_sft_exports_and_reloads_each_layout(tmp_path, layout):
     rows = read_jsonl(wd / "metrics.jsonl")
     assert [x["step"] for x in rows] == [1, 2]
     assert all(np.isfinite(x["loss"]) and x["masked_tokens"] > 0 for x in rows)  # block SFT
+    for x in rows:  # the router's summary of the step (LLaDA2.step_metrics)
+        assert 0 <= x["router_load_min"] <= 1 / 8 <= x["router_load_max"] <= 1
+        assert 0 < x["router_entropy"] <= np.log(8)
     run_cfg = json.loads((wd / "config.json").read_text())
     assert tuple(run_cfg["mesh"]["shape"]) == (2, 1, 1, 4)
     out = wd / "hf"

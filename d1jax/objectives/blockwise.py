@@ -138,25 +138,33 @@ def stream_inputs(ids_bl: Array, real_bl: Array, noised_brc: Array) -> tuple[Arr
 def copy_logps(model: MaskPredictor, params: Any, ids_bl: Array, real_bl: Array,
                anchor_b: Array, noised_brc: Array, *, block: int | None = None,
                use_lora: bool = True, dropout_rng: Array | None = None,
-               seq_chunk: int | None = None, query_chunk: int | None = QUERY_CHUNK) -> Array:
+               seq_chunk: int | None = None, query_chunk: int | None = QUERY_CHUNK,
+               with_metrics: bool = False) -> Array | tuple[Array, dict[str, Array]]:
     """log p(clean token | its noised copy's view) [B, R, C] at every copy position: one
     forward of the streams (``stream_mask``), the head on the copies' rows only (float32
     log-softmax, ``logprob.head_logps``). ``block``: default the model's block size.
     ``query_chunk``: attention rows at a time under a ``StreamMask``; None: the whole
-    [N, N] mask (the reference)."""
+    [N, N] mask (the reference). ``with_metrics``: also the model's per-step metrics of this
+    forward (``step_metrics`` of what it sows, e.g. an MoE router's load; {} for a model
+    without)."""
     b, r, c = noised_brc.shape
     block = model.config.block_size if block is None else block
+    summarize = getattr(model, "step_metrics", None) if with_metrics else None
     ids, pos = stream_inputs(ids_bl, real_bl, noised_brc)
     mask = (stream_mask(real_bl, anchor_b, r, c, block) if query_chunk is None
             else stream_facts(real_bl, anchor_b, r, c, block, query_chunk))
     rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
     h = model.apply({"params": params}, ids, None, method=type(model).hidden, positions=pos,
                     mask=mask, use_lora=use_lora, deterministic=dropout_rng is None,
-                    keep_last=r * c, rngs=rngs)
+                    keep_last=r * c, rngs=rngs,
+                    mutable=["intermediates"] if summarize else False)
+    h, sown = h if summarize else (h, None)
     head, scale = logprob.model_head(model, params)
     targets = jnp.tile(ids_bl[:, -c:].astype(jnp.int32), (1, r))
-    out = logprob.head_logps(h, head, targets, scale=scale, seq_chunk=seq_chunk)
-    return out.reshape(b, r, c)
+    out = logprob.head_logps(h, head, targets, scale=scale, seq_chunk=seq_chunk).reshape(b, r, c)
+    if not with_metrics:
+        return out
+    return out, summarize(sown.get("intermediates", {})) if summarize else {}
 
 
 def random_noise(key: Array, shape: tuple[int, ...], lower: float, upper: float) -> Array:
@@ -184,18 +192,20 @@ def block_sft_loss(model: MaskPredictor, params: Any, ids_bl: Array, real_bl: Ar
     """Their SFT loss on rows with the masked positions ``pmask_bc`` [B, C] of the last
     ``copy_len`` positions given: one noised copy; -sum(p_mask log p) / L1 per kept row
     (p_mask not empty after ``post_num_filter``), mean over kept rows. ``norm_len``: L1
-    (default C). Returns (loss, metrics: masked_tokens per row, kept_rows)."""
+    (default C). Returns (loss, metrics: masked_tokens per row, kept_rows, and the model's
+    ``step_metrics`` of the forward: an MoE's router summary)."""
     c = copy_len
     clean_c = ids_bl[:, -c:]
     noised = jnp.where(pmask_bc, model.config.mask_token_id, clean_c)[:, None]
     pm = post_num_filter(pmask_bc[:, None].astype(bool), clean_c, pad_id, post_num)[:, 0]
-    lp = copy_logps(model, params, ids_bl, real_bl, anchor_b, noised, use_lora=use_lora,
-                    dropout_rng=dropout_rng)[:, 0]
+    lp, aux = copy_logps(model, params, ids_bl, real_bl, anchor_b, noised, use_lora=use_lora,
+                         dropout_rng=dropout_rng, with_metrics=True)
+    lp = lp[:, 0]
     kept = jnp.any(pm, axis=1)
     n = jnp.maximum(jnp.sum(kept), 1).astype(jnp.float32)
     row = -jnp.sum(jnp.where(pm, lp, 0.0), axis=1) / (norm_len or c)
     return jnp.sum(row) / n, {"masked_tokens": jnp.mean(jnp.sum(pm, axis=1).astype(jnp.float32)),
-                              "kept_rows": jnp.mean(kept.astype(jnp.float32))}
+                              "kept_rows": jnp.mean(kept.astype(jnp.float32)), **aux}
 
 
 def sft_stage_loss(model: MaskPredictor, params: Any, input_ids_bl: Array, prompt_len_b: Array,

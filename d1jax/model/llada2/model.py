@@ -278,6 +278,21 @@ class LLaDA2(nn.Module):
             slice_len=slice_len, use_lora=use_lora, deterministic=deterministic))
 
     @staticmethod
+    def step_metrics(intermediates: dict[str, Any]) -> dict[str, Array]:
+        """The train step's router summary from what the MoE layers sowed in one forward
+        (``mutable=["intermediates"]``; {} when none did): ``router_load_max`` /
+        ``router_load_min``, the largest and smallest share of the (token, slot) assignments
+        an expert of any MoE layer got (1 / num_experts when balanced), and
+        ``router_entropy``, the per-token entropy of the normalised scores (nats; log E: no
+        preference) averaged over tokens and MoE layers."""
+        sown = intermediates.get("moe_layers", {})
+        if "router_load" not in sown:
+            return {}
+        (load_ne,), (entropy_n,) = sown["router_load"], sown["router_entropy"]
+        return {"router_load_max": jnp.max(load_ne), "router_load_min": jnp.min(load_ne),
+                "router_entropy": jnp.mean(entropy_n)}
+
+    @staticmethod
     def output_head(params: dict[str, Any], config: LLaDA2Config) -> tuple[Array, None]:
         """(the output head as [D, V], no logit scale)."""
         if config.tie_word_embeddings:
