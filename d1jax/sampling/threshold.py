@@ -32,8 +32,8 @@ the mask id at temperature 0; a block needs at most ``block`` steps otherwise); 
 completions are cut after their first EOS, as every d1jax sampler returns them.
 
 LLaDA2.1's token editing (``edit_threshold`` set): SGLang's ``JointThreshold``
-(sgl-project/sglang ``python/sglang/srt/dllm/algorithm/joint_threshold.py``, the decoding
-their LLaDA2.1 cookbook serves) on the same blocks. A step takes ``x0`` the argmax and ``p``
+(sgl-project/sglang ``python/sglang/srt/dllm/algorithm/joint_threshold.py``: the joint M2T +
+T2T threshold decoding of the LLaDA2.1 report, as SGLang implements it) on the same blocks. A step takes ``x0`` the argmax and ``p``
 its softmax probability; mask to token (M2T): the masked positions with ``p > threshold``,
 else the single most confident one; token to token (T2T): every position of the block
 decoded in this block (not the prompt's) whose ``x0`` differs from its token and
