@@ -6,7 +6,7 @@ scoring (configs/eval.py).
 
   python -m d1jax.eval --config=configs/llada2/eval.py:gsm8k --workdir=runs/llada2_eval \
       --config.model.path=/path/to/LLaDA2.0-mini
-  python -m d1jax.main --config=configs/llada2/eval.py:letters,tiny --workdir=/tmp/llada2_eval  # CPU
+  python -m d1jax.main --config=configs/llada2/eval.py:letters,tiny --workdir=/tmp/l2_eval  # CPU
 
 The variant is the task (gsm8k, the default, or any registered task) and optionally "tiny"
 (the random ``llada2-tiny`` model, whose block is 4; a replica on disk has the published 32:

@@ -33,11 +33,11 @@ completions are cut after their first EOS, as every d1jax sampler returns them.
 
 LLaDA2.1's token editing (``edit_threshold`` set): SGLang's ``JointThreshold``
 (sgl-project/sglang ``python/sglang/srt/dllm/algorithm/joint_threshold.py``: the joint M2T +
-T2T threshold decoding of the LLaDA2.1 report, as SGLang implements it) on the same blocks. A step takes ``x0`` the argmax and ``p``
-its softmax probability; mask to token (M2T): the masked positions with ``p > threshold``,
-else the single most confident one; token to token (T2T): every position of the block
-decoded in this block (not the prompt's) whose ``x0`` differs from its token and
-``p > edit_threshold`` takes ``x0``. Once a block has no mask, each further step counts
+T2T threshold decoding of the LLaDA2.1 report, as SGLang implements it) on the same blocks.
+A step takes ``x0`` the argmax and ``p`` its softmax probability; mask to token (M2T): the
+masked positions with ``p > threshold``, else the single most confident one; token to token
+(T2T): every position of the block decoded in this block (not the prompt's) whose ``x0``
+differs from its token and ``p > edit_threshold`` takes ``x0``. Once a block has no mask, each further step counts
 toward ``max_post_edit_steps``; a row's block ends at the first step that changes nothing
 or when that count passes the limit (at most ``block + max_post_edit_steps + 1`` steps).
 EOS is handled as above (SGLang's scheduler stops a request elsewhere); at temperature > 0
