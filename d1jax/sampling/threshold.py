@@ -37,9 +37,10 @@ T2T threshold decoding of the LLaDA2.1 report, as SGLang implements it) on the s
 A step takes ``x0`` the argmax and ``p`` its softmax probability; mask to token (M2T): the
 masked positions with ``p > threshold``, else the single most confident one; token to token
 (T2T): every position of the block decoded in this block (not the prompt's) whose ``x0``
-differs from its token and ``p > edit_threshold`` takes ``x0``. Once a block has no mask, each further step counts
-toward ``max_post_edit_steps``; a row's block ends at the first step that changes nothing
-or when that count passes the limit (at most ``block + max_post_edit_steps + 1`` steps).
+differs from its token and ``p > edit_threshold`` takes ``x0``. Once a block has no mask,
+each further step counts toward ``max_post_edit_steps``; a row's block ends at the first
+step that changes nothing or when that count passes the limit (at most
+``block + max_post_edit_steps + 1`` steps).
 EOS is handled as above (SGLang's scheduler stops a request elsewhere); at temperature > 0
 ``x0`` is the Gumbel-max draw above (theirs is greedy only).
 
