@@ -26,6 +26,10 @@ from examples.demo import report as demo_report  # noqa: E402
 from examples.demo import table as demo_table  # noqa: E402
 from examples.demo import task as demo_task  # noqa: E402
 
+# Compiled as users' runs are (tests/conftest.py): the in-process checks score the demo's
+# exports as the demo's own optimized run did, to the last bit.
+COMPILE_OPTIMIZED = True
+
 
 def run_main(*args, env=None, module="examples.demo"):
     # One CPU device: the demo is a single-core workload; 8 fake devices only slow it down.
@@ -477,8 +481,9 @@ def test_compare_variant_runs_every_objective_on_one_budget(tmp_path):
     d = demo_config.get_config("compare").demo
     # JustGRPO's exact likelihood costs one forward per completion position (docs/objectives.md:
     # 22x diffu-GRPO's update at bench-tiny's shape): not in the demo's CPU budget. TraceRL
-    # scores a block-diffusion rollout's trace (SDAR, TraDo), not the demo's LLaDA.
-    assert set(d.grpo.objectives) == set(OBJECTIVES) - {"justgrpo", "tracerl"}
+    # scores a block-diffusion rollout's trace (SDAR, TraDo), and EBPO's blocks need a block
+    # diffusion family too, not the demo's LLaDA.
+    assert set(d.grpo.objectives) == set(OBJECTIVES) - {"justgrpo", "tracerl", "ebpo"}
     assert tuple(d.grpo.starts) == ("sft",) and tuple(d.seeds) == (0, 1, 2)
     data = {"prompt_length": 43, "train": "", "tokenizer": ""}
     start = tmp_path / "sft"

@@ -12,7 +12,8 @@ from d1jax.objectives.table import OBJECTIVES
 ROOT = Path(__file__).resolve().parents[1]
 # How the prose names each registered key (a new key must be added here and to the docs).
 OBJECTIVE_TITLES = {"diffu_grpo": "diffu-GRPO", "wd1": "wd1", "spg": "SPG",
-                    "coupled_grpo": "coupled-GRPO", "justgrpo": "JustGRPO", "tracerl": "TraceRL"}
+                    "coupled_grpo": "coupled-GRPO", "justgrpo": "JustGRPO", "tracerl": "TraceRL",
+                    "ebpo": "EBPO"}
 TASK_TITLES = {"gsm8k": "GSM8K", "math500": "MATH500", "sudoku": "Sudoku",
                "countdown": "Countdown", "humaneval": "HumanEval", "mbpp": "MBPP",
                "letters": "`letters`"}

@@ -175,6 +175,7 @@ LEAST = {
     "grpo.num_epochs": 0, "grpo.ref_model_sync_steps": 1,
     "grpo.spg.num_t": 1, "grpo.justgrpo.position_chunk": 0,
     "grpo.tracerl.shrink": 1, "grpo.tracerl.post_num": -1, "grpo.tracerl.block_size": 0,
+    "grpo.ebpo.num_t": 1, "grpo.ebpo.block_size": 0,
     "sft.batch_size": 1, "sft.max_length": 1, "sft.num_epochs": 0, "sft.post_num": -1,
     "eval.gen_lengths": 1, "eval.batch_size": 1, "eval.num_examples": 0,
 }

@@ -24,8 +24,8 @@ import jax
 
 from d1jax.knobs import frozen, knob, negative_is_none
 from d1jax.model.predictor import MaskPredictor
-from d1jax.objectives import (coupled_grpo, justgrpo, logprob, losses, masking, recipes, spg,
-                              tracerl, tracerl_full, wd1)
+from d1jax.objectives import (coupled_grpo, ebpo, justgrpo, logprob, losses, masking, recipes,
+                              spg, tracerl, tracerl_full, wd1)
 from d1jax.objectives.batch import GRPOBatch
 from d1jax.objectives.registry import OBJECTIVES, Cost, Objective, get, register  # noqa: F401
 
@@ -316,6 +316,7 @@ register(Objective(
     make_hparams=tracerl.hparams_from, check=tracerl.check_shared,
     beta=0.0,  # its KL is to the old policy (grpo.tracerl.beta): no reference term
     trace=True, cost=_tracerl_cost, paper="2509.06949"))
+register(ebpo.OBJECTIVE)  # LLaDA2.1's EBPO: its record is in its module
 
 
 def check_hparams(entry: Objective, hparams: Any, beta: float, epsilon: float) -> None:
@@ -361,8 +362,8 @@ class GRPOConfig:
     # its switch under the gradient on a (2, 2, 2) mesh (tests/test_update.py).
     narrow_last_layer: bool | None = None
     objective: str = knob("diffu_grpo", "Policy loss: diffu_grpo, wd1, spg, coupled_grpo, "
-                          "justgrpo or tracerl (d1jax.objectives.table.OBJECTIVES); knobs of "
-                          "each below.")
+                          "justgrpo, tracerl or ebpo (d1jax.objectives.table.OBJECTIVES); knobs "
+                          "of each below.")
     # The objective's own config, its record's ``hparams`` class: wd1.WD1Config,
     # spg.SPGConfig, coupled_grpo.CoupledGRPOConfig (its beta and epsilon equal to the fields
     # above), justgrpo.JustGRPOConfig or tracerl.TraceRLConfig (None: their defaults where the
