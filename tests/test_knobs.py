@@ -169,7 +169,7 @@ LEAST = {
     "train.stop_after": 0, "train.stopped_exit_code": 0,
     "task.num_train": 0,
     "sampler.gen_length": 1, "sampler.steps": 1, "sampler.block_length": 1,
-    "sampler.cache_refresh": 0, "sampler.top_k": 0,
+    "sampler.cache_refresh": 0, "sampler.top_k": 0, "sampler.max_post_edit_steps": 0,
     "grpo.num_generations": 2,  # a group of one has no advantage
     "grpo.prompts_per_step": 1, "grpo.rollout_batch": 0, "grpo.num_iterations": 1,
     "grpo.num_epochs": 0, "grpo.ref_model_sync_steps": 1,
@@ -178,6 +178,7 @@ LEAST = {
     "grpo.ebpo.num_t": 1, "grpo.ebpo.block_size": 0,
     "sft.batch_size": 1, "sft.max_length": 1, "sft.num_epochs": 0, "sft.post_num": -1,
     "eval.gen_lengths": 1, "eval.batch_size": 1, "eval.num_examples": 0,
+    "eval.steps_per_block": 0,
 }
 MOST = {"train.stopped_exit_code": 255}  # a shell keeps 8 bits: 256 would read as success
 
@@ -305,7 +306,7 @@ def test_the_sampler_group_is_sampler_configs_knobs_with_the_rollouts_set_once()
     only values a GRPO config's sampler holds other than SamplerConfig's are the rollouts'
     (defaults.ROLLOUT_SAMPLER: d1's train.yaml), an evaluation config's none."""
     lib = {f.name: f for f in knobs.fields(smp.SamplerConfig)}
-    assert names(groups.SamplerKnobs) == set(lib) and len(lib) == 17
+    assert names(groups.SamplerKnobs) == set(lib) and len(lib) == 19
     for f in knobs.fields(groups.SamplerKnobs):
         assert f.metadata["from"] is smp.SamplerConfig
         for key in ("doc", "default", "tiny", "low", "high", "choices"):

@@ -9,7 +9,7 @@ authors' loops written here from their source (not from d1jax's):
   and a full forward each step, a batch of two rows whose prompt ends inside a block;
 - LLaDA2.1's token editing, SGLang's ``JointThreshold`` (sgl-project/sglang
   ``python/sglang/srt/dllm/algorithm/joint_threshold.py``) on dInfer's blocks, against
-  ``threshold.decode(..., edit_threshold=...)``, greedy;
+  ``threshold.decode`` with ``edit_threshold`` set, greedy;
 - the Hugging Face file's ``LLaDA2MoeModelLM.generate`` (inclusionAI/LLaDA2.0-mini
   ``modeling_llada2_moe.py``: block_length, steps, threshold; greedy) against the existing
   block-diffusion loop (``loop="sdar"``, ``low_confidence_dynamic``).
@@ -105,6 +105,7 @@ def dinfer_port(logits_fn, prompt, gen_length, block, temperature, thr, rng=None
 
 
 def sampler(**kw) -> smp.SamplerConfig:
+    """The tests' SamplerConfig (``threshold.decode`` reads no ``parallel_rule``)."""
     base = dict(gen_length=GEN, block_length=BLOCK, steps=GEN, loop="sdar", mask_id=MASK,
                 eos_id=EOS, remasking="low_confidence_dynamic", top_k=0, kv_cache="prefix")
     return smp.SamplerConfig(**{**base, **kw})
@@ -259,11 +260,10 @@ def joint_port(logits_fn, prompt, gen_length, block, thr, edit_thr, max_post):
 
 def test_token_editing_matches_sglangs_joint_threshold(llada2):
     model, params, logits = llada2
-    cfg = sampler(threshold=0.9)
-    fns = smp.model_fns(model)
-    got = jax.jit(lambda p, x: threshold.decode(fns, p, x, None, jax.random.key(0), cfg,
-                                                edit_threshold=0.5, max_post_edit_steps=2))(
-        params["eos"], jnp.asarray(PROMPTS))
+    cfg = sampler(threshold=0.9, parallel_rule="dinfer", edit_threshold=0.5,
+                  max_post_edit_steps=2)
+    got = compiled(model, threshold.decode, cfg)(params["eos"], jnp.asarray(PROMPTS),
+                                                 jax.random.key(0))
     SEEN["edited"] = False
     want, steps = joint_port(lambda x: logits(params["eos"], x), PROMPTS, GEN, BLOCK, 0.9, 0.5,
                              2)

@@ -161,7 +161,7 @@ SamplerKnobs = group_of(
     "``d1jax.sampling.SamplerConfig``). GRPO configs take d1's rollout lengths and temperature "
     "(``defaults.sampler_fields``; SamplerConfig's defaults are d1's evaluation's: 128 tokens, "
     "64 steps, greedy); evaluation configs have no gen_length or steps: eval.gen_lengths, "
-    "steps = length / 2.")
+    "steps = length / 2 (or eval.steps_per_block a block).")
 
 
 @frozen
@@ -250,11 +250,14 @@ class EvalKnobs:
 
     gen_lengths: tuple[int, ...] = knob(
         (128, 256, 512), "d1: 128, 256, 512; code: 256, 512 (DiffuCoder, JustGRPO); steps = "
-        "length / 2.", tiny=(32,), low=1)
+        "length / 2 (or steps_per_block a block).", tiny=(32,), low=1)
     batch_size: int = knob(8, "Prompts per generate call, all hosts.", low=1)
     num_examples: int = knob(0, "Examples scored (0: all; d1: 256 for sudoku and countdown, "
                              "all otherwise).", tiny=16, low=0)
     model_name: str = knob("d1jax", "Model name in the output file names.")
+    steps_per_block: int = knob(
+        0, "Diffusion steps a sampler block gets (0: d1's steps = length / 2 in all); e.g. "
+        "LLaDA2's generate: 32 a block of 32.", low=0)
 
 
 @frozen

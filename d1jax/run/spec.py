@@ -119,7 +119,8 @@ class SFTSpec(groups.SFTKnobs):
 
 @dataclasses.dataclass(frozen=True)
 class EvalSpec(groups.EvalKnobs):
-    """config.eval, with one sampler per gen length, steps = length / 2 (d1)."""
+    """config.eval, with one sampler per gen length, steps = length / 2 (d1) or
+    ``steps_per_block`` a block."""
 
     samplers: tuple[smp.SamplerConfig, ...] = ()
 
@@ -297,8 +298,11 @@ def _sft(c, o: OptimSpec, lora: LoraConfig | None) -> tuple[SFTConfig, SFTSpec]:
 
 def _eval(c) -> EvalSpec:
     e = knobs.translate(EvalSpec, c.eval, "eval")
+
+    def steps(gl: int) -> int:  # steps_per_block 0: d1's gen_length / 2
+        return e.steps_per_block * (gl // c.sampler.block_length) or gl // 2
     return dataclasses.replace(e, samplers=tuple(
-        sampler_config(c.sampler, "sampler.", gl, gl // 2) for gl in e.gen_lengths))
+        sampler_config(c.sampler, "sampler.", gl, steps(gl)) for gl in e.gen_lengths))
 
 
 # What a checkpoint's state and data order depend on: architecture, LoRA, optimizer,

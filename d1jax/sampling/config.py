@@ -11,7 +11,8 @@ REMASKING = ("low_confidence", "random")
 BLOCK_REMASKING = ("low_confidence_static", "low_confidence_dynamic")
 KV_CACHES = ("none", "prefix", "dual")
 RECOMPUTE = ("block", "masked")
-PARALLEL_RULES = ("budget", "fast_dllm")
+PARALLEL_RULES = ("budget", "fast_dllm", "dinfer")
+POST_EDIT_STEPS = 16  # SGLang JointThreshold's max_post_edit_steps default
 LOOPS = ("llada", "dream", "sdar")
 FAST_DEFAULTS = dict(kv_cache="dual", threshold=0.99, cache_refresh=8)
 
@@ -48,9 +49,12 @@ class SamplerConfig:
     threshold: float = knob(1.0, "Parallel decoding: also unmask every token with confidence "
                             "> tau (>= 1: off).")
     # "fast_dllm": a block runs until decoded, <= block_length steps (get_transfer_index).
+    # "dinfer": d1jax.sampling.threshold (dInfer's ThresholdParallelDecoder, LLaDA2).
     parallel_rule: str = knob(
         "budget", 'With threshold < 1: "budget" unmasks at least the exact schedule\'s tokens '
-        'per step; "fast_dllm" at least one (Fast-dLLM, no step cap).')
+        'per step; "fast_dllm" at least one (Fast-dLLM, no step cap); loop "sdar": "budget" '
+        '(its remasking) or "dinfer" (dInfer\'s threshold decoder: p >= tau, else the top one '
+        "and its near ties; a block runs until decoded, steps unused; top_k 0, top_p 1).")
     recompute: str = knob("block", "Dual cache steps recompute the whole block (Fast-dLLM) or "
                           'only "masked" positions.')
     cache_refresh: int = knob(0, "With kv_cache: refresh it once this many block tokens were "
@@ -58,6 +62,14 @@ class SamplerConfig:
     first_position: bool = knob(
         False, 'With parallel_rule "fast_dllm": a block\'s first step unmasks its first '
         "position alone (Fast-dLLM's Dream loop).")
+    # SGLang's JointThreshold (sgl-project/sglang dllm/algorithm/joint_threshold.py).
+    edit_threshold: float = knob(
+        -1.0, 'parallel_rule "dinfer": LLaDA2.1\'s token editing (SGLang\'s JointThreshold: '
+        "M2T p > threshold, else the top one; T2T rewrites a token decoded in the block whose "
+        "argmax differs with p > this); < 0: off (SGLang's default: 0).")
+    max_post_edit_steps: int = knob(
+        POST_EDIT_STEPS, "With edit_threshold >= 0: editing steps a block may run once it "
+        "has no mask (SGLang's default).", low=0)
     # "dream" (d1jax.sampling.dream) takes steps, temperature, mask_id, alg, top_p and top_k;
     # "sdar" (d1jax.sampling.block_diffusion) steps_per_block steps a block, temperature,
     # top_p, top_k, threshold and eos_id.
@@ -97,9 +109,28 @@ class SamplerConfig:
             raise ValueError(f"cfg_scale={self.cfg_scale} must be >= 0")
         if self.parallel_rule not in PARALLEL_RULES:
             raise ValueError(f"parallel_rule={self.parallel_rule!r}: use 'budget' (at least the "
-                             "step's budget) or 'fast_dllm' (at least one token per step)")
+                             "step's budget), 'fast_dllm' (at least one token per step) or "
+                             "'dinfer' (loop='sdar': dInfer's threshold decoder)")
         self._check_cache()
         self._check_loop()
+        self._check_dinfer()
+
+    def _check_dinfer(self):
+        """One line naming the knobs when dInfer's decoder or token editing cannot apply."""
+        if self.parallel_rule == "dinfer" and self.loop != "sdar":
+            raise ValueError(f"parallel_rule='dinfer' (dInfer's block decoder) needs "
+                             f"loop='sdar', got loop={self.loop!r}")
+        if self.parallel_rule == "dinfer" and (self.top_k or self.top_p < 1.0):
+            raise ValueError(f"parallel_rule='dinfer' draws from the raw logits: set top_k=0 and "
+                             f"top_p=1.0, got top_k={self.top_k}, top_p={self.top_p}")
+        if self.edit_threshold >= 0 and self.parallel_rule != "dinfer":
+            raise ValueError(f"edit_threshold={self.edit_threshold} (LLaDA2.1's token editing) "
+                             f"needs parallel_rule='dinfer' (loop='sdar'), got "
+                             f"parallel_rule={self.parallel_rule!r}; < 0 turns it off")
+        if self.edit_threshold < 0 and self.max_post_edit_steps != POST_EDIT_STEPS:
+            raise ValueError(f"max_post_edit_steps={self.max_post_edit_steps} applies to token "
+                             f"editing, which is off (edit_threshold={self.edit_threshold}); set "
+                             f"edit_threshold >= 0")
 
     def _check_loop(self):
         if self.loop not in LOOPS:
@@ -107,12 +138,12 @@ class SamplerConfig:
                              "(Dream's diffusion_generate) or 'sdar' (block diffusion)")
         if self.loop == "sdar":
             if self.kv_cache not in ("none", "prefix") or self.recompute != "block" or \
-                    self.cache_refresh or self.cfg_scale > 0 or self.parallel_rule != "budget":
+                    self.cache_refresh or self.cfg_scale > 0 or self.parallel_rule == "fast_dllm":
                 raise ValueError(
                     "loop='sdar' (block diffusion) runs kv_cache='prefix' (the committed "
                     "blocks' exact cache) or 'none', with recompute='block', cache_refresh=0, "
                     "cfg_scale=0 and parallel_rule='budget' (its threshold is "
-                    "low_confidence_dynamic's)")
+                    "low_confidence_dynamic's) or 'dinfer'")
             if not 0.0 < self.top_p <= 1.0 or self.top_k < 0:
                 raise ValueError(f"top_p={self.top_p} must be in (0, 1] and top_k={self.top_k} "
                                  ">= 0 (0: no top-k)")

@@ -40,6 +40,9 @@ Approximate fast decoding (Fast-dLLM, arXiv:2505.22618), options of the same loo
   ``steps = gen_length``). Global step numbers (keys, ``decoded_at``) then reserve
   ``block_length`` per block.
   Either way a block ends as soon as no row has a mask left in it (bounded while loop).
+  "dinfer" (``loop="sdar"`` only): dInfer's ``ThresholdParallelDecoder`` on block
+  diffusion's blocks, and with ``edit_threshold >= 0`` LLaDA2.1's token editing
+  (``d1jax.sampling.threshold``).
   ``first_position`` ("fast_dllm" only): step 0 unmasks the block's first position alone,
   as Fast-dLLM's Dream loop does at each block's full forward.
   With random remasking the "confidence" is the random draw, as in Fast-dLLM's code.
@@ -63,7 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from d1jax.sampling import block_diffusion
+from d1jax.sampling import block_diffusion, threshold
 from d1jax.sampling.cached import cached_block
 from d1jax.sampling.config import SamplerConfig
 from d1jax.sampling.exact import exact_block
@@ -131,8 +134,9 @@ def generate(model_fns: ModelFns | ApplyFn, params: Any, prompt_ids: Array,
         return _dream(fns, params, prompt_ids, prompt_mask, rng, config)
     if config.loop == "sdar":
         mask = prompt_mask if config.use_attention_mask else None
-        return GenerateOutput(*block_diffusion.generate(fns, params, prompt_ids, mask, rng,
-                                                        config))
+        # "dinfer": dInfer's threshold decoder, LLaDA2.1's token editing with edit_threshold.
+        loop = threshold.generate if config.parallel_rule == "dinfer" else block_diffusion.generate
+        return GenerateOutput(*loop(fns, params, prompt_ids, mask, rng, config))
     b, lp = prompt_ids.shape
     attn = None
     if config.use_attention_mask and prompt_mask is not None:

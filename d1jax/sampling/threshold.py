@@ -31,7 +31,7 @@ u))``, in float32 (the same order as theirs but for rounding), u from
 the mask id at temperature 0; a block needs at most ``block`` steps otherwise); the
 completions are cut after their first EOS, as every d1jax sampler returns them.
 
-LLaDA2.1's token editing (``edit_threshold`` set): SGLang's ``JointThreshold``
+LLaDA2.1's token editing (``SamplerConfig.edit_threshold >= 0``): SGLang's ``JointThreshold``
 (sgl-project/sglang ``python/sglang/srt/dllm/algorithm/joint_threshold.py``: the joint M2T +
 T2T threshold decoding of the LLaDA2.1 report, as SGLang implements it) on the same blocks.
 A step takes ``x0`` the argmax and ``p`` its softmax probability; mask to token (M2T): the
@@ -111,16 +111,17 @@ class Decoded(NamedTuple):
 
 
 def decode(fns: ModelFns, params: Any, prompt_ids: Array, prompt_mask: Array | None,
-           rng: Array, cfg: SamplerConfig, max_steps: int | None = None,
-           edit_threshold: float | None = None, max_post_edit_steps: int = 16) -> Decoded:
+           rng: Array, cfg: SamplerConfig, max_steps: int | None = None) -> Decoded:
     """dInfer's loop (module docstring) reading ``cfg``'s block_length, gen_length,
     temperature, threshold, mask_id, eos_id and kv_cache ("prefix": the committed blocks'
-    cache; "none": a block-causal forward every step). ``max_steps``: a block's step cap
-    (default 4 x block_length). ``edit_threshold``: LLaDA2.1's JointThreshold steps instead
-    (M2T at ``cfg.threshold``, T2T at ``edit_threshold``, ``max_post_edit_steps``)."""
+    cache; "none": a block-causal forward every step); ``steps``, ``remasking``,
+    ``parallel_rule`` are not read. ``max_steps``: a block's step cap (default 4 x
+    block_length). ``cfg.edit_threshold >= 0``: LLaDA2.1's JointThreshold steps instead (M2T
+    at ``cfg.threshold``, T2T at ``cfg.edit_threshold``, ``cfg.max_post_edit_steps``)."""
     b, lp = prompt_ids.shape
     bl, gen = cfg.block_length, cfg.gen_length
-    joint = edit_threshold is not None
+    joint = cfg.edit_threshold >= 0
+    edit_threshold, max_post_edit_steps = cfg.edit_threshold, cfg.max_post_edit_steps
     if max_steps is None:
         max_steps = bl + max_post_edit_steps + 1 if joint else 4 * bl
     start, n = layout(lp, gen, bl)
@@ -197,13 +198,12 @@ def decode(fns: ModelFns, params: Any, prompt_ids: Array, prompt_mask: Array | N
 
 
 def generate(fns: ModelFns, params: Any, prompt_ids: Array, prompt_mask: Array | None,
-             rng: Array, cfg: SamplerConfig, max_steps: int | None = None,
-             edit_threshold: float | None = None, max_post_edit_steps: int = 16
+             rng: Array, cfg: SamplerConfig, max_steps: int | None = None
              ) -> tuple[Array, Array, Array]:
     """(ids [B, Lp + gen_length]: the prompts as given, then the completions cut after
     their first EOS; decoded_at [B, gen_length]; block_steps [n]): ``loop="sdar"``'s
-    outputs under dInfer's decoding rule (``decode``'s arguments)."""
-    d = decode(fns, params, prompt_ids, prompt_mask, rng, cfg, max_steps, edit_threshold,
-               max_post_edit_steps)
+    outputs under dInfer's decoding rule (``decode``'s arguments); what
+    ``sampling.generate`` runs for ``parallel_rule="dinfer"``."""
+    d = decode(fns, params, prompt_ids, prompt_mask, rng, cfg, max_steps)
     return _completions(d.ids, d.decoded_at, d.completion_start, prompt_ids, cfg) + (
         d.block_steps,)
