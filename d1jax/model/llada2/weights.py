@@ -53,17 +53,28 @@ MODEL_TYPE = {"hub": "llada2_moe", "merged": "llada2_moe_veomni"}
 EMBEDDING = "model.word_embeddings.weight"
 EXPERT_PROJ = ("gate_proj", "up_proj", "down_proj")
 
-# The published modeling code is not vendored yet (issue 58): an export from a Hub directory
-# ships that directory's own code (keep_source), else names the classes the release names.
+# Where the vendored files come from (hf_remote/llada2/SOURCE.md says the same).
+SOURCE = ("inclusionAI/dFactory", "92b6890808088b112fcf5fc73a341b78b6ab76bf", "models/llada2_moe/")
+
+# The published code, vendored unchanged: an export without a source directory ships it; one
+# from a Hub download ships that directory's own files instead (keep_source).
 REMOTE_CODE = hf_files.RemoteCode(
-    "LLaDA2", (), {"AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
-                   "AutoModel": "modeling_llada2_moe.LLaDA2MoeModel",
-                   "AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM"},
+    "LLaDA2", ("configuration_llada2_moe.py", "modeling_llada2_moe.py", "parallel_plan.py"),
+    {"AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
+     "AutoModel": "modeling_llada2_moe.LLaDA2MoeModel",
+     "AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM"},
     "inclusionAI/LLaDA2.0-mini and -flash", "d1jax.model.llada2.load_hf_checkpoint",
     keep_source=True,
-    forward="`model(input_ids, attention_mask=<[B, 1, L, L] block-causal additive mask>, "
+    forward="`model(input_ids, attention_mask=<[B, 1, L, L] block-causal 0/1 mask>, "
             "position_ids=...).logits`: row i predicts token i (their generate builds the mask "
-            "as tril(ones(blocks, blocks)) repeated block_length times along both axes).")
+            "as tril(ones(blocks, blocks)) repeated block_length times along both axes).",
+    directory="llada2",
+    published=(f"the published `configuration_llada2_moe.py`, `modeling_llada2_moe.py` and "
+               f"`parallel_plan.py` (which the modeling file imports for expert parallelism) of "
+               f"{SOURCE[0]} (`{SOURCE[2]}` at commit {SOURCE[1][:12]}, Apache-2.0), "
+               f"unchanged; the modeling file imports VeOmni (`veomni`, whose fused MoE kernel "
+               f"only the merged layout's model_type \"llada2_moe_veomni\" runs) and was "
+               f"written against transformers 4.x"))
 
 # HF key -> (param path, grid index: () / (layer,) / (layer, expert), swap the last two axes?)
 KeyMap = dict[str, tuple[tuple[str, ...], tuple[int, ...], bool]]
