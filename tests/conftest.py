@@ -33,6 +33,17 @@ SESSION_DIR = Path(os.environ["D1JAX_TEST_SESSION_DIR"])
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+# The programs the tests compile in this process are tiny: compiling them, not running them, is
+# most of their time, and LLVM's optimizations are much of a CPU compile. Without them (JAX's
+# `jax_disable_most_optimizations`: XLA backend optimization level 0) a compile takes about 40%
+# less CPU time and a step runs about twice as long (docs/testing.md, "Suite time"), so a test
+# file that runs its programs for many steps sets ``COMPILE_OPTIMIZED = True``. Results differ
+# from an optimized program's in the last bits. This process only: the `python -m d1jax.main`
+# subprocesses (the long training runs) compile as users' runs do, and the persistent cache
+# keeps the two apart (its key holds the compile options). D1JAX_TEST_OPTIMIZE=1 compiles
+# every program as users' runs do.
+OPTIMIZE_ALL = os.environ.get("D1JAX_TEST_OPTIMIZE") == "1"
+
 import d1jax  # noqa: E402
 
 SHARED_D1 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "d1"
@@ -41,11 +52,14 @@ if SHARED_D1.is_dir():  # loaders read d1's files from here instead of downloadi
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _release_compiled_programs():
-    """Drops the in-memory compiled programs after each test file (a later file reads them
-    back from the persistent cache): a pytest process otherwise holds every program of the
-    files it ran (a full run once aborted in XLA while writing a cache entry at the
-    58th percent, which no file alone or subset reproduced)."""
+def _release_compiled_programs(request):
+    """Compiles the file's programs optimized or not (``COMPILE_OPTIMIZED``, above), and drops
+    the in-memory compiled programs after it (a later file reads them back from the persistent
+    cache): a pytest process otherwise holds every program of the files it ran (a full run
+    once aborted in XLA while writing a cache entry at the 58th percent, which no file alone
+    or subset reproduced)."""
+    optimized = OPTIMIZE_ALL or getattr(request.module, "COMPILE_OPTIMIZED", False)
+    jax.config.update("jax_disable_most_optimizations", not optimized)
     yield
     jax.clear_caches()
 
