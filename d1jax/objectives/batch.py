@@ -72,7 +72,9 @@ class GRPOBatch(_Typed):
     completion_ids [B, C] int32; completion_mask [B, C] (1 up to and including the first
     EOS); advantages [B] float32; mask_seeds [mu] int32; old_logps / ref_logps [mu, B, C]
     from ``rollout_logps`` (old only when mu > 1, ref only when beta != 0; old row 0 is
-    neither computed nor read when ``pure_steps.first_old_from_update``); iteration []
+    neither computed nor read when ``pure_steps.first_old_from_update``); old_routing
+    [mu, B, n_moe, N, K] int32: the experts the old passes chose (routing replay; -1 where
+    not recorded); iteration []
     int32: which of the mu seeds an update uses (None: ``state.step % mu``, as d1);
     per_row {name: [B, ...]}: draws and weights an objective makes on the whole batch inside
     the update, before the micro-batch split (``table.Objective.prepare``).
@@ -86,6 +88,7 @@ class GRPOBatch(_Typed):
     mask_seeds: Array = _field((None,))
     old_logps: Array | None = _field(SEED_ROWS, optional=True)
     ref_logps: Array | None = _field(SEED_ROWS, optional=True)
+    old_routing: Array | None = _field((None, shd.BATCH, None, None, None), optional=True)
     iteration: Array | None = _field((), optional=True)
     per_row: dict[str, Array] | None = _field((shd.BATCH,), optional=True)
 

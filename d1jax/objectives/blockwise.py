@@ -139,29 +139,41 @@ def copy_logps(model: MaskPredictor, params: Any, ids_bl: Array, real_bl: Array,
                anchor_b: Array, noised_brc: Array, *, block: int | None = None,
                use_lora: bool = True, dropout_rng: Array | None = None,
                seq_chunk: int | None = None, query_chunk: int | None = QUERY_CHUNK,
-               with_metrics: bool = False) -> Array | tuple[Array, dict[str, Array]]:
+               with_metrics: bool = False, routing: Array | None = None,
+               record_routing: bool = False) -> Array | tuple[Array, Any]:
     """log p(clean token | its noised copy's view) [B, R, C] at every copy position: one
     forward of the streams (``stream_mask``), the head on the copies' rows only (float32
     log-softmax, ``logprob.head_logps``). ``block``: default the model's block size.
     ``query_chunk``: attention rows at a time under a ``StreamMask``; None: the whole
     [N, N] mask (the reference). ``with_metrics``: also the model's per-step metrics of this
     forward (``step_metrics`` of what it sows, e.g. an MoE router's load; {} for a model
-    without)."""
+    without). ``routing`` [B, n_moe, N, K]: an MoE's expert ids to replay in this forward
+    (``record_routing``: return (log p, the ids this forward chose, [B, n_moe, N, K] int32)
+    instead; ``LLaDA2.hidden``'s routing replay)."""
     b, r, c = noised_brc.shape
     block = model.config.block_size if block is None else block
     summarize = getattr(model, "step_metrics", None) if with_metrics else None
+    sow = bool(summarize) or record_routing
+    extra = {} if routing is None else {"routing": jnp.moveaxis(routing, 1, 0)}
     ids, pos = stream_inputs(ids_bl, real_bl, noised_brc)
     mask = (stream_mask(real_bl, anchor_b, r, c, block) if query_chunk is None
             else stream_facts(real_bl, anchor_b, r, c, block, query_chunk))
     rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
     h = model.apply({"params": params}, ids, None, method=type(model).hidden, positions=pos,
                     mask=mask, use_lora=use_lora, deterministic=dropout_rng is None,
-                    keep_last=r * c, rngs=rngs,
-                    mutable=["intermediates"] if summarize else False)
-    h, sown = h if summarize else (h, None)
+                    keep_last=r * c, rngs=rngs, mutable=["intermediates"] if sow else False,
+                    **extra)
+    h, sown = h if sow else (h, None)
     head, scale = logprob.model_head(model, params)
     targets = jnp.tile(ids_bl[:, -c:].astype(jnp.int32), (1, r))
     out = logprob.head_logps(h, head, targets, scale=scale, seq_chunk=seq_chunk).reshape(b, r, c)
+    if record_routing:
+        sown_moe = sown.get("intermediates", {}).get("moe_layers", {})
+        if "router_ids" not in sown_moe:
+            raise ValueError(f"routing replay needs a mixture-of-experts model (llada2); "
+                             f"{type(model).__name__} routes no tokens: turn it off")
+        (ids,) = sown_moe["router_ids"]
+        return out, jnp.moveaxis(ids, 0, 1)
     if not with_metrics:
         return out
     return out, summarize(sown.get("intermediates", {})) if summarize else {}

@@ -61,6 +61,9 @@ class EBPOConfig:
                            "given; DAPO's clip-higher 0.28).")
     block_size: int | None = knob(0, "Training block of the block-causal mask (0: the "
                                   "model's).", low=0, held_as=zero_is_none)
+    routing_replay: bool = knob(False, "Routing replay (MoE models): the update routes by "
+                                "the experts its old-policy pass chose, weighed by the "
+                                "current router; logs router_changed.")
     seq_chunk: int | None = None  # Copy positions per head chunk (None: automatic).
 
     def __post_init__(self):
@@ -126,10 +129,12 @@ def block_of(model: MaskPredictor, cfg: EBPOConfig) -> int:
 
 
 def elbo_logps(model: MaskPredictor, params: Any, rows: GRPOBatch, masked_bnc: Array,
-               cfg: EBPOConfig, *, use_lora: bool = True,
-               dropout_rng: Array | None = None) -> Array:
+               cfg: EBPOConfig, *, use_lora: bool = True, dropout_rng: Array | None = None,
+               **replay: Any) -> Any:
     """[B, C] ``elbo_token_logps`` of ``params``: the N noised copies beside the clean row
-    under the block-causal mask, one forward (``blockwise.copy_logps``)."""
+    under the block-causal mask, one forward (``blockwise.copy_logps``). ``replay``:
+    ``copy_logps``' routing arguments (``record_routing`` or ``routing`` with
+    ``with_metrics``), whose second output is returned beside the log-probs."""
     comp = rows.completion_ids
     noised = jnp.where(masked_bnc, model.config.mask_token_id, comp[:, None, :])
     b, p = rows.prompt_ids.shape
@@ -137,8 +142,10 @@ def elbo_logps(model: MaskPredictor, params: Any, rows: GRPOBatch, masked_bnc: A
     real = jnp.concatenate([rows.prompt_mask, jnp.ones_like(comp)], axis=1)
     lp = blockwise.copy_logps(model, params, ids, real, jnp.full((b,), p), noised,
                               block=block_of(model, cfg), use_lora=use_lora,
-                              dropout_rng=dropout_rng, seq_chunk=cfg.seq_chunk)
-    return elbo_token_logps(lp, masked_bnc, timesteps(cfg)[1])
+                              dropout_rng=dropout_rng, seq_chunk=cfg.seq_chunk, **replay)
+    lp, aux = lp if replay else (lp, None)
+    out = elbo_token_logps(lp, masked_bnc, timesteps(cfg)[1])
+    return (out, aux) if replay else out
 
 
 # ---------------------------------------------------------------------------- the record
@@ -149,13 +156,16 @@ def _prepare(model: MaskPredictor, cfg, rows: GRPOBatch, key: Array) -> GRPOBatc
 
 
 def _logps(model: MaskPredictor, cfg, params: Any, batch: GRPOBatch, seeds_s: Array,
-           use_lora: bool) -> Array:
-    """[S, B, C] the old policy's ``elbo_logps``, one mask draw per seed."""
+           use_lora: bool) -> Array | tuple[Array, Array]:
+    """[S, B, C] the old policy's ``elbo_logps``, one mask draw per seed; with routing
+    replay, also the experts each pass chose, [S, B, n_moe, N, K] (``copy_logps``)."""
     t_n = timesteps(cfg.hparams)[0]
+    record = {"record_routing": True} if cfg.hparams.routing_replay else {}
 
     def one(seed):
         masked = draw_masks(logprob.mask_key(seed), batch.completion_ids.shape, t_n)
-        return elbo_logps(model, params, batch, masked, cfg.hparams, use_lora=use_lora)
+        return elbo_logps(model, params, batch, masked, cfg.hparams, use_lora=use_lora,
+                          **record)
     return jax.lax.map(one, seeds_s)
 
 
@@ -163,9 +173,16 @@ def _loss(model: MaskPredictor, cfg, params: Any, rows: GRPOBatch, seed_1: Array
           dropout_rng: Array | None, old_is_current: Array | None = None
           ) -> tuple[Array, dict]:
     h: EBPOConfig = cfg.hparams
-    lp = elbo_logps(model, params, rows, rows.per_row["masked"], h, dropout_rng=dropout_rng)
-    return ebpo_objective(lp, rows.old_logps, rows.advantages, rows.completion_mask.astype(bool),
-                          eps_low=h.eps_low, eps_high=h.eps_high, old_is_current=old_is_current)
+    replay = {}
+    if h.routing_replay and rows.old_routing is not None:  # mu > 1: the old pass recorded
+        replay = {"routing": rows.old_routing, "with_metrics": True}
+    lp = elbo_logps(model, params, rows, rows.per_row["masked"], h, dropout_rng=dropout_rng,
+                    **replay)
+    lp, router = lp if replay else (lp, {})
+    loss, m = ebpo_objective(lp, rows.old_logps, rows.advantages,
+                             rows.completion_mask.astype(bool), eps_low=h.eps_low,
+                             eps_high=h.eps_high, old_is_current=old_is_current)
+    return loss, {**m, **router}
 
 
 def _check(h: EBPOConfig, beta: float, epsilon: float) -> None:

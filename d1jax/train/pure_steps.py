@@ -37,7 +37,8 @@ def rollout_logps(model: MaskPredictor, cfg: GRPOConfig, state: TrainState, batc
                   ) -> dict[str, Array]:
     """Old and reference per-token log-probs for all mu mask seeds, once per rollout.
 
-    Returns {"old_logps": [mu, B, C]} when mu > 1 (d1 uses the detached current log-probs
+    Returns {"old_logps": [mu, B, C]} when mu > 1 (and {"old_routing"}, the experts those
+    passes chose, with an objective's routing replay) (d1 uses the detached current log-probs
     when mu == 1) and {"ref_logps": [mu, B, C]} when beta != 0 (no reference pass at all
     when beta == 0): the fields to ``batch.replace(**...)``. Row 0 of the old log-probs is
     not computed (0) when ``first_old_from_update``: the first update runs on the rollout's
@@ -58,13 +59,20 @@ def rollout_logps(model: MaskPredictor, cfg: GRPOConfig, state: TrainState, batc
         skip = first_old_from_update(cfg)
         old = estimator(model, cfg, state.policy_params(), batch, seeds[1:] if skip else seeds,
                         True)
+        # Routing replay: the estimator also returns the experts each pass chose; a
+        # skipped pass records none (-1: the update routes as its own forward does).
+        old, routes = old if isinstance(old, tuple) else (old, None)
         out["old_logps"] = jnp.concatenate([jnp.zeros_like(old[:1]), old]) if skip else old
+        if routes is not None:
+            out["old_routing"] = (jnp.concatenate([jnp.full_like(routes[:1], -1), routes])
+                                  if skip else routes)
     if cfg.beta != 0.0:
         ref = state.reference_params()
         if ref is None:
             raise ValueError("beta != 0 with full fine-tuning needs a reference copy: "
                              "init_train_state(..., keep_reference=True)")
-        out["ref_logps"] = estimator(model, cfg, ref[0], batch, seeds, ref[1])
+        ref_lp = estimator(model, cfg, ref[0], batch, seeds, ref[1])
+        out["ref_logps"] = ref_lp[0] if isinstance(ref_lp, tuple) else ref_lp
     return jax.lax.stop_gradient(out)
 
 
@@ -95,7 +103,7 @@ def iteration_rows(cfg: GRPOConfig, state: TrainState, batch: GRPOBatch
         return None if x is None else jax.lax.dynamic_index_in_dim(x, it, axis=0,
                                                                    keepdims=False)
     rows = batch.replace(mask_seeds=None, iteration=None, old_logps=pick(batch.old_logps),
-                         ref_logps=pick(batch.ref_logps))
+                         ref_logps=pick(batch.ref_logps), old_routing=pick(batch.old_routing))
     current = jnp.asarray(it) == 0 if first_old_from_update(cfg) else None
     return jax.lax.dynamic_slice_in_dim(batch.mask_seeds, it, 1), rows, current
 

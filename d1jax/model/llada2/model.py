@@ -22,7 +22,9 @@ Parameter names are the checkpoint's with the ``model.``/``attention.``/``mlp.``
 kernels are [in, out]; the dense layers are stacked on a leading axis under ``dense_layers``,
 the MoE layers under ``moe_layers`` (two ``nn.scan``s). Router metrics are sown into the
 ``intermediates`` collection (``moe_layers/router_load`` [n_moe, E], ``router_entropy``
-[n_moe]) when the caller asks for it (``mutable=["intermediates"]``).
+[n_moe], the chosen experts ``router_ids`` [n_moe, B, L, K]) when the caller asks for it
+(``mutable=["intermediates"]``). Routing replay: ``hidden(..., routing=)`` routes every MoE
+layer by recorded ids (an old-policy pass's ``router_ids``) and sows ``router_changed``.
 
 Shape letters: B batch, L sequence, D hidden, N query heads, K kv heads, H head dim, V vocab.
 """
@@ -95,7 +97,8 @@ class LLaDA2Block(nn.Module):
             att.reshape(b, l, n * h), **kw)
         return out, own
 
-    def _moe(self, xn: Array, kw: dict) -> Array:
+    def _moe(self, xn: Array, kw: dict, routing: Array | None = None) -> Array:
+        """The MoE FFN; ``routing`` [B, L, K]: recorded expert ids to route by (replay)."""
         c = self.config
         b, l, d = xn.shape
         kernel, bias = moe.Router(c.num_experts, c.initializer_range, self.param_dtype,
@@ -107,6 +110,11 @@ class LLaDA2Block(nn.Module):
         metrics = moe.router_metrics(ids, scores)
         self.sow("intermediates", "router_load", metrics["load"])
         self.sow("intermediates", "router_entropy", metrics["entropy"])
+        self.sow("intermediates", "router_ids", ids.reshape(b, l, -1))
+        if routing is not None:
+            ids, w, changed = moe.replay(ids, scores, routing.reshape(b * l, -1),
+                                         c.routed_scaling_factor)
+            self.sow("intermediates", "router_changed", jnp.mean(changed.astype(jnp.float32)))
         weights = moe.Experts(c.num_experts, d, c.moe_intermediate_size, c.initializer_range,
                               self.param_dtype, name="experts")()
         y = moe.experts_forward(x_td, ids, w, *weights).reshape(b, l, d)
@@ -117,12 +125,14 @@ class LLaDA2Block(nn.Module):
 
     @nn.compact
     def __call__(self, x_bld: Array, rope: tuple[Array, Array], mask: Any, use_lora: bool,
-                 deterministic: bool, cache: KVCache | None = None,
+                 deterministic: bool, routing: Array | None = None,
+                 cache: KVCache | None = None,
                  window: KVCache | None = None, q_start: Array | int = 0,
                  idx_bq: Array | None = None, n_fresh: int | None = None,
                  return_kv: bool = False) -> tuple[Array, KVCache | None]:
         """Full (``cache`` None, as ``nn.scan`` calls it) or cached, as ``QwenBlock``: the
-        rows' fresh keys/values are returned when ``return_kv``."""
+        rows' fresh keys/values are returned when ``return_kv``. ``routing`` [B, L, K]: the
+        MoE routes by these recorded expert ids (routing replay; ``LLaDA2.hidden``)."""
         c = self.config
         kw = dict(use_lora=use_lora, deterministic=deterministic)
         norm = functools.partial(RMSNorm, c.rms_norm_eps, self.dtype, self.param_dtype)
@@ -133,7 +143,7 @@ class LLaDA2Block(nn.Module):
         x_bld = x_bld + att
         xn = norm(name="post_attention_layernorm")(x_bld)
         if self.is_moe:
-            y = self._moe(xn, kw)
+            y = self._moe(xn, kw, routing)
         else:
             y = swiglu(self._proj, xn, c.intermediate_size, c.hidden_size,
                        ("gate_proj", "up_proj", "down_proj"), **kw)
@@ -192,7 +202,7 @@ class LLaDA2(nn.Module):
         bc = nn.broadcast
         return nn.scan(
             block, variable_axes={"params": 0, "intermediates": 0},
-            split_rngs={"params": True, "dropout": True}, in_axes=(bc, bc, bc, bc), length=n,
+            split_rngs={"params": True, "dropout": True}, in_axes=(bc, bc, bc, bc, 0), length=n,
             metadata_params={nn.PARTITION_NAME: shd.LAYERS},
             unroll=n if self.unroll_layers else self.layers_per_loop,
         )(self.config, self.dtype, self.param_dtype, self.lora, is_moe)
@@ -222,7 +232,8 @@ class LLaDA2(nn.Module):
     def hidden(self, input_ids: Array, attention_mask: Array | None = None, *,
                positions: Array | None = None, use_lora: bool = True,
                deterministic: bool = True, keep_last: int | None = None,
-               read_upto: Array | int | None = None, mask: Any = None) -> Array:
+               read_upto: Array | int | None = None, mask: Any = None,
+               routing: Array | None = None) -> Array:
         """Final-norm hidden states [B, L, D] (or [B, keep_last, D] of the last positions).
 
         Args:
@@ -231,6 +242,10 @@ class LLaDA2(nn.Module):
           positions: [B, L] or [L] RoPE positions; default ``token_positions`` of the mask.
           mask: bool [B or 1, L, L] per-query mask (or a ``RowMask``) replacing the
             block-causal one (block diffusion training's two streams).
+          routing: int32 [n_moe, B, L, K] expert ids recorded by an earlier forward (the
+            sown ``moe_layers/router_ids``; -1: a token without a record): every MoE layer
+            routes by them, weighing them by the current router (routing replay), and sows
+            ``router_changed``, the share of tokens whose current experts differ.
         """
         b, l = input_ids.shape
         c = self.config
@@ -242,9 +257,13 @@ class LLaDA2(nn.Module):
         if mask is None:
             mask = block_causal_mask(attention_mask, l, c.block_size, c.block_align)
         x = self.word_embeddings(input_ids)
-        for stack in (self.dense_layers, self.moe_layers):
+        if routing is not None:
+            want = (c.n_moe, b, l, c.num_experts_per_tok)
+            if routing.shape != want:
+                raise ValueError(f"routing {routing.shape}: expected [n_moe, B, L, K] = {want}")
+        for stack, routes in ((self.dense_layers, None), (self.moe_layers, routing)):
             if stack is not None:
-                x, _ = stack(x, rope, mask, use_lora, deterministic)
+                x, _ = stack(x, rope, mask, use_lora, deterministic, routes)
         h = self.norm(x)
         return h if keep_last is None else h[:, l - keep_last:]
 
@@ -284,13 +303,18 @@ class LLaDA2(nn.Module):
         ``router_load_min``, the largest and smallest share of the (token, slot) assignments
         an expert of any MoE layer got (1 / num_experts when balanced), and
         ``router_entropy``, the per-token entropy of the normalised scores (nats; log E: no
-        preference) averaged over tokens and MoE layers."""
+        preference) averaged over tokens and MoE layers; with routing replay,
+        ``router_changed``: the share of (token, MoE layer) pairs whose current expert set
+        differs from the replayed one."""
         sown = intermediates.get("moe_layers", {})
         if "router_load" not in sown:
             return {}
         (load_ne,), (entropy_n,) = sown["router_load"], sown["router_entropy"]
-        return {"router_load_max": jnp.max(load_ne), "router_load_min": jnp.min(load_ne),
-                "router_entropy": jnp.mean(entropy_n)}
+        out = {"router_load_max": jnp.max(load_ne), "router_load_min": jnp.min(load_ne),
+               "router_entropy": jnp.mean(entropy_n)}
+        if "router_changed" in sown:  # routing replay: (token, layer) pairs rerouted
+            out["router_changed"] = jnp.mean(sown["router_changed"][0])
+        return out
 
     @staticmethod
     def output_head(params: dict[str, Any], config: LLaDA2Config) -> tuple[Array, None]:
@@ -336,7 +360,7 @@ class LLaDA2(nn.Module):
 
             def layer(x, per_layer, block=block):
                 p, kv, win = per_layer
-                return block.apply({"params": p}, x, rope, mask, use_lora, True, kv, win,
+                return block.apply({"params": p}, x, rope, mask, use_lora, True, None, kv, win,
                                    q_start, idx_bq, n_fresh, return_kv)
             x, kv = jax.lax.scan(layer, x, (stack.variables["params"], part(cache), part(window)),
                                  unroll=hi - lo if self.unroll_layers else self.layers_per_loop)

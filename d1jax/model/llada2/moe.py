@@ -14,6 +14,10 @@ The computation is that of inclusionAI's ``modeling_llada2_moe.py`` (``LLaDA2Moe
 - output: the weighted sum of the chosen experts' SwiGLU outputs (summed in float32, as their
   ``moe_infer``), plus the shared experts' SwiGLU of the same input.
 
+Routing replay (RL: the update routes as the old-policy pass did, the instability of MoE RL
+when the two choose different experts): ``replay`` takes recorded ids in place of the
+selection and weighs them as above by the current scores, so the router still gets a gradient.
+
 Experts run dropless as one grouped matmul (``jax.lax.ragged_dot``): the (token, slot) rows
 sorted by expert, each expert's rows multiplied by its own weights, then unsorted. No token is
 ever dropped, so there is no capacity factor.
@@ -57,10 +61,27 @@ def route(x_td: Array, kernel_de: Array, bias_e: Array, *, top_k: int, n_group: 
     keep_g = jnp.zeros((t, n_group), bool).at[jnp.arange(t)[:, None], groups].set(True)
     keep = jnp.repeat(keep_g, e // n_group, axis=1)
     _, ids = jax.lax.top_k(jnp.where(keep, biased, -jnp.inf), top_k)
-    w = jnp.take_along_axis(scores, ids, axis=1)
-    if top_k > 1:
+    return ids.astype(jnp.int32), gate_weights(scores, ids, scaling), scores
+
+
+def gate_weights(scores_te: Array, ids_tk: Array, scaling: float) -> Array:
+    """[T, K] float32: the chosen experts' unbiased scores, renormalised to sum to 1 (K > 1)
+    and times ``scaling``; gradients reach the router through ``scores_te``."""
+    w = jnp.take_along_axis(scores_te, ids_tk, axis=1)
+    if ids_tk.shape[1] > 1:
         w = w / (jnp.sum(w, axis=-1, keepdims=True) + 1e-20)
-    return ids.astype(jnp.int32), w * scaling, scores
+    return w * scaling
+
+
+def replay(ids_tk: Array, scores_te: Array, recorded_tk: Array, scaling: float
+           ) -> tuple[Array, Array, Array]:
+    """Routing replay: (the recorded experts [T, K] where a token has a record (ids >= 0;
+    -1: none, its current ``ids_tk``), their ``gate_weights`` under the current scores,
+    changed [T] bool: the token's current expert set differs from the recorded one)."""
+    has = recorded_tk[:, :1] >= 0
+    used = jnp.where(has, recorded_tk.astype(jnp.int32), ids_tk)
+    missing = ~jnp.any(used[:, :, None] == ids_tk[:, None, :], axis=-1)  # [T, K]
+    return used, gate_weights(scores_te, used, scaling), jnp.any(missing, axis=-1)
 
 
 def grouped_experts(x_td: Array, ids_tk: Array, w_tk: Array, gate_edi: Array, up_edi: Array,
