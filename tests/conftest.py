@@ -34,14 +34,15 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 # The programs the tests compile in this process are tiny: compiling them, not running them, is
-# most of their time, and LLVM's optimizations are much of a CPU compile. Without them (JAX's
-# `jax_disable_most_optimizations`: XLA backend optimization level 0) a compile takes about 40%
-# less CPU time and a step runs about twice as long (docs/testing.md, "Suite time"), so a test
-# file that runs its programs for many steps sets ``COMPILE_OPTIMIZED = True``. Results differ
-# from an optimized program's in the last bits. This process only: the `python -m d1jax.main`
-# subprocesses (the long training runs) compile as users' runs do, and the persistent cache
-# keeps the two apart (its key holds the compile options). D1JAX_TEST_OPTIMIZE=1 compiles
-# every program as users' runs do.
+# most of many files' time, and LLVM's optimizations are much of a CPU compile. A file that sets
+# ``COMPILE_UNOPTIMIZED = True`` compiles without them (JAX's `jax_disable_most_optimizations`:
+# XLA backend optimization level 0): a compile takes about 40% less CPU time, a step runs about
+# twice as long, and results differ from an optimized program's in the last bits, so only
+# files seen passing that way set it (docs/testing.md, "Suite time"; a bitwise comparison of
+# two different programs, as test_sharding's born-sharded init makes, can fail unoptimized).
+# The `python -m d1jax.main` subprocesses compile as users' runs do, and the persistent cache
+# keeps the two apart (its key holds the compile options). D1JAX_TEST_OPTIMIZE=1 compiles every
+# program optimized.
 OPTIMIZE_ALL = os.environ.get("D1JAX_TEST_OPTIMIZE") == "1"
 
 import d1jax  # noqa: E402
@@ -53,13 +54,13 @@ if SHARED_D1.is_dir():  # loaders read d1's files from here instead of downloadi
 
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs(request):
-    """Compiles the file's programs optimized or not (``COMPILE_OPTIMIZED``, above), and drops
+    """Compiles the file's programs optimized or not (``COMPILE_UNOPTIMIZED``, above), and drops
     the in-memory compiled programs after it (a later file reads them back from the persistent
     cache): a pytest process otherwise holds every program of the files it ran (a full run
     once aborted in XLA while writing a cache entry at the 58th percent, which no file alone
     or subset reproduced)."""
-    optimized = OPTIMIZE_ALL or getattr(request.module, "COMPILE_OPTIMIZED", False)
-    jax.config.update("jax_disable_most_optimizations", not optimized)
+    unoptimized = getattr(request.module, "COMPILE_UNOPTIMIZED", False) and not OPTIMIZE_ALL
+    jax.config.update("jax_disable_most_optimizations", unoptimized)
     yield
     jax.clear_caches()
 
@@ -77,7 +78,15 @@ def tiny_model(tiny_config):
 
 @pytest.fixture(scope="session")
 def tiny_params(tiny_model):
-    return d1jax.init_params(tiny_model, jax.random.key(0))
+    # Initialised optimized whichever file asks first: files compiled optimized compare it bit
+    # for bit with parameters they initialise themselves (test_sharding's born-sharded init).
+    from jax._src import compiler
+    unoptimized = compiler._DISABLE_MOST_OPTIMIZATIONS.value
+    jax.config.update("jax_disable_most_optimizations", False)
+    try:
+        return d1jax.init_params(tiny_model, jax.random.key(0))
+    finally:
+        jax.config.update("jax_disable_most_optimizations", unoptimized)
 
 
 @pytest.fixture

@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench import scale, scale_table  # noqa: E402
 
+# Compile-bound: compiled unoptimized (tests/conftest.py), seen passing that way.
+COMPILE_UNOPTIMIZED = True
+
 
 def _reference_scale():
     """bench/reference/scale.py (torch side), imported from its folder as its script does."""

@@ -15,6 +15,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from d1jax import sharding
 from d1jax.checkpoint import Checkpointer, RestoreError, abstract_like
 
+# Compile-bound: compiled unoptimized (tests/conftest.py), seen passing that way.
+COMPILE_UNOPTIMIZED = True
+
 
 def _state(mesh, spec):
     x = jnp.arange(64, dtype=jnp.float32).reshape(8, 8)

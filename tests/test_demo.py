@@ -26,10 +26,6 @@ from examples.demo import report as demo_report  # noqa: E402
 from examples.demo import table as demo_table  # noqa: E402
 from examples.demo import task as demo_task  # noqa: E402
 
-# Compiled as users' runs are (tests/conftest.py): the in-process checks score the demo's
-# exports as the demo's own optimized run did, to the last bit.
-COMPILE_OPTIMIZED = True
-
 
 def run_main(*args, env=None, module="examples.demo"):
     # One CPU device: the demo is a single-core workload; 8 fake devices only slow it down.

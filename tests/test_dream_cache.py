@@ -22,6 +22,9 @@ from tests.test_dream import CFG, hf_state, np_raw_logits, np_tok_idx, write_hf_
 from tests.test_dream_train import peaked  # noqa: F401 (fixture: 2-layer Dream, sharp head)
 from tests.test_sampler import cfg_for, make_prompts
 
+# Compile-bound: compiled unoptimized (tests/conftest.py), seen passing that way.
+COMPILE_UNOPTIMIZED = True
+
 CFG1 = dream_preset("dream-test-tiny", num_hidden_layers=1)
 
 

@@ -36,10 +36,6 @@ from tests.test_sampler import cfg_for, make_prompts, reference_generate
 
 from d1jax.objectives.table import GRPOConfig
 
-# Compiled as users' runs are (tests/conftest.py): the trained run takes many steps, and its
-# seed was chosen on optimized programs.
-COMPILE_OPTIMIZED = True
-
 
 @pytest.fixture(scope="module")
 def peaked(tmp_path_factory):

@@ -10,6 +10,9 @@ from d1jax import config as config_lib
 from d1jax.run import resume
 from d1jax.run import spec as spec_lib
 
+# Compile-bound: compiled unoptimized (tests/conftest.py), seen passing that way.
+COMPILE_UNOPTIMIZED = True
+
 
 def _workdir(tmp_path, identity: dict, step: int = 4):
     """A workdir whose checkpoint ``step`` recorded ``identity`` (Orbax's meta layout)."""

@@ -19,6 +19,9 @@ import d1jax
 from d1jax import sampling as smp
 from d1jax import sharding
 
+# Compile-bound: compiled unoptimized (tests/conftest.py), seen passing that way.
+COMPILE_UNOPTIMIZED = True
+
 
 def ref_budget(mask_count: int, steps: int) -> np.ndarray:
     """LLaDA's get_num_transfer_tokens for one row."""

@@ -27,9 +27,6 @@ from d1jax.tasks import code, format_prompt, get_task
 from tests.config_files import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-# Compiled as users' runs are (tests/conftest.py): the reward measure samples 48 x 4
-# completions per model.
-COMPILE_OPTIMIZED = True
 CONFIG = "configs/grpo_code_toy.py"
 EVAL_PROMPTS, EVAL_SAMPLES = 48, 4
 # Least rise of the mean total reward (0..2.5: 2.0 x share of asserts + 0.5 x format) on the

@@ -11,10 +11,6 @@ from d1jax.run.context import RunStopped
 from d1jax.train import grpo
 from tests import learnable
 
-# Compiled as users' runs are (tests/conftest.py): the trained runs take many steps, and
-# their seeds were chosen on optimized programs.
-COMPILE_OPTIMIZED = True
-
 # Each objective's own metric, compared across the resume beside the shared ones.
 OWN_METRIC = {"diffu_grpo": "kl", "wd1": "positive_loss", "spg": "elbo_mean",
               "coupled_grpo": "ratio_mean"}

@@ -25,6 +25,9 @@ from d1jax.train import engine, pure_steps
 from d1jax.train import jit_steps as steps_lib
 from d1jax.train import state as state_lib
 
+# Compile-bound: compiled unoptimized (tests/conftest.py), seen passing that way.
+COMPILE_UNOPTIMIZED = True
+
 
 def rollout_batch(b=8, p=6, c=5, mu=2, seed=0):
     rs = np.random.RandomState(seed)
