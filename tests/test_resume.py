@@ -84,6 +84,10 @@ MAY_CHANGE_TOO = {  # the other fields that may change, by name
     "grpo.tracerl.their_dream_forward", "grpo.tracerl.upper_p",
     "grpo.tracerl.use_kl_estimator_k3",
     "sft.lower_p", "sft.upper_p", "sft.post_num",
+    "grpo.ebpo.block_size", "grpo.ebpo.eps_high", "grpo.ebpo.eps_low", "grpo.ebpo.num_t",
+    "grpo.ebpo.t_max", "grpo.ebpo.t_min",
+    "grpo.ebpo.routing_replay",  # the routes ride in the rollout's batch, never in a checkpoint
+    "sampler.edit_threshold", "sampler.max_post_edit_steps",
 }
 
 
