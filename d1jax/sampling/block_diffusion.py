@@ -178,13 +178,8 @@ def generate(fns: ModelFns, params: Any, prompt_ids: Array, prompt_mask: Array |
         at = start + i * bl
         ids, trace, count, k, _, _, _, _ = jax.lax.while_loop(
             open_masks, denoise, (ids, trace, count, 0, at, cache, done, i))
-        if cached:  # the decoded block's keys/values, from its final tokens
-            idx = jnp.broadcast_to(jnp.arange(bl)[None], (b, bl))
-            window = jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, at, bl, axis=2),
-                                  cache)
-            _, window = fns.decode_at(params, ids, idx, cache, window, at, attn)
-            cache = jax.tree.map(lambda c, w: jax.lax.dynamic_update_slice_in_dim(
-                c, w.astype(c.dtype), at, axis=2), cache, window)
+        if cached:
+            cache = commit_block(fns, params, ids, cache, at, bl, attn)
         in_block = (pos >= at) & (pos < at + bl) & (pos >= comp[:, None])
         eos = jnp.any(in_block & (ids == cfg.eos_id), axis=1)
         done = done | eos | (at + bl - comp >= gen)
@@ -212,3 +207,15 @@ def _completions(ids: Array, trace: Array, comp: Array, prompt_ids: Array,
     out = jnp.where(after, cfg.eos_id, out)
     steps = jnp.where(after, -1, steps)
     return jnp.concatenate([prompt_ids.astype(jnp.int32), out], axis=1), steps
+
+
+def commit_block(fns: ModelFns, params: Any, ids: Array, cache: Any, at: Array, bl: int,
+                 attn: Array) -> Any:
+    """``cache`` with the decoded block ``ids[:, at:at + bl]``'s keys/values written in, from
+    its final tokens (one forward of the block over the earlier blocks' cache)."""
+    b = ids.shape[0]
+    idx = jnp.broadcast_to(jnp.arange(bl)[None], (b, bl))
+    window = jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, at, bl, axis=2), cache)
+    _, window = fns.decode_at(params, ids, idx, cache, window, at, attn)
+    return jax.tree.map(lambda c, w: jax.lax.dynamic_update_slice_in_dim(
+        c, w.astype(c.dtype), at, axis=2), cache, window)

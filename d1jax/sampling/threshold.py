@@ -55,7 +55,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from d1jax.sampling.block_diffusion import _completions, _repad, layout, step_key
+from d1jax.sampling.block_diffusion import (_completions, _repad, commit_block, layout,
+                                             step_key)
 from d1jax.sampling.config import SamplerConfig
 from d1jax.sampling.model_fns import ModelFns
 
@@ -174,13 +175,8 @@ def decode(fns: ModelFns, params: Any, prompt_ids: Array, prompt_mask: Array | N
         ids, trace, count, k, _, _, _, _, _ = jax.lax.while_loop(
             open_rows, step, (ids, trace, count, 0, at, cache, fin, jnp.zeros((b,), jnp.int32),
                               i))
-        if cached:  # the decoded block's keys/values, from its final tokens
-            idx = jnp.broadcast_to(jnp.arange(bl)[None], (b, bl))
-            window = jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, at, bl, axis=2),
-                                  cache)
-            _, window = fns.decode_at(params, ids, idx, cache, window, at, attn)
-            cache = jax.tree.map(lambda c, w: jax.lax.dynamic_update_slice_in_dim(
-                c, w.astype(c.dtype), at, axis=2), cache, window)
+        if cached:
+            cache = commit_block(fns, params, ids, cache, at, bl, attn)
         in_block = (pos >= at) & (pos < at + bl) & (attn > 0)  # the prompt's part too
         eos = jnp.any(in_block & (ids == cfg.eos_id), axis=1) & ~done
         ids = jnp.where(eos[:, None] & (pos >= at + bl), cfg.eos_id, ids)  # their early stop
