@@ -27,6 +27,9 @@ from d1jax.model.llada2.weights import load_hf_checkpoint, save_hf_checkpoint
 from d1jax.model.predictor import init_params
 from tests import published
 
+# Compile-bound: compiled unoptimized (tests/conftest.py), seen passing that way.
+COMPILE_UNOPTIMIZED = True
+
 # LLaDA2.0-mini's config.json (dFactory configs/model_configs/llada2_mini) with the sizes of
 # the tiny preset: 3 layers (1 dense), 8 experts in 4 groups of which 2 kept, 2 per token.
 TINY_JSON = {

@@ -9,6 +9,9 @@ import pytest
 
 from d1jax.objectives import logprob
 
+# Compile-bound: compiled unoptimized (tests/conftest.py), seen passing that way.
+COMPILE_UNOPTIMIZED = True
+
 
 def _inputs(c, b=3, lp=6, lc=5, seed=0):
     rs = np.random.RandomState(seed)

@@ -22,6 +22,9 @@ from d1jax.run import optim
 from d1jax.run import spec as spec_lib
 from d1jax.train import jit_steps as steps_lib
 
+# Compile-bound: compiled unoptimized (tests/conftest.py), seen passing that way.
+COMPILE_UNOPTIMIZED = True
+
 BF16, F32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)
 LR, B1, B2, EPS, WD, CLIP = 1e-6, 0.9, 0.99, 1e-8, 0.1, 0.2  # DiffuCoder's lr, d1's AdamW
 

@@ -12,6 +12,9 @@ from d1jax import sampling as smp
 import test_fast_sampler as fast_tests  # noqa: E402  (tests/ is on sys.path)
 from test_fast_sampler import prompts  # noqa: E402
 
+# Compile-bound: compiled unoptimized (tests/conftest.py), seen passing that way.
+COMPILE_UNOPTIMIZED = True
+
 
 def sampler_cfg(c, **kw):
     """test_fast_sampler's config with blocks of 8 and 4 steps in all."""
