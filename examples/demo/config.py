@@ -27,7 +27,7 @@ def get_config(arg: str | None) -> mlc.ConfigDict:
     default run's workdir), "seeds" (a harder toy whose pretraining and SFT converge below
     the ceiling, at the budgets where they do: the multi-seed table's runs,
     examples/demo/seeds.py) or "ci" (a shortened run for the test suite: fewer supervised
-    steps, one 60-step diffu-GRPO run from the SFT model with exact rollouts, 128 puzzles
+    steps, one 24-step diffu-GRPO run from the SFT model with exact rollouts, 64 puzzles
     per evaluation set).
     """
     parts = config_lib.variants.parse(arg, ("ci", "compare", "seeds", "d1like"),
@@ -165,7 +165,7 @@ def _grpo(ci: bool) -> mlc.ConfigDict:
     # Policy losses, one run per (objective, start, seed), each on the same rollout and update
     # budget below; ':compare' runs all of OBJECTIVES.
     g.objectives = ("diffu_grpo",)
-    g.steps = 60 if ci else 128  # Optimizer steps per GRPO run (the default demo fits in 15 minutes).
+    g.steps = 24 if ci else 128  # Optimizer steps per GRPO run (the default demo fits in 15 minutes).
     g.starts = ("sft",) if ci else ("base", "sft")  # Starting models: "base" (+diffu-GRPO row), "sft" (d1).
     g.num_generations = 8  # G.
     g.prompts_per_step = 4  # Prompts per rollout.
@@ -190,7 +190,7 @@ def _grpo(ci: bool) -> mlc.ConfigDict:
 
 def _eval(ci: bool) -> mlc.ConfigDict:
     g = mlc.ConfigDict()
-    g.num_examples = 128 if ci else 256  # Puzzles per evaluation set (d1: 256).
+    g.num_examples = 64 if ci else 256  # Puzzles per evaluation set (d1: 256).
     g.batch_size = 64  # Prompts per generate call.
     g.samples = 2  # Sampled completions per puzzle (rollout temperature) besides greedy.
     g.sampled_sets = ("heldout",)  # Sets scored on samples too ("heldout", "d1_test").
