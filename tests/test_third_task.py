@@ -26,6 +26,9 @@ from d1jax.tasks import MODULES_ENV, Task, Verdict, get_task, register_task, reg
 from d1jax.train.sft_data import trajectory_examples
 from tests.learnable import MAIN
 
+# Compile-bound: compiled unoptimized (tests/conftest.py), seen passing that way.
+COMPILE_UNOPTIMIZED = True
+
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "toy_vowels"
 FACTS = dict(mu=3, eval_examples=5, gen_lengths=(24, 48), file_tokens=("vowels",),
