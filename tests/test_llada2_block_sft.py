@@ -1,4 +1,4 @@
-"""LLaDA2's block SFT (the family's ``sft_loss="block"``, ``d1jax.objectives.blockwise``)
+"""LLaDA2's block SFT (the family's ``sft_loss="block_dfactory"``, ``d1jax.objectives.blockwise``)
 against a float64 NumPy port of dFactory's ``tasks/train_llada2_bd.py`` (inclusionAI/dFactory
 at 92b6890808088b112fcf5fc73a341b78b6ab76bf; its ``tasks/dataset/data_transform.py`` and
 ``configs/sft/llada2_mini_bd_sft.yaml``), ported from their equations, not their code:
@@ -26,12 +26,11 @@ is read; d1jax's per-token log-probs of the noised copy (``copy_logps``, the ``S
 path the trainer runs) equal the port's; dFactory's loss built on them equals the port's to
 1e-5 relative and its ``jax.grad`` equals central differences of the port on entries of six
 tensors; d1jax's ``block_sft_loss`` equals the port's log-probs under d1jax's own (dLLM-RL)
-normalisation. Two places where d1jax's ``block_sft_loss`` / ``sft_stage_loss`` do NOT compute
-dFactory's loss are recorded as strict xfails (dLLM-RL's normalisation -sum/L per row; blocks
-counted from the prompt's end instead of position 0); see their reasons. Not tested, also
-different: d1jax draws each position's own p ~ U(lower_p, upper_p) (``random_noise``) where
-dFactory draws one t per row (data_transform.py:116-120); d1jax's default post_num 0 leaves
-the padding out of the loss where dFactory trains on every masked padding position.
+normalisation. dFactory's recipe (``sft.loss="block_dfactory"``, the family's own) is
+``row_noise``, blocks from position 0 and each row's masked-token mean: its loss equals the
+port's through ``sft_stage_loss``, prompts ending on a block boundary or not. (Before it,
+d1jax trained LLaDA2 with SDAR's recipe: -sum/L per row, blocks from the prompt's end, each
+position's own p; this file found it.)
 """
 
 from __future__ import annotations
@@ -203,47 +202,78 @@ def _hf_grad(grads, entry):
     return jnp.swapaxes(a, -1, -2) if swap else a
 
 
-def _block_sft_loss(setup, _memo={}):
+def _block_sft_loss(setup, **recipe):
     """d1jax's block_sft_loss on the rows and masks of ``setup`` (their settings: one copy of
-    the whole row, every padding position trained: post_num None), computed once."""
-    if "loss" not in _memo:
-        _, config, params, pmask = setup
-        _memo["loss"] = float(blockwise.block_sft_loss(
-            LLaDA2(config), params, jnp.asarray(ROWS), jnp.ones(ROWS.shape, jnp.int32),
-            jnp.asarray(PROMPT), jnp.asarray(pmask), copy_len=L, post_num=None,
-            pad_id=PAD)[0])
-    return _memo["loss"]
+    the whole row, every padding position trained: post_num None)."""
+    _, config, params, pmask = setup
+    anchor = jnp.zeros(2, jnp.int32) if recipe else jnp.asarray(PROMPT)
+    return float(blockwise.block_sft_loss(
+        LLaDA2(config), params, jnp.asarray(ROWS), jnp.ones(ROWS.shape, jnp.int32), anchor,
+        jnp.asarray(pmask), copy_len=L, post_num=None, pad_id=PAD, **recipe)[0])
 
 
-def test_block_sft_loss_is_dllm_rls_normalisation_of_the_port(setup):
-    """What d1jax computes today: the port's log-probs, -sum over the masked positions / L
-    per row, mean over rows."""
+def test_block_recipe_is_dllm_rls_normalisation_of_the_port(setup):
+    """The "block" recipe (SDAR's, dLLM-RL): the port's log-probs, -sum over the masked
+    positions / L per row, mean over rows; not dFactory's loss on the same log-probs."""
     sd, _, _, pmask = setup
     lp = np.stack([np_noised_logps(sd, r, m, BS) for r, m in zip(ROWS, pmask)])
     want = np.mean(-np.where(pmask, lp, 0).sum(1) / L)
-    assert _block_sft_loss(setup) == pytest.approx(want, rel=1e-5)
+    got = _block_sft_loss(setup)
+    assert got == pytest.approx(want, rel=1e-5)
+    assert got != pytest.approx(np_dfactory_loss(sd, ROWS, pmask, BS), rel=1e-2)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "normalisation: dFactory divides the masked cross entropy by the number of masked "
-    "positions (tasks/train_llada2_bd.py:458, no 1/t); d1jax's block_sft_loss divides by the "
-    "copy length L per row (dLLM-RL sft_sdar.py's, d1jax/objectives/blockwise.py:216-219)"))
-def test_block_sft_loss_is_dfactorys(setup):
+def test_block_dfactory_loss_is_dfactorys(setup):
+    """``per_token`` with blocks from position 0 (the "block_dfactory" recipe): dFactory's
+    loss, the masked cross entropy over the count of masked positions (train_llada2_bd.py:458,
+    no 1/t), mean over rows."""
     sd, _, _, pmask = setup
-    assert _block_sft_loss(setup) == pytest.approx(np_dfactory_loss(sd, ROWS, pmask, BS),
-                                                   rel=1e-5)
+    assert _block_sft_loss(setup, per_token=True) == pytest.approx(
+        np_dfactory_loss(sd, ROWS, pmask, BS), rel=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "block alignment: dFactory counts blocks from position 0 (block_diffusion_mask, "
-    "tasks/train_llada2_bd.py:145-150, q_idx // block_size); d1jax's sft_stage_loss anchors "
-    "them at the prompt's end (d1jax/objectives/blockwise.py:233-235 passes prompt_len as "
-    "block_index's anchor, :55-58), so a prompt not ending on a block boundary gives other "
-    "logits"))
-def test_unaligned_prompt_logps_are_dfactorys(setup):
+def test_unaligned_prompt_logps_are_dfactorys_with_blocks_from_position_0(setup):
+    """Prompts not ending on a block boundary: blocks counted from position 0 (their
+    block_diffusion_mask, train_llada2_bd.py:145-150, q_idx // block_size) give their
+    log-probs; counted from the prompt's end (SDAR's recipe) they do not."""
     sd, config, params, _ = setup
     prompt = np.array([6, 5])
     pmask = dfactory_noise(np.random.default_rng(1), ROWS, prompt)
     want = np.stack([np_noised_logps(sd, r, m, BS) for r, m in zip(ROWS, pmask)])
-    got = np.asarray(_d1jax_logps(LLaDA2(config), params, prompt, pmask))
+    model = LLaDA2(config)
+    got = np.asarray(_d1jax_logps(model, params, np.zeros(2, np.int64), pmask))
     np.testing.assert_allclose(got[pmask], want[pmask], rtol=1e-4, atol=2e-5)
+    other = np.asarray(_d1jax_logps(model, params, prompt, pmask))
+    assert not np.allclose(other[pmask], want[pmask], rtol=1e-4, atol=2e-5)
+
+
+def test_row_noise_draws_one_t_per_row():
+    """dFactory's sft_noise_transition: one t ~ U(low, high) per row, u < t per position. Over
+    4,096 positions a row's masked share is its t (within 0.03), the rows' t spread over the
+    range, and a position's chance does not vary along the row."""
+    m = np.asarray(blockwise.row_noise(jax.random.key(0), (64, 4096), 0.3, 0.8))
+    share = m.mean(1)
+    assert 0.3 - 0.03 < share.min() and share.max() < 0.8 + 0.03
+    assert share.max() - share.min() > 0.3  # one t per row, not one per batch
+    col = m.mean(0)  # each position: the mean of the rows' t, about 0.55
+    assert abs(col.mean() - share.mean()) < 1e-9 and col.std() < 0.1
+    # positions in a row are independent given t: about t^2 of adjacent pairs both masked
+    pairs = (m[:, 1:] & m[:, :-1]).mean(1)
+    np.testing.assert_allclose(pairs, share ** 2, atol=0.03)
+
+
+def test_sft_stage_loss_of_the_dfactory_recipe_is_the_port(setup):
+    """The trainer's entry (``sft_stage_loss``, recipe "block_dfactory", padding trained):
+    its draw is row_noise's from the prompt's end on, and its loss is the port's dFactory
+    loss on those masks, prompts not ending on a block boundary."""
+    sd, config, params, _ = setup
+    prompt = np.array([6, 5])
+    key = jax.random.key(5)
+    pmask = (np.asarray(blockwise.row_noise(key, ROWS.shape, 0.3, 0.8))
+             & (np.arange(L)[None] >= prompt[:, None]))
+    assert pmask.any(1).all()
+    got, metrics = blockwise.sft_stage_loss(
+        LLaDA2(config), params, jnp.asarray(ROWS), jnp.asarray(prompt), key, lower=0.3,
+        upper=0.8, post_num=None, pad_id=PAD, recipe="block_dfactory")
+    assert float(got) == pytest.approx(np_dfactory_loss(sd, ROWS, pmask, BS), rel=1e-5)
+    assert float(metrics["masked_tokens"]) == pytest.approx(pmask.sum(1).mean())

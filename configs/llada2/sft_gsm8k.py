@@ -1,7 +1,9 @@
 """Block SFT of LLaDA2.0-mini (or -flash) with inclusionAI/dFactory's
 ``configs/sft/llada2_mini_bd_sft.yaml`` values (``tasks/train_llada2_bd.py``,
-``block_diffusion_mode``): each row's completion is masked position by position with
-p ~ U(0.3, 0.8) and the noised copy attends to the clean earlier blocks of 32 tokens
+``block_diffusion_mode``; ``sft.loss="block_dfactory"``): each row draws one t ~ U(0.3, 0.8)
+and masks each completion position (padding included, trained on) with probability t; the
+noised copy attends to its own block and to the clean blocks before it, blocks of 32 tokens
+counted from position 0; the loss is each row's masked-token mean, averaged over rows
 (d1jax/objectives/blockwise.py; docs/objectives.md, "Block SFT").
 
   training: full fine-tuning, AdamW lr 1e-5, betas 0.9/0.999, weight decay 0.1, grad norm
@@ -26,8 +28,9 @@ from d1jax import config
 def get_config(arg=None):
     tiny = "tiny" in config.variants.parse(arg, config.defaults.VARIANTS["sft"])
     c = config.sft(arg, checkpoint="llada2")
-    c.sft.loss = "block"  # the family's own; named so the file says what it trains
+    c.sft.loss = "block_dfactory"  # the family's own; named so the file says what it trains
     c.sft.lower_p, c.sft.upper_p = 0.3, 0.8  # noise_range_low / noise_range_high
+    c.sft.post_num = -1  # their padding is masked and trained on (data_transform.py)
     config.full_finetuning(c, 1e-3 if tiny else 1e-5)
     o = c.optim
     o.weight_decay, o.warmup_ratio = 0.1, 0.03  # weight_decay, lr_warmup_ratio

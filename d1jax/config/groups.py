@@ -236,9 +236,12 @@ class SFTKnobs:
         "apart, as generation sees them.", choices=("joint", "split"))
     loss: str = knob(
         "family", '"masked": d1\'s masked SFT (t ~ U(eps, 1), 1/t weight); "block": block SFT '
-        "(dLLM-RL sft_sdar.py: a noised copy of the row attends to its clean earlier blocks); "
-        '"family": the model family\'s own (block for SDAR/TraDo, masked otherwise).',
-        choices=("family", "masked", "block"))
+        "(dLLM-RL sft_sdar.py: a noised copy of the row attends to its clean earlier blocks; "
+        'each position its own p, -sum/L per row); "block_dfactory": dFactory\'s '
+        "(train_llada2_bd.py: one t per row, blocks from position 0, each row's masked-token "
+        'mean); "family": the model family\'s own (block for SDAR/TraDo, block_dfactory for '
+        "LLaDA2, masked otherwise).",
+        choices=("family", "masked", "block", "block_dfactory"))
     lower_p: float = of(SFTConfig)  # the update's SFTConfig declares these
     upper_p: float = of(SFTConfig)
     post_num: int | None = of(SFTConfig)  # -1 ("all") here, None in SFTConfig

@@ -77,8 +77,9 @@ class Family:
     # The first and last layers run outside the layer loop (LLaDA): the last runs only the
     # rows the output reads, and XLA drops the first's q/k/v input gradient under LoRA.
     peeled_ends: bool = False
-    # The SFT stage's loss under sft.loss "family": "masked" (d1's) or "block" (block SFT,
-    # d1jax.objectives.blockwise: a model taking positions= and mask= in ``hidden``).
+    # The SFT stage's loss under sft.loss "family": "masked" (d1's), "block" or
+    # "block_dfactory" (block SFT's recipes, d1jax.objectives.blockwise: a model taking
+    # positions= and mask= in ``hidden``).
     sft_loss: str = "masked"
 
     def model(self, config: Any, **kwargs: Any):

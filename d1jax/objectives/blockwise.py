@@ -33,6 +33,15 @@ tokens of the response (``pad_id``, after its end) count in p_mask only for the 
 counted in the mean). L1 is their padded response length, a constant of the run; here the
 copy length C.
 
+dFactory's block SFT for LLaDA2 (``tasks/train_llada2_bd.py`` with ``sft_noise_transition``
+of ``tasks/dataset/data_transform.py``; ``recipe="block_dfactory"``) differs in three ways:
+one t ~ U(lower, upper) per row, each position from the prompt's end on masked when u < t
+(``row_noise``); blocks counted from position 0, not from the prompt's end (anchor 0); the
+loss of a row is its masked positions' cross entropy summed over their count (no 1/t), then
+the mean over rows (their micro-batch of one row, ``/ len(micro_batches)``; a larger
+micro-batch of theirs averages its tokens together). Their padding is masked and trained on:
+``post_num`` -1 (None here) in configs/llada2/sft_gsm8k.py.
+
 Shape letters: B rows, L clean length, R copies, C copy length, N = L + R C, D width.
 """
 
@@ -50,6 +59,9 @@ from d1jax.model.qwen import token_positions
 from d1jax.objectives import logprob
 
 Array = jax.Array
+# Block SFT recipes (``sft_stage_loss``): dLLM-RL's sft_sdar.py (SDAR, TraDo) and dFactory's
+# train_llada2_bd.py (LLaDA2).
+RECIPES = ("block", "block_dfactory")
 
 
 def block_index(length: int, anchor_b: Array, block: int) -> Array:
@@ -187,6 +199,14 @@ def random_noise(key: Array, shape: tuple[int, ...], lower: float, upper: float)
     return jax.random.uniform(k_u, shape) <= p
 
 
+def row_noise(key: Array, shape: tuple[int, int], lower: float, upper: float) -> Array:
+    """bool [B, L]: one t ~ U(lower, upper) per row, each position masked when u < t, u ~ U(0, 1)
+    (dFactory's ``sft_noise_transition``)."""
+    k_t, k_u = jax.random.split(key)
+    t = jax.random.uniform(k_t, (shape[0], 1), minval=lower, maxval=upper)
+    return jax.random.uniform(k_u, shape) < t
+
+
 def post_num_filter(pmask_brc: Array, targets_bc: Array, pad_id: int,
                     post_num: int | None) -> Array:
     """p_mask without the padding tokens past the first ``post_num`` of each row (their
@@ -199,12 +219,14 @@ def post_num_filter(pmask_brc: Array, targets_bc: Array, pad_id: int,
 
 def block_sft_loss(model: MaskPredictor, params: Any, ids_bl: Array, real_bl: Array,
                    anchor_b: Array, pmask_bc: Array, *, copy_len: int, post_num: int | None,
-                   pad_id: int, norm_len: int | None = None, use_lora: bool = True,
-                   dropout_rng: Array | None = None) -> tuple[Array, dict[str, Array]]:
+                   pad_id: int, norm_len: int | None = None, per_token: bool = False,
+                   use_lora: bool = True, dropout_rng: Array | None = None
+                   ) -> tuple[Array, dict[str, Array]]:
     """Their SFT loss on rows with the masked positions ``pmask_bc`` [B, C] of the last
     ``copy_len`` positions given: one noised copy; -sum(p_mask log p) / L1 per kept row
     (p_mask not empty after ``post_num_filter``), mean over kept rows. ``norm_len``: L1
-    (default C). Returns (loss, metrics: masked_tokens per row, kept_rows, and the model's
+    (default C); ``per_token``: divide each row by its count of p_mask positions instead
+    (dFactory's). Returns (loss, metrics: masked_tokens per row, kept_rows, and the model's
     ``step_metrics`` of the forward: an MoE's router summary)."""
     c = copy_len
     clean_c = ids_bl[:, -c:]
@@ -215,21 +237,29 @@ def block_sft_loss(model: MaskPredictor, params: Any, ids_bl: Array, real_bl: Ar
     lp = lp[:, 0]
     kept = jnp.any(pm, axis=1)
     n = jnp.maximum(jnp.sum(kept), 1).astype(jnp.float32)
-    row = -jnp.sum(jnp.where(pm, lp, 0.0), axis=1) / (norm_len or c)
+    count = jnp.maximum(jnp.sum(pm, axis=1), 1).astype(jnp.float32)
+    row = -jnp.sum(jnp.where(pm, lp, 0.0), axis=1) / (count if per_token else (norm_len or c))
     return jnp.sum(row) / n, {"masked_tokens": jnp.mean(jnp.sum(pm, axis=1).astype(jnp.float32)),
                               "kept_rows": jnp.mean(kept.astype(jnp.float32)), **aux}
 
 
 def sft_stage_loss(model: MaskPredictor, params: Any, input_ids_bl: Array, prompt_len_b: Array,
                    key: Array, *, lower: float, upper: float, post_num: int | None,
-                   pad_id: int, use_lora: bool = True, dropout_rng: Array | None = None
-                   ) -> tuple[Array, dict[str, Array]]:
+                   pad_id: int, recipe: str = "block", use_lora: bool = True,
+                   dropout_rng: Array | None = None) -> tuple[Array, dict[str, Array]]:
     """Block SFT on the SFT stage's rows (prompt then completion, EOS-padded, no left
-    padding): the copy is the whole row, its positions from ``prompt_len`` on masked by
-    ``random_noise``; anchors at ``prompt_len``; L1 = L."""
+    padding): the copy is the whole row, its positions from ``prompt_len`` on masked.
+    ``recipe`` "block" (dLLM-RL's): by ``random_noise``, blocks anchored at ``prompt_len``,
+    L1 = L; "block_dfactory" (dFactory's, module docstring): by ``row_noise``, blocks from
+    position 0, each row's masked-token mean."""
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe={recipe!r}: one of {RECIPES}")
     b, l = input_ids_bl.shape
     resp = jnp.arange(l)[None] >= prompt_len_b[:, None]
-    pmask = random_noise(key, (b, l), lower, upper) & resp
+    dfactory = recipe == "block_dfactory"
+    noise = row_noise if dfactory else random_noise
+    pmask = noise(key, (b, l), lower, upper) & resp
+    anchor = jnp.zeros_like(prompt_len_b) if dfactory else prompt_len_b
     return block_sft_loss(model, params, input_ids_bl, jnp.ones((b, l), jnp.int32),
-                          prompt_len_b, pmask, copy_len=l, post_num=post_num, pad_id=pad_id,
-                          use_lora=use_lora, dropout_rng=dropout_rng)
+                          anchor, pmask, copy_len=l, post_num=post_num, pad_id=pad_id,
+                          per_token=dfactory, use_lora=use_lora, dropout_rng=dropout_rng)

@@ -24,8 +24,8 @@ import jax
 
 from d1jax.knobs import frozen, knob, negative_is_none
 from d1jax.model.predictor import MaskPredictor
-from d1jax.objectives import (coupled_grpo, ebpo, justgrpo, logprob, losses, masking, recipes,
-                              spg, tracerl, tracerl_full, wd1)
+from d1jax.objectives import (blockwise, coupled_grpo, ebpo, justgrpo, logprob, losses, masking,
+                              recipes, spg, tracerl, tracerl_full, wd1)
 from d1jax.objectives.batch import GRPOBatch
 from d1jax.objectives.registry import OBJECTIVES, Cost, Objective, get, register  # noqa: F401
 
@@ -383,17 +383,21 @@ class GRPOConfig:
                              f"max_tokens={self.max_tokens}")
 
 
+SFT_LOSSES = ("masked", *blockwise.RECIPES)
+
+
 @frozen
 class SFTConfig:
     """SFT knobs: d1's masked SFT trainer, or block SFT (dLLM-RL sft_sdar.py). Its knobs
     (``knob``) are config.sft's, where post_num -1 is this config's None."""
 
     eps: float = knob(1e-3, "masked: lower bound of the mask ratio t ~ U(eps, 1).")
-    # "masked" (losses.sft_loss) or "block" (blockwise.sft_stage_loss); config.sft.loss
-    # also takes "family", which the spec resolves to one of these.
+    # "masked" (losses.sft_loss), "block" or "block_dfactory" (blockwise.sft_stage_loss's
+    # recipes); config.sft.loss also takes "family", which the spec resolves to one of these.
     loss: str = "masked"
     lower_p: float = knob(0.1, "block: each completion position masked with its own p ~ "
-                          "U(lower_p, upper_p) (sft_sdar.yaml: 0.1).")
+                          "U(lower_p, upper_p) (sft_sdar.yaml: 0.1); block_dfactory: one t per "
+                          "row from that range (llada2_mini_bd_sft.yaml: 0.3-0.8).")
     upper_p: float = knob(0.9, "block: upper end of that p (sft_sdar.yaml: 0.9).")
     post_num: int | None = knob(
         0, "block: padding tokens after the completion trained on per row (sft_sdar.yaml: 0; "
@@ -403,8 +407,8 @@ class SFTConfig:
     seq_chunk: int | None = None  # Positions per head chunk (None: automatic).
 
     def __post_init__(self):
-        if self.loss not in ("masked", "block"):
-            raise ValueError(f"loss={self.loss!r}: 'masked' or 'block'")
-        if self.loss == "block" and not 0.0 <= self.lower_p <= self.upper_p <= 1.0:
+        if self.loss not in SFT_LOSSES:
+            raise ValueError(f"loss={self.loss!r}: one of {', '.join(SFT_LOSSES)}")
+        if self.loss != "masked" and not 0.0 <= self.lower_p <= self.upper_p <= 1.0:
             raise ValueError(f"lower_p={self.lower_p}, upper_p={self.upper_p}: need "
                              "0 <= lower_p <= upper_p <= 1")

@@ -285,9 +285,9 @@ def _sft(c, o: OptimSpec, lora: LoraConfig | None) -> tuple[SFTConfig, SFTSpec]:
     s = knobs.translate(SFTSpec, c.sft, "sft")
     fam = family_lib.get(c.model.family)
     loss = fam.sft_loss if s.loss == "family" else s.loss
-    if loss == "block" and fam.sft_loss != "block":
-        raise ConfigError(f"sft.loss='block' needs a block diffusion model (SDAR, TraDo); "
-                          f"model.family={fam.name!r} trains with sft.loss='masked'")
+    if loss != "masked" and fam.sft_loss == "masked":
+        raise ConfigError(f"sft.loss={loss!r} needs a block diffusion model (SDAR, TraDo, "
+                          f"LLaDA2); model.family={fam.name!r} trains with sft.loss='masked'")
     try:
         cfg = knobs.shared(SFTConfig, s, grad_accum=o.grad_accum, loss=loss,
                            lora_dropout=lora is not None and lora.dropout > 0)

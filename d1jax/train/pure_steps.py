@@ -149,7 +149,8 @@ def grpo_update_step(model: MaskPredictor, optimizer: optax.GradientTransformati
 def sft_update_step(model: MaskPredictor, optimizer: optax.GradientTransformation, cfg: SFTConfig,
                     state: TrainState, batch: SFTBatch, rng: Array) -> tuple[TrainState, dict]:
     """One SFT optimizer step with gradient accumulation: d1's masked SFT
-    (``losses.sft_loss``) or block SFT (``blockwise.sft_stage_loss``), as ``cfg.loss`` says.
+    (``losses.sft_loss``) or block SFT (``blockwise.sft_stage_loss``, dLLM-RL's or dFactory's
+    recipe), as ``cfg.loss`` says.
 
     rng: the masking noise (and LoRA dropout); fold the step in for a fresh draw per step.
     """
@@ -157,11 +158,11 @@ def sft_update_step(model: MaskPredictor, optimizer: optax.GradientTransformatio
         params = state.as_policy(trainable)  # a float32 master: cast to the model's dtype
         key = jax.random.fold_in(rng, i)
         drop = jax.random.fold_in(key, 1) if cfg.lora_dropout else None
-        if cfg.loss == "block":  # the rows are padded with the model's pad token
+        if cfg.loss in blockwise.RECIPES:  # the rows are padded with the model's pad token
             return blockwise.sft_stage_loss(
                 model, params, mb.input_ids, mb.prompt_len, key, lower=cfg.lower_p,
                 upper=cfg.upper_p, post_num=cfg.post_num, pad_id=model.config.pad_token_id,
-                dropout_rng=drop)
+                recipe=cfg.loss, dropout_rng=drop)
         return losses.sft_loss(model, params, mb.input_ids, mb.prompt_len, key,
                                eps=cfg.eps, dropout_rng=drop, seq_chunk=cfg.seq_chunk)
 

@@ -34,7 +34,7 @@ FAMILY = Family(
     checkpoints={"llada2": ("LLADA2_PATH", "llada2-tiny")},  # inclusionAI/LLaDA2.0-mini
     published=("inclusionAI/LLaDA2.0-mini", "inclusionAI/LLaDA2.0-flash"),
     turn_ends=("<|role_end|>",),  # their chat turns: <role>HUMAN</role>...<|role_end|>
-    sft_loss="block")  # dFactory trains LLaDA2 with block SFT (tasks/train_llada2_bd.py)
+    sft_loss="block_dfactory")  # dFactory's block SFT (tasks/train_llada2_bd.py)
 
 __all__ = ["FAMILY", "GRPO_TARGETS", "LLaDA2", "LLaDA2Config", "LORA_TARGETS", "PRESETS",
            "REMOTE_CODE", "key_map", "load_hf_checkpoint", "preset", "read_config",
