@@ -1,0 +1,76 @@
+"""Issue 59's "done when": a tiny LLaDA2 MoE (``llada2-tiny``: 8 experts) runs each of its
+configs end to end in-process on 8 fake CPU devices with the experts on a mesh axis of 4 (data 2
+x expert 4): block SFT (configs/llada2/sft_gsm8k.py), EBPO (ebpo_math.py), TraceRL
+(tracerl_math.py) and diffu-GRPO (grpo_gsm8k.py), each stopped with a save after step 1,
+resumed from the workdir to step 2, exported as a LLaDA2 checkpoint that reloads with its
+experts sharded 4 ways.
+
+Overlap: tests/test_llada2_train.py runs block SFT through ``python -m d1jax.main`` from the
+published layouts' replicas (router metrics, layout kept, trained weights moved) and
+tests/test_ebpo.py's tiny LLaDA2 run checks EBPO's mu = 2 ratio; neither stops and resumes, nor
+runs TraceRL or diffu-GRPO on LLaDA2."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from d1jax import sharding as shd
+from d1jax.metrics import read_jsonl
+from d1jax.model import hf_checkpoint as hf
+from d1jax.model.llada2 import load_hf_checkpoint
+from d1jax.run.context import RunStopped
+from d1jax.train import grpo, sft
+from tests.config_files import load_module
+
+# Compile-bound: compiled unoptimized (tests/conftest.py), seen passing that way.
+COMPILE_UNOPTIMIZED = True
+
+MESH = (2, 1, 1, 4)  # data 2 x expert 4
+
+pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices")
+
+
+@pytest.mark.parametrize("config_file", [
+    "configs/llada2/sft_gsm8k.py", "configs/llada2/ebpo_math.py",
+    "configs/llada2/tracerl_math.py", "configs/llada2/grpo_gsm8k.py",
+], ids=["block_sft", "ebpo", "tracerl", "diffu_grpo"])
+def test_tiny_config_stops_resumes_and_exports_on_the_expert_mesh(config_file, tmp_path):
+    mod = load_module(config_file)
+
+    def config(**train):
+        c = mod.get_config("tiny")
+        c.mesh.shape = MESH
+        for k, v in {"num_steps": 2, "sample_every": 100, "export_hf": True, **train}.items():
+            setattr(c.train, k, v)
+        if c.stage == "sft":
+            c.sft.batch_size = 2  # one row a data shard
+        else:  # a rollout a step: a run stops only between rollouts (mu 2 would not at step 1)
+            c.grpo.num_iterations = 1
+        return c
+    run = sft.run if mod.get_config("tiny").stage == "sft" else grpo.run
+    with pytest.raises(RunStopped, match="stopped at step 1 of 2"):
+        run(config(stop_after=1), str(tmp_path))
+    assert (tmp_path / "checkpoints" / "1").is_dir() and not (tmp_path / "hf").exists()
+    run(config(), str(tmp_path))
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [x["step"] for x in rows] == [1, 2]
+    assert all(np.isfinite(x["loss"]) for x in rows)
+    if "tracerl" in config_file:  # the trace's tokens were scored
+        assert all(x["scored_tokens"] > 0 for x in rows)
+    assert tuple(json.loads((tmp_path / "config.json").read_text())["mesh"]["shape"]) == MESH
+    out = tmp_path / "hf"
+    assert json.loads((out / "config.json").read_text())["model_type"] == "llada2_moe"
+    keys = set(hf.open_checkpoint(out))
+    assert "model.layers.1.mlp.experts.7.down_proj.weight" in keys  # the Hub's layout
+    # Reloaded on the expert mesh: every MoE layer's experts, sharded 4 ways.
+    rules = shd.DEFAULT_RULES + ((shd.EXPERT, shd.EXPERT_AXIS),)
+    cfg, params = load_hf_checkpoint(out, shd.make_mesh(MESH), rules=rules)
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        experts = params["moe_layers"]["experts"][name]
+        assert experts.shape[1] == cfg.num_experts == 8
+        assert experts.addressable_shards[0].data.shape[1] == cfg.num_experts // 4
+        assert np.isfinite(np.asarray(experts, np.float32)).all()
