@@ -23,7 +23,8 @@ from d1jax.cli import parse_flags, run_stage
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config (.py), ':variant' allowed.")
 _TOPOLOGY = flags.DEFINE_string("topology", "v5p:2x2x1",
                                 "TPU topology ('v5p:2x2x1', 'v5e:2x4') or slice ('v5p-8').")
-_MESH = flags.DEFINE_string("mesh", "", "data,fsdp,tensor sizes (one may be -1); default: "
+_MESH = flags.DEFINE_string("mesh", "", "data,fsdp,tensor sizes (one may be -1), and expert "
+                                        "for a family with experts (LLaDA2); default: "
                                         "config.mesh.shape.")
 _JSON = flags.DEFINE_string("json", "", "Also write the figures to this JSON file.")
 _PROGRAMS = flags.DEFINE_list("programs", [], "Plan only these programs (e.g. rollout,"
@@ -40,8 +41,9 @@ def _mesh_shape(text: str) -> tuple[int, ...] | None:
         shape = tuple(int(x) for x in text.split(","))
     except ValueError:
         shape = ()
-    if len(shape) != 3:
-        raise app.UsageError(f"--mesh={text!r}: give three sizes data,fsdp,tensor, e.g. 1,4,1")
+    if len(shape) not in (3, 4):
+        raise app.UsageError(f"--mesh={text!r}: give three sizes data,fsdp,tensor, e.g. 1,4,1, "
+                             f"or four, data,fsdp,tensor,expert, for a family with experts")
     return shape
 
 

@@ -23,6 +23,7 @@ import time
 import jax
 
 from d1jax import config as config_lib
+from d1jax import sharding as shd
 from d1jax.plan import cache as plan_cache
 from d1jax.plan import chips, hlo
 from d1jax.plan.programs import PlanSpec, PlannedProgram, build_programs
@@ -284,20 +285,19 @@ def plan(run, topology: str, mesh_shape: tuple[int, ...] | None = None,
          on_estimate=None, cache_dir: str | None = None,
          programs: tuple[str, ...] = ()) -> list[Estimate]:
     """Estimates for every program of ``run`` (a ``RunSpec``, or a config translated here
-    once) on ``topology`` ("v5p:2x2x1", "v5e-8", ...); ``mesh_shape`` (data, fsdp, tensor)
-    overrides the spec's mesh shape. ``on_estimate`` is called with each estimate as soon as
-    it is ready (8B programs take minutes). ``cache_dir``: where compiled figures are kept
-    (``cache.cache_dir``: default $D1JAX_PLAN_CACHE or ~/.cache/d1jax/plan; "" for none).
+    once) on ``topology`` ("v5p:2x2x1", "v5e-8", ...); ``mesh_shape`` (data, fsdp, tensor, and
+    expert for a family with experts) overrides the spec's mesh shape (``with_mesh``).
+    ``on_estimate`` is called with each estimate as soon as it is ready (8B programs take
+    minutes). ``cache_dir``: where compiled figures are kept (``cache.cache_dir``: default
+    $D1JAX_PLAN_CACHE or ~/.cache/d1jax/plan; "" for none).
     ``programs``: plan only those (by name; default all).
 
     The programs are traced one after the other and compiled at the same time, one thread
     each: XLA releases the GIL while it compiles."""
     chip, devices = chips.topology_devices(topology)
-    spec = PlanSpec.of(as_spec(run))
-    mesh_spec = spec.run.mesh
-    if mesh_shape is not None:
-        mesh_spec = dataclasses.replace(mesh_spec, shape=tuple(mesh_shape))
-    mesh = mesh_spec.build(devices)
+    spec = PlanSpec.of(with_mesh(as_spec(run), mesh_shape))
+    check_expert_mesh(spec)
+    mesh = spec.run.mesh.build(devices)
     root = plan_cache.cache_dir(cache_dir)
     if root is not None:
         plan_cache.use_jax_cache(root)
@@ -318,6 +318,32 @@ def plan(run, topology: str, mesh_shape: tuple[int, ...] | None = None,
             if on_estimate is not None:
                 on_estimate(done.result())
     return [f.result() for f in futures]
+
+
+def with_mesh(run: spec_lib.RunSpec, shape: tuple[int, ...] | None) -> spec_lib.RunSpec:
+    """``run`` on a mesh of ``shape`` (None: its own), with the rules
+    ``run.spec.from_config`` gives that shape: a fourth entry (expert) maps the experts'
+    logical axis to the expert mesh axis unless the config's rules map it."""
+    if shape is None:
+        return run
+    shape, rules = tuple(shape), dict(run.mesh.rules)
+    default = {shd.EXPERT: shd.EXPERT_AXIS}  # from_config's rule for a four-entry shape
+    if len(shape) == 4:
+        rules = {**default, **rules}
+    elif rules.get(shd.EXPERT) == shd.EXPERT_AXIS:  # from a four-entry config: no such axis
+        del rules[shd.EXPERT]
+    return dataclasses.replace(run, mesh=dataclasses.replace(run.mesh, shape=shape,
+                                                             rules=tuple(rules.items())))
+
+
+def check_expert_mesh(spec: PlanSpec) -> None:
+    """ConfigError (one line) for a four-entry mesh (data, fsdp, tensor, expert) on a family
+    without experts: its expert axis would hold copies of everything."""
+    shape = tuple(spec.run.mesh.shape)
+    if len(shape) == 4 and not getattr(spec.model_config, "num_experts", 0):
+        raise config_lib.ConfigError(
+            f"mesh.shape={shape}: the fourth entry is the expert axis and "
+            f"{spec.run.model.family} has no experts; give three sizes data,fsdp,tensor")
 
 
 def as_spec(run) -> spec_lib.RunSpec:

@@ -7,7 +7,10 @@ A matmul [m, k] x [k, n] is 2 m k n FLOPs. Per token and layer the projections c
 adapter of rank r on a [in, out] projection 2 r (in + out) per token. Norms, RoPE, softmax,
 Dream's q/k/v biases and the optimizer are elementwise and left out (under 1% at 7-8B).
 Shapes come from the properties every family's config answers (``width``, ``depth``,
-``query_heads``, ``head_dim``, ``output_vocab``, ``projections`` by LoRA target name).
+``query_heads``, ``head_dim``, ``output_vocab``, ``projections`` by LoRA target name); a
+family whose layers differ (LLaDA2: dense layers, then mixture-of-experts layers whose
+projections are the ones a token runs, its top-k experts and the router among them) answers
+``layer_projections`` too, one such dict per layer (``layer_shapes``).
 
 Layer layout (``Family.peeled_ends``): LLaDA runs its first and last layers outside the
 layer loop, so its last layer computes queries and MLP only for the rows the output reads
@@ -76,6 +79,21 @@ def projection_shapes(cfg) -> dict[str, tuple[int, int]]:
     return cfg.projections
 
 
+def layer_shapes(cfg) -> list[dict[str, tuple[int, int]]]:
+    """Per layer, [in, out] of each projection a token runs through: the config's
+    ``layer_projections`` where its layers differ (LLaDA2), else ``projections`` in every
+    layer."""
+    per_layer = getattr(cfg, "layer_projections", None)
+    layers = [projection_shapes(cfg)] * cfg.depth if per_layer is None else list(per_layer)
+    if len(layers) != cfg.depth:
+        raise ValueError(f"layer_projections has {len(layers)} layers, depth is {cfg.depth}")
+    return layers
+
+
+# The first layer's query/key/value projections (LLaDA2 fuses them: query_key_value).
+_FIRST_QKV = ("q_proj", "k_proj", "v_proj", "query_key_value")
+
+
 def forward(cfg, batch: int, q_len: int, kv_len: int, head_positions: int,
             lora: LoraConfig | None = None, last_rows: int | None = None,
             query_only: int = 0) -> Forward:
@@ -86,26 +104,30 @@ def forward(cfg, batch: int, q_len: int, kv_len: int, head_positions: int,
     ``query_only``: rows more that every layer runs without keys and values (queries,
     attention, output projection and MLP: a shifted predictor's cached step, the row
     before each recomputed one)."""
-    shapes = projection_shapes(cfg)
-    n_layers = cfg.depth
+    layers = layer_shapes(cfg)
+    n_layers = len(layers)
     kv_side = ("k_proj", "v_proj")
     rows = (q_len if last_rows is None else last_rows)
 
-    def per_token(names, adapter: bool):
+    def per_token(shapes, names, adapter: bool):
         if adapter and lora is None:
             return 0
         return sum((2 * lora.rank * (i + o) if adapter else 2 * i * o)
                    for name, (i, o) in shapes.items()
                    if name in names and (not adapter or name in lora.targets))
-    kv, query = tuple(kv_side), tuple(n for n in shapes if n not in kv_side)
+    base = adapters = 0
+    for index, shapes in enumerate(layers):  # keys/values on q_len rows, the rest on q_rows
+        q_rows = (rows if index == n_layers - 1 else q_len) + query_only
+        query = tuple(n for n in shapes if n not in kv_side)
+        base += q_len * per_token(shapes, kv_side, False) + q_rows * per_token(shapes, query, False)
+        adapters += q_len * per_token(shapes, kv_side, True) + q_rows * per_token(shapes, query,
+                                                                                   True)
+    base, adapters = batch * base, batch * adapters
     query_rows = q_len * (n_layers - 1) + rows + query_only * n_layers
-    base = batch * (q_len * n_layers * per_token(kv, False) + query_rows * per_token(query, False))
-    adapters = batch * (q_len * n_layers * per_token(kv, True)
-                        + query_rows * per_token(query, True))
     head = 2.0 * batch * head_positions * cfg.width * cfg.output_vocab
     attention = 4.0 * batch * query_rows * kv_len * cfg.query_heads * cfg.head_dim
-    first_qkv = batch * (q_len * per_token(("q_proj",) + kv, False)
-                         + query_only * per_token(("q_proj",), False))
+    first_qkv = batch * (q_len * per_token(layers[0], _FIRST_QKV, False)
+                         + query_only * per_token(layers[0], ("q_proj",), False))
     return Forward(base=float(base) + head, head=head, lora=float(adapters),
                    attention=attention, first_qkv=float(first_qkv))
 

@@ -15,6 +15,12 @@ COLUMNS = ("program", "mesh d,f,t", "remat", "args GiB (rules)", "temp GiB", "to
            "tok/s/chip", "seq/s/chip", "weights repl.", "logits")
 
 
+def _mesh_cell(m: dict) -> str:
+    """data,fsdp,tensor sizes, and the expert axis's where the mesh has one (LLaDA2)."""
+    return ",".join(str(m.get(a, 1)) for a in ("data", "fsdp", "tensor")) \
+        + (f",{m['expert']}" if "expert" in m else "")
+
+
 def _cells(e: Estimate) -> list[str]:
     m = e.mesh
     per_chip_s = e.seconds
@@ -24,7 +30,7 @@ def _cells(e: Estimate) -> list[str]:
     # XLA refused the program: its total is the one figure XLA gave, no time was estimated
     fits = "NO (XLA)" if e.refused else "yes" if e.fits else "NO"
     return [
-        e.program + (f" (1 of {e.calls} calls)" if e.calls > 1 else ""), f"{m.get('data', 1)},{m.get('fsdp', 1)},{m.get('tensor', 1)}",
+        e.program + (f" (1 of {e.calls} calls)" if e.calls > 1 else ""), _mesh_cell(m),
         "on" if e.remat else "off",
         f"{e.argument_bytes / GIB:.2f} ({e.argument_bytes_by_rules / GIB:.2f})",
         f"{e.temp_bytes / GIB:,.2f}", f"{e.total_bytes / GIB:,.2f}",

@@ -149,6 +149,37 @@ class LLaDA2Config:
     def output_vocab(self) -> int:
         return self.vocab_size
 
+    @property
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """[in, out] of each block projection, by its LoRA target name (a dense layer's: the
+        fused query_key_value, the attention output ``dense``, the SwiGLU's gate/up/down)."""
+        d, f = self.hidden_size, self.intermediate_size
+        return {**self._attention_projections(), "gate_proj": (d, f), "up_proj": (d, f),
+                "down_proj": (f, d)}
+
+    def _attention_projections(self) -> dict[str, tuple[int, int]]:
+        d, h = self.hidden_size, self.head_dim
+        q, kv = self.num_attention_heads * h, self.num_key_value_heads * h
+        return {"query_key_value": (d, q + 2 * kv), "dense": (q, d)}
+
+    @property
+    def layer_projections(self) -> tuple[dict[str, tuple[int, int]], ...]:
+        """Per layer, [in, out] of each matmul a token runs through (the planner's analytic
+        FLOPs, ``d1jax.plan.flops``: the ACTIVE ones). A dense layer: ``projections``. A MoE
+        layer: the attention's two, the shared experts' SwiGLU (gate/up/down of width
+        I * num_shared_experts, the LoRA names; none without shared experts), the router's
+        [D, E] logits and the k = num_experts_per_tok routed experts a token is sent to, as
+        one SwiGLU of width k * I (``routed_*``: stacked weights, never adapted). So a
+        token's forward costs, per layer, 2 D (N + 2K) H + 2 N H D (attention projections)
+        plus 6 D F (dense) or 6 D I s + 2 D E + 6 D I k (MoE, s shared experts); attention
+        scores and the head are counted as for every family."""
+        d, i, k = self.hidden_size, self.moe_intermediate_size, self.num_experts_per_tok
+        s = self.shared_intermediate_size
+        shared = ({"gate_proj": (d, s), "up_proj": (d, s), "down_proj": (s, d)} if s else {})
+        moe = {**self._attention_projections(), **shared, "router": (d, self.num_experts),
+               "routed_gate": (d, k * i), "routed_up": (d, k * i), "routed_down": (k * i, d)}
+        return (self.projections,) * self.n_dense + (moe,) * self.n_moe
+
     # ------------------------------------------------------------------ config.json
 
     @classmethod
