@@ -88,6 +88,9 @@ def _plan(config, workdir: None) -> None:
             raise
         raise ConfigError(str(e)) from None
     print(report.table(estimates))
+    if run.grpo is not None and getattr(run.grpo.hparams, "routing_replay", False):
+        print("note: grpo_update is planned without routing replay's old_routing batch field "
+              "(the update routes by its own forward)", file=sys.stderr)
     if _JSON.value:
         with open(_JSON.value, "w") as f:
             f.write(report.to_json(estimates))
