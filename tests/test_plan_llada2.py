@@ -20,10 +20,10 @@ EXPERT_MESH = (1, 1, 1, 4)  # v5p-8: 4 chips, all on the expert axis
 
 
 # Known defect: libtpu's compile of these MoE programs crashed the process (SIGSEGV inside
-# backend_compile_and_load) in 2 of 4 runs of this file, once in the suite's clean-clone run
+# backend_compile_and_load) twice: once in a helper's runs of this file, once in the suite's clean-clone run
 # (2026-11-29); the plans themselves compile from the command line. Skipped until the crash
 # is understood: a segfault takes the whole pytest worker down.
-@pytest.mark.skip(reason="libtpu compile of the tiny MoE plans segfaulted in 2 of 4 runs")
+@pytest.mark.skip(reason="libtpu compile of the tiny MoE plans segfaulted twice (a helper run, the clean-clone suite; two other runs passed)")
 @needs_tpu
 @pytest.mark.parametrize("config", ["configs/llada2/sft_gsm8k.py:tiny",
                                     "configs/llada2/ebpo_math.py:tiny"])
