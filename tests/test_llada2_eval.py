@@ -46,15 +46,15 @@ def test_eval_config_is_their_generate():
 def test_sft_config_is_dfactorys():
     c = load_config("configs/llada2/sft_gsm8k.py")
     o = c.optim
-    assert (c.stage, c.model.family, c.sft.loss, c.lora.enabled) == ("sft", "llada2", "block",
-                                                                     False)
+    assert (c.stage, c.model.family, c.sft.loss, c.lora.enabled) == (
+        "sft", "llada2", "block_dfactory", False)
     assert (c.sft.lower_p, c.sft.upper_p, c.sft.batch_size, c.sft.max_length,
             c.sft.num_epochs) == (0.3, 0.8, 8, 2048, 1)
     assert (o.learning_rate, o.b1, o.b2, o.weight_decay, o.max_grad_norm, o.warmup_ratio,
             o.lr_schedule, o.min_lr_rate) == (1e-5, 0.9, 0.999, 0.1, 1.0, 0.03,
                                               "cosine_with_min_lr", 0.0)
     tiny = load_config("configs/llada2/sft_gsm8k.py:tiny")
-    assert (tiny.model.random_init, tiny.sft.loss) == ("llada2-tiny", "block")
+    assert (tiny.model.random_init, tiny.sft.loss) == ("llada2-tiny", "block_dfactory")
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices")

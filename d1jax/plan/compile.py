@@ -327,9 +327,8 @@ def with_mesh(run: spec_lib.RunSpec, shape: tuple[int, ...] | None) -> spec_lib.
     if shape is None:
         return run
     shape, rules = tuple(shape), dict(run.mesh.rules)
-    default = {shd.EXPERT: shd.EXPERT_AXIS}  # from_config's rule for a four-entry shape
-    if len(shape) == 4:
-        rules = {**default, **rules}
+    if len(shape) == 4:  # from_config's rule for a four-entry shape, unless the config's
+        rules = {shd.EXPERT: shd.EXPERT_AXIS, **rules}
     elif rules.get(shd.EXPERT) == shd.EXPERT_AXIS:  # from a four-entry config: no such axis
         del rules[shd.EXPERT]
     return dataclasses.replace(run, mesh=dataclasses.replace(run.mesh, shape=shape,
