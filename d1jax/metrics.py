@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -42,7 +43,7 @@ class MetricWriter:
         self._jsonl = open(self.workdir / "metrics.jsonl", "a", buffering=1)
         self._samples = open(self.workdir / "samples.jsonl", "a", buffering=1)
         if tensorboard:
-            from tensorboardX import SummaryWriter
+            SummaryWriter = _summary_writer()
             purge = resume_step + 1 if resume_step is not None and (
                 self.workdir / "tensorboard").exists() else None
             self._tb = SummaryWriter(str(self.workdir / "tensorboard"), purge_step=purge)
@@ -80,6 +81,23 @@ class MetricWriter:
             self._samples.close()
             if self._tb is not None:
                 self._tb.close()
+
+
+def _summary_writer():
+    """tensorboardX's ``SummaryWriter``, imported without torch when torch is not loaded yet:
+    tensorboardX's writer tries ``import torch`` only to accept torch tensors (these writers
+    pass floats and strings), which costs about 2 s of every run's start where torch is
+    installed. The import sees torch as absent for that moment only."""
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+        return SummaryWriter
+    sys.modules["torch"] = None  # `import torch` raises ImportError: tensorboardX's fallback
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return SummaryWriter
 
 
 def _drop_rows_after(path: Path, step: int) -> None:

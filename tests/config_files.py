@@ -3,9 +3,10 @@ them: one loader for every test that builds a config without the command line.""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
+
+from d1jax import config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,10 +19,7 @@ def load_module(path: str | Path) -> ModuleType:
     path = path if path.is_absolute() else ROOT / path
     rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else Path(path.name)
     name = "config_" + "_".join(rel.with_suffix("").parts[1 if rel.parts[0] == "configs" else 0:])
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return config.config_module(path, name)
 
 
 def load_config(path: str | Path, arg: str | None = None):

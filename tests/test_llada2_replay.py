@@ -136,8 +136,8 @@ def test_replay_after_a_perturbation_uses_the_recorded_experts():
 
 def test_replay_off_is_the_old_code_path():
     """(c) Off (the default): the old pass returns log-probs only, the rollout carries no
-    routes, the update sows no ``router_changed``, and its loss is the plain composite
-    forward's bit for bit."""
+    routes, the update logs the router's load and entropy but no ``router_changed``, and its
+    loss is the plain composite forward's bit for bit."""
     model, params, old = tiny_llada2()
     rng = np.random.default_rng(2)
     b, c = 4, 8
@@ -155,7 +155,7 @@ def test_replay_off_is_the_old_code_path():
     assert rows.old_routing is None
     rows = entry.prepare(model, cfg, rows, logprob.mask_key(seed_1[0]))
     got, m = jax.jit(lambda p: entry.loss(model, cfg, p, rows, seed_1, None))(params)
-    assert not any(k.startswith("router") for k in m)
+    assert "router_changed" not in m and {"router_entropy", "router_load_max"} <= set(m)
 
     def plain(p):  # equation (5)'s log-probs from copy_logps with no replay argument
         lp_cur = ebpo.elbo_logps(model, p, rows, rows.per_row["masked"], cfg.hparams)
@@ -184,3 +184,39 @@ def test_a_tiny_run_with_replay_logs_router_changed(tmp_path):
     assert rows[0]["router_changed"] == 0.0
     assert 0.0 < rows[1]["router_changed"] < 1.0 and np.isfinite(rows[1]["loss"])
     assert "router_entropy" in rows[1] and "router_load_max" in rows[1]
+
+
+def test_diffu_grpo_logs_the_router_of_its_update_forward():
+    """diffu-GRPO's update on LLaDA2 logs the router summary (``LLaDA2.step_metrics``) of the
+    forward it differentiates, the one-step estimator's input (prompt, completion all masked),
+    not of another input (the clean rows route otherwise); a model without experts logs none."""
+    model, params, _ = tiny_llada2()
+    rng = np.random.default_rng(4)
+    b, p, c = 4, 5, 8
+    prompt, comp = rng.integers(0, 120, (b, p)), rng.integers(0, 120, (b, c))
+    pmask = np.ones((b, p), np.int32)
+    pmask[1, :2] = 0
+    rows = grpo_batch(prompt, pmask, comp, np.ones((b, c), np.int32),
+                      np.array([1.0, -1.0, 0.5, -0.5]))
+    cfg = GRPOConfig(objective="diffu_grpo", beta=0.0, num_iterations=1)
+    seed_1 = jnp.asarray([5], jnp.int32)
+    _, m = jax.jit(lambda q: OBJECTIVES["diffu_grpo"].loss(model, cfg, q, rows, seed_1, None))(
+        params)
+
+    def summary(ids):
+        attn = np.concatenate([pmask, np.ones((b, c), np.int32)], axis=1)
+        _, sown = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(attn),
+                              method=type(model).hidden, mutable=["intermediates"])
+        return {k: float(v) for k, v in model.step_metrics(sown["intermediates"]).items()}
+    want = summary(np.concatenate([prompt, np.full((b, c), model.config.mask_token_id)], 1))
+    assert set(want) == {"router_load_max", "router_load_min", "router_entropy"}
+    for k, v in want.items():
+        np.testing.assert_allclose(float(m[k]), v, rtol=1e-5, err_msg=k)
+    clean = summary(np.concatenate([prompt, comp], 1))
+    assert abs(clean["router_entropy"] - want["router_entropy"]) > 1e-4  # the check can tell
+
+    from d1jax import LLaDA, init_params, preset
+    dense = LLaDA(preset("test-tiny"))
+    _, m = OBJECTIVES["diffu_grpo"].loss(dense, cfg, init_params(dense, jax.random.key(0)),
+                                          rows, seed_1, None)
+    assert not any(k.startswith("router") for k in m) and "clip_ratio" in m

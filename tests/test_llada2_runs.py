@@ -1,9 +1,10 @@
 """Issue 59's "done when": a tiny LLaDA2 MoE (``llada2-tiny``: 8 experts) runs each of its
-configs end to end in-process on 8 fake CPU devices with the experts on a mesh axis of 4 (data 2
-x expert 4): block SFT (configs/llada2/sft_gsm8k.py), EBPO (ebpo_math.py), TraceRL
-(tracerl_math.py) and diffu-GRPO (grpo_gsm8k.py), each stopped with a save after step 1,
-resumed from the workdir to step 2, exported as a LLaDA2 checkpoint that reloads with its
-experts sharded 4 ways.
+configs end to end on 8 fake CPU devices with the experts on a mesh axis of 4 (data 2 x
+expert 4): block SFT (configs/llada2/sft_gsm8k.py), EBPO (ebpo_math.py), TraceRL
+(tracerl_math.py) and diffu-GRPO (grpo_gsm8k.py), each stopped in-process with a save after
+step 1, resumed from the workdir to step 2 (TraceRL and diffu-GRPO by ``python -m
+d1jax.main``), logging the router's health every step, exported as a LLaDA2 checkpoint that
+reloads with its experts sharded 4 ways.
 
 Overlap: tests/test_llada2_train.py runs block SFT through ``python -m d1jax.main`` from the
 published layouts' replicas (router metrics, layout kept, trained weights moved) and
@@ -13,6 +14,9 @@ runs TraceRL or diffu-GRPO on LLaDA2."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -25,11 +29,15 @@ from d1jax.model.llada2 import load_hf_checkpoint
 from d1jax.run.context import RunStopped
 from d1jax.train import grpo, sft
 from tests.config_files import load_module
+from tests.learnable import MAIN
 
 # Compile-bound: compiled unoptimized (tests/conftest.py), seen passing that way.
 COMPILE_UNOPTIMIZED = True
 
 MESH = (2, 1, 1, 4)  # data 2 x expert 4
+ROOT = Path(__file__).resolve().parents[1]
+# Resumed through `python -m d1jax.main` (block SFT and EBPO go through it in their own files).
+THROUGH_MAIN = ("configs/llada2/tracerl_math.py", "configs/llada2/grpo_gsm8k.py")
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices")
 
@@ -40,27 +48,41 @@ pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) d
 ], ids=["block_sft", "ebpo", "tracerl", "diffu_grpo"])
 def test_tiny_config_stops_resumes_and_exports_on_the_expert_mesh(config_file, tmp_path):
     mod = load_module(config_file)
+    c0 = mod.get_config("tiny")
 
     def config(**train):
         c = mod.get_config("tiny")
         c.mesh.shape = MESH
         for k, v in {"num_steps": 2, "sample_every": 100, "export_hf": True, **train}.items():
             setattr(c.train, k, v)
-        if c.stage == "sft":
+        if c0.stage == "sft":
             c.sft.batch_size = 2  # one row a data shard
         else:  # a rollout a step: a run stops only between rollouts (mu 2 would not at step 1)
             c.grpo.num_iterations = 1
         return c
-    run = sft.run if mod.get_config("tiny").stage == "sft" else grpo.run
+    run = sft.run if c0.stage == "sft" else grpo.run
     with pytest.raises(RunStopped, match="stopped at step 1 of 2"):
         run(config(stop_after=1), str(tmp_path))
     assert (tmp_path / "checkpoints" / "1").is_dir() and not (tmp_path / "hf").exists()
-    run(config(), str(tmp_path))
+    if config_file in THROUGH_MAIN:  # resumed by the command, with the same fields
+        flags = [f"--config.train.{k}={v}" for k, v in
+                 {"num_steps": 2, "sample_every": 100, "export_hf": True}.items()]
+        flags += (["--config.sft.batch_size=2"] if c0.stage == "sft"
+                  else ["--config.grpo.num_iterations=1"])
+        r = subprocess.run([sys.executable, "-c", MAIN, f"--config={config_file}:tiny",
+                            f"--workdir={tmp_path}", "--config.mesh.shape=(2,1,1,4)", *flags],
+                           cwd=ROOT, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+    else:
+        run(config(), str(tmp_path))
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [x["step"] for x in rows] == [1, 2]
     assert all(np.isfinite(x["loss"]) for x in rows)
     if "tracerl" in config_file:  # the trace's tokens were scored
         assert all(x["scored_tokens"] > 0 for x in rows)
+    for x in rows:  # router health: 8 experts, k = 2 (each objective's update forward)
+        assert 0.0 <= x["router_load_min"] <= 1 / 8 <= x["router_load_max"] <= 1.0, x
+        assert 0.0 < x["router_entropy"] <= np.log(8) + 1e-6, x
     assert tuple(json.loads((tmp_path / "config.json").read_text())["mesh"]["shape"]) == MESH
     out = tmp_path / "hf"
     assert json.loads((out / "config.json").read_text())["model_type"] == "llada2_moe"

@@ -24,9 +24,6 @@ the letters toy task. Fields and their meaning: docs/configs.md; builder
 d1jax/config/defaults.py (grpo).
 """
 
-import importlib.util
-from pathlib import Path
-
 from d1jax import config
 
 
@@ -34,11 +31,7 @@ def get_config(arg=None):
     tiny = "tiny" in config.variants.parse(arg, config.defaults.VARIANTS["grpo"])
     # :tiny runs offline on the letters toy task (gsm8k needs its download).
     c = config.grpo("letters" if tiny else "gsm8k", arg, checkpoint="llada2")
-    spec = importlib.util.spec_from_file_location(
-        "tracerl_math", Path(__file__).with_name("tracerl_math.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.block_decoding_sampler(c, tiny)
+    config.sibling(__file__, "tracerl_math").block_decoding_sampler(c, tiny)
     if tiny:
         c.max_prompt_length = 24  # the letters prompts are short
     else:

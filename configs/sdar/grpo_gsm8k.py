@@ -13,9 +13,6 @@ next to TraceRL; TraceRL is the family's RL objective.
 Fields and their meaning: docs/configs.md; builder d1jax/config/defaults.py (grpo).
 """
 
-import importlib.util
-from pathlib import Path
-
 from d1jax import config
 
 
@@ -24,9 +21,5 @@ def get_config(arg=None):
     # :tiny runs offline on the letters toy task (a reward a random model varies on;
     # gsm8k needs its download).
     c = config.grpo("letters" if tiny else "gsm8k", arg, checkpoint="sdar")
-    spec = importlib.util.spec_from_file_location(
-        "tracerl_math", Path(__file__).with_name("tracerl_math.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.block_diffusion_sampler(c, tiny)
+    config.sibling(__file__, "tracerl_math").block_diffusion_sampler(c, tiny)
     return c

@@ -1,7 +1,9 @@
 """Run configs: the ml_collections defaults that configs/*.py build on, and the checks
 that need no model (``d1jax.run.spec`` translates and validates the rest)."""
 
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 from d1jax.config import defaults, variants
 from d1jax.config.defaults import (ConfigError, base, check_batch, check_workdir,
@@ -9,8 +11,35 @@ from d1jax.config.defaults import (ConfigError, base, check_batch, check_workdir
                                    rollout_chunks, sampler_fields, sft, smaller_rollout_batch)
 
 __all__ = ["ConfigError", "base", "check_batch", "check_inputs", "check_workdir",
-           "checkpoint_word", "dllm_rl", "eval_config", "full_finetuning", "grpo",
-           "rollout_chunks", "sampler_fields", "sft", "smaller_rollout_batch", "variants"]
+           "checkpoint_word", "config_module", "dllm_rl", "eval_config", "full_finetuning",
+           "grpo", "load_file", "rollout_chunks", "sampler_fields", "sft", "sibling",
+           "smaller_rollout_batch", "variants"]
+
+
+def config_module(path: str | Path, name: str | None = None) -> ModuleType:
+    """The config file ``path`` imported fresh, as ``--config=`` imports it, under ``name``
+    (default ``_config_<stem>``): a module of its own, not shared with another file of that
+    stem. ValueError (one line) when there is no such file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no config file {str(path)!r}")
+    spec = importlib.util.spec_from_file_location(name or f"_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_file(path: str):
+    """``get_config(arg)`` of a config file given as the command line gives it,
+    ``file[:arg]``."""
+    file, _, arg = str(path).partition(":")
+    return config_module(file).get_config(arg or None)
+
+
+def sibling(file: str | Path, stem: str) -> ModuleType:
+    """The config module ``stem``.py in the folder of the config file ``file`` (a config's
+    ``__file__``): how one config file builds on another beside it."""
+    return config_module(Path(file).with_name(f"{stem}.py"))
 
 
 def check_inputs(config, data: bool = True) -> None:

@@ -54,7 +54,9 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "tokenizer
 
 def load_tokenizer(path: str | os.PathLike):
     """A ``transformers`` tokenizer from a local directory, left padding for batching."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    # AutoTokenizer only when needed: importing it imports torch when torch is installed
+    # (about 2 s), which a tokenizer.json never needs.
+    from transformers import PreTrainedTokenizerFast
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"tokenizer directory {path} does not exist")
@@ -66,6 +68,7 @@ def load_tokenizer(path: str | os.PathLike):
     elif _tokenizer_class(path) in QWEN2_BPE_CLASSES and (path / "vocab.json").exists():
         tok = _qwen2_class().from_pretrained(str(path), local_files_only=True)
     else:
+        from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     tok.padding_side = "left"
     if tok.pad_token is None:

@@ -173,12 +173,11 @@ def _loss(model: MaskPredictor, cfg, params: Any, rows: GRPOBatch, seed_1: Array
           dropout_rng: Array | None, old_is_current: Array | None = None
           ) -> tuple[Array, dict]:
     h: EBPOConfig = cfg.hparams
-    replay = {}
+    replay = {"with_metrics": True}  # an MoE's router summary ({} for a model without)
     if h.routing_replay and rows.old_routing is not None:  # mu > 1: the old pass recorded
-        replay = {"routing": rows.old_routing, "with_metrics": True}
-    lp = elbo_logps(model, params, rows, rows.per_row["masked"], h, dropout_rng=dropout_rng,
-                    **replay)
-    lp, router = lp if replay else (lp, {})
+        replay["routing"] = rows.old_routing
+    lp, router = elbo_logps(model, params, rows, rows.per_row["masked"], h,
+                            dropout_rng=dropout_rng, **replay)
     loss, m = ebpo_objective(lp, rows.old_logps, rows.advantages,
                              rows.completion_mask.astype(bool), eps_low=h.eps_low,
                              eps_high=h.eps_high, old_is_current=old_is_current)

@@ -124,8 +124,11 @@ def model_head(model: MaskPredictor, params: Any) -> tuple[Array, float | None]:
 def completion_hidden(model: MaskPredictor, params: Any, ids_bl: Array, attention_mask_bl: Array | None,
                       completion_len: int, *, cfg_scale: float = 0.0, prompt_len: int = 0,
                       use_lora: bool = True, dropout_rng: Array | None = None,
-                      read_upto: Array | int | None = None) -> Array:
-    """Final hidden states [B, C, D] of the last ``completion_len`` positions of ``ids_bl``.
+                      read_upto: Array | int | None = None, with_metrics: bool = False
+                      ) -> Array | tuple[Array, dict[str, Array]]:
+    """Final hidden states [B, C, D] of the last ``completion_len`` positions of ``ids_bl``
+    (``with_metrics``: and the model's ``step_metrics`` of the forward, an MoE's router
+    summary; {} for a model without).
 
     ``read_upto`` (``read_upto`` of the positions the caller reads; may be traced): the
     model may leave the positions past it 0 (LLaDA's last layer runs only the rows read).
@@ -143,13 +146,16 @@ def completion_hidden(model: MaskPredictor, params: Any, ids_bl: Array, attentio
         if attention_mask_bl is not None:
             attention_mask_bl = jnp.concatenate([attention_mask_bl] * 2, axis=0)
     rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
+    summarize = getattr(model, "step_metrics", None) if with_metrics else None
     h = model.apply({"params": params}, ids_bl, attention_mask_bl, method=type(model).hidden,
                     use_lora=use_lora, deterministic=dropout_rng is None, rngs=rngs,
-                    keep_last=completion_len, read_upto=read_upto)
-    if cfg_scale <= 0:
-        return h
-    cond, un = h[:b].astype(jnp.float32), h[b:].astype(jnp.float32)
-    return (un + (cfg_scale + 1.0) * (cond - un)).astype(h.dtype)
+                    keep_last=completion_len, read_upto=read_upto,
+                    mutable=["intermediates"] if summarize else False)
+    h, aux = (h[0], summarize(h[1].get("intermediates", {}))) if summarize else (h, {})
+    if cfg_scale > 0:
+        cond, un = h[:b].astype(jnp.float32), h[b:].astype(jnp.float32)
+        h = (un + (cfg_scale + 1.0) * (cond - un)).astype(h.dtype)
+    return (h, aux) if with_metrics else h
 
 
 def _check_pair(prompt_ids_bp: Array, completion_ids_bc: Array, attention_mask_bl: Array | None):
@@ -169,7 +175,8 @@ def per_token_logps(model: MaskPredictor, params: Any, prompt_ids_bp: Array, com
                     attention_mask_bl: Array | None = None, cfg_scale: float = 0.0,
                     use_lora: bool = True, seq_chunk: int | None = None,
                     dropout_rng: Array | None = None,
-                    read_mask_bc: Array | None = None, narrow_last_layer: bool = False) -> Array:
+                    read_mask_bc: Array | None = None, narrow_last_layer: bool = False,
+                    with_metrics: bool = False) -> Array | tuple[Array, dict[str, Array]]:
     """d1's one-step per-token log-probs of the completion, one row per mask seed.
 
     Args:
@@ -190,13 +197,19 @@ def per_token_logps(model: MaskPredictor, params: Any, prompt_ids_bp: Array, com
         rows up to that position (``LLaDA.hidden``'s ``read_upto``: a switch over three
         widths). Not on a mesh: XLA's SPMD partitioner gets that switch's gradient wrong
         on a (2, 2, 2) mesh.
+      with_metrics: also return the model's ``step_metrics`` of the forward (an MoE's router
+        summary; {} for a model without). One mask seed only (the update's).
     Returns:
-      [S, B, C] float32 log p(completion token | completion masked, prompt partly masked).
+      [S, B, C] float32 log p(completion token | completion masked, prompt partly masked)
+      (with ``with_metrics``: and that summary).
     """
     _check_pair(prompt_ids_bp, completion_ids_bc, attention_mask_bl)
     mask_seeds_s = jnp.asarray(mask_seeds_s)
     if mask_seeds_s.ndim != 1:
         raise ValueError(f"mask_seeds must be a 1-D array [S], got shape {mask_seeds_s.shape}")
+    if with_metrics and mask_seeds_s.shape[0] != 1:
+        raise ValueError(f"with_metrics takes one mask seed (the update's), got "
+                         f"{mask_seeds_s.shape[0]}")
     mask_id = model.config.mask_token_id
     p, c = prompt_ids_bp.shape[1], completion_ids_bc.shape[1]
     masked_bc = jnp.full_like(completion_ids_bc, mask_id)
@@ -210,10 +223,15 @@ def per_token_logps(model: MaskPredictor, params: Any, prompt_ids_bp: Array, com
         drop = None if dropout_rng is None else jax.random.fold_in(dropout_rng, seed)
         h_bcd = completion_hidden(model, params, ids_bl, attention_mask_bl, c,
                                   cfg_scale=cfg_scale, prompt_len=p, use_lora=use_lora,
-                                  dropout_rng=drop, read_upto=narrow)
-        return head_logps(h_bcd, head, completion_ids_bc, scale=scale, seq_chunk=seq_chunk,
-                          upto=upto)
+                                  dropout_rng=drop, read_upto=narrow, with_metrics=with_metrics)
+        h_bcd, aux = h_bcd if with_metrics else (h_bcd, None)
+        lp = head_logps(h_bcd, head, completion_ids_bc, scale=scale, seq_chunk=seq_chunk,
+                        upto=upto)
+        return (lp, aux) if with_metrics else lp
 
+    if with_metrics:
+        lp, aux = one_seed(mask_seeds_s[0])
+        return lp[None], aux
     if mask_seeds_s.shape[0] == 1:  # the update step: no loop at all
         return one_seed(mask_seeds_s[0])[None]
     return jax.lax.map(one_seed, mask_seeds_s)  # one seed at a time: memory flat in S

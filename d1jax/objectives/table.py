@@ -65,10 +65,12 @@ def _diffu_prepare(model: MaskPredictor, cfg, rows: GRPOBatch, key: Array) -> GR
 
 def estimate_logps(model: MaskPredictor, cfg: GRPOConfig, params: Params, batch: GRPOBatch,
                    seeds_s: Array, use_lora: bool = True, dropout_rng: Array | None = None,
-                   p_mask_prompt: float | None = None) -> Array:
+                   p_mask_prompt: float | None = None, with_metrics: bool = False
+                   ) -> Array | tuple[Array, dict]:
     """d1's one-step per-token log-probs [S, B, C] of the completions, one row block per
     mask seed (``logprob.per_token_logps`` with this config's estimator settings); 0 past
-    the batch's last completion-mask position, which no loss or metric reads."""
+    the batch's last completion-mask position, which no loss or metric reads.
+    ``with_metrics`` (one seed): and the model's router summary of the forward."""
     p = cfg.p_mask_prompt if p_mask_prompt is None else p_mask_prompt
     return logprob.per_token_logps(
         model, params, batch.prompt_ids, batch.completion_ids, seeds_s, p_mask_prompt=p,
@@ -76,7 +78,7 @@ def estimate_logps(model: MaskPredictor, cfg: GRPOConfig, params: Params, batch:
                                                   cfg.use_attention_mask),
         cfg_scale=cfg.cfg_scale, use_lora=use_lora, seq_chunk=cfg.seq_chunk,
         dropout_rng=dropout_rng, read_mask_bc=batch.completion_mask,
-        narrow_last_layer=bool(cfg.narrow_last_layer))
+        narrow_last_layer=bool(cfg.narrow_last_layer), with_metrics=with_metrics)
 
 
 def diffu_grpo_loss(model: MaskPredictor, cfg: GRPOConfig, params: Params, rows: GRPOBatch,
@@ -84,10 +86,11 @@ def diffu_grpo_loss(model: MaskPredictor, cfg: GRPOConfig, params: Params, rows:
                     old_is_current: Array | None = None) -> tuple[Array, dict]:
     """d1's ``compute_loss``: clipped ratio to the old policy, k3 KL to the reference,
     token mean (``losses.grpo_loss``; per group with ``cfg.norm_group``), on this
-    iteration's mask seed ``seed_1`` [1]."""
-    logps_bc = estimate_logps(model, cfg, params, rows, seed_1, dropout_rng=dropout_rng,
-                              p_mask_prompt=0.0)[0]
-    return _ratio_loss(cfg, logps_bc, rows, old_is_current)
+    iteration's mask seed ``seed_1`` [1]; with an MoE's router summary in the metrics."""
+    logps, router = estimate_logps(model, cfg, params, rows, seed_1, dropout_rng=dropout_rng,
+                                   p_mask_prompt=0.0, with_metrics=True)
+    loss, metrics = _ratio_loss(cfg, logps[0], rows, old_is_current)
+    return loss, {**metrics, **router}
 
 
 def _diffu_grpo_logps(model: MaskPredictor, cfg: GRPOConfig, params: Params, batch: GRPOBatch,

@@ -161,8 +161,11 @@ def row_scale(cfg: TraceRLConfig, completion_bc: Array, round_bc: Array, advanta
 
 def round_logps(model: MaskPredictor, params: Any, prompt_ids_bp: Array, prompt_mask_bp: Array,
                 completion_bc: Array, round_bc: Array, cfg: TraceRLConfig, *,
-                use_lora: bool = True, dropout_rng: Array | None = None) -> Array:
-    """[B, C] log p of each completion token in its own round's copy (0 where never scored)."""
+                use_lora: bool = True, dropout_rng: Array | None = None,
+                with_metrics: bool = False) -> Array | tuple[Array, dict[str, Array]]:
+    """[B, C] log p of each completion token in its own round's copy (0 where never scored);
+    ``with_metrics``: (that, the model's ``step_metrics`` of the forward: an MoE's router
+    summary, {} for a model without)."""
     block = block_of(model, cfg)
     rounds = num_rounds(cfg, block)
     noised, scored = copies(cfg, completion_bc, round_bc, rounds, model.config.mask_token_id)
@@ -171,8 +174,10 @@ def round_logps(model: MaskPredictor, params: Any, prompt_ids_bp: Array, prompt_
     real = jnp.concatenate([prompt_mask_bp, jnp.ones_like(completion_bc)], axis=1)
     lp = blockwise.copy_logps(model, params, ids, real, jnp.full((b,), p), noised, block=block,
                               use_lora=use_lora, dropout_rng=dropout_rng,
-                              seq_chunk=cfg.seq_chunk)
-    return jnp.sum(jnp.where(scored, lp, 0.0), axis=1)
+                              seq_chunk=cfg.seq_chunk, with_metrics=with_metrics)
+    lp, aux = lp if with_metrics else (lp, None)
+    lp = jnp.sum(jnp.where(scored, lp, 0.0), axis=1)
+    return (lp, aux) if with_metrics else lp
 
 
 def tracerl_objective(logps_bc: Array, old_logps_bc: Array | None, advantages_b: Array,
@@ -214,15 +219,17 @@ def tracerl_loss(model: MaskPredictor, params: Any, prompt_ids_bp: Array, prompt
                  old_logps_bc: Array | None = None, dropout_rng: Array | None = None,
                  old_is_current: Array | None = None) -> tuple[Array, dict[str, Array]]:
     """``round_logps`` of the current params, then ``tracerl_objective`` on the tokens of
-    kept rows. ``round_bc``: ``draw_rounds``; ``scale_b``: ``row_scale`` of the whole batch."""
+    kept rows. ``round_bc``: ``draw_rounds``; ``scale_b``: ``row_scale`` of the whole batch.
+    The metrics include the model's router summary of the forward (an MoE's)."""
     rounds = num_rounds(cfg, block_of(model, cfg))
-    lp = round_logps(model, params, prompt_ids_bp, prompt_mask_bp, completion_bc, round_bc,
-                     cfg, dropout_rng=dropout_rng)
+    lp, router = round_logps(model, params, prompt_ids_bp, prompt_mask_bp, completion_bc,
+                             round_bc, cfg, dropout_rng=dropout_rng, with_metrics=True)
     pm, _ = scored_mask(cfg, completion_bc, round_bc, rounds, pad_id)
     scored = jnp.any(pm, axis=1) & (advantages_b != 0)[:, None]  # A = 0: a dropped group
-    return tracerl_objective(lp, old_logps_bc, advantages_b, scored, scale_b,
-                             epsilon=epsilon, beta=cfg.beta, k3=cfg.use_kl_estimator_k3,
-                             old_is_current=old_is_current)
+    loss, metrics = tracerl_objective(lp, old_logps_bc, advantages_b, scored, scale_b,
+                                      epsilon=epsilon, beta=cfg.beta,
+                                      k3=cfg.use_kl_estimator_k3, old_is_current=old_is_current)
+    return loss, {**metrics, **router}
 
 
 # config.grpo.tracerl: TraceRLConfig's knobs, the ConfigDict group and the spec's.

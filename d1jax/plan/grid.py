@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import math
 import sys
@@ -52,13 +51,8 @@ _LAYERS = flags.DEFINE_enum("layers", "config", ["config", "loop", "unrolled"],
 
 def load_config(path: str):
     """``get_config(variant)`` of a config file given as ``path[:variant]``."""
-    file, _, variant = path.partition(":")
-    spec = importlib.util.spec_from_file_location(f"_plan_config_{Path(file).stem}", file)
-    if spec is None or not Path(file).is_file():
-        raise ValueError(f"no config file {file!r}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(variant or None)
+    from d1jax import config as config_lib
+    return config_lib.load_file(path)
 
 
 def config_name(path: str) -> str:

@@ -130,7 +130,7 @@ def _data() -> mlc.ConfigDict:
 def _pretrain(ci: bool) -> mlc.ConfigDict:
     g = mlc.ConfigDict()
     g.objective = "sft"  # "sft": masked diffusion on the documents' answers; "pretrain": on whole documents.
-    g.steps = 200 if ci else 400  # Optimizer steps of masked-diffusion training on the noisy corpus.
+    g.steps = 100 if ci else 400  # Optimizer steps of masked-diffusion training on the noisy corpus.
     g.batch_size = 32  # Documents per step.
     g.learning_rate = 1e-3  # AdamW peak learning rate.
     g.answer_noise = 0.3  # Chance each empty cell of a document's answer is wrong.
@@ -145,7 +145,7 @@ def _pretrain(ci: bool) -> mlc.ConfigDict:
 
 def _sft(ci: bool) -> mlc.ConfigDict:
     g = mlc.ConfigDict()
-    g.steps = 200 if ci else 300  # Optimizer steps of masked SFT on clean trajectories.
+    g.steps = 100 if ci else 300  # Optimizer steps of masked SFT on clean trajectories.
     g.batch_size = 32  # Trajectories per step.
     g.learning_rate = 1e-3  # AdamW peak learning rate (linear decay to 0, as d1's SFT).
     g.solved_depth = 0  # >0: the trajectories' writer solves this many passes (as pretrain's).
