@@ -262,3 +262,32 @@ def test_planner_counts_the_master(master, param_bytes):
                for x in jax.tree.leaves((state.params, moments.mu, moments.nu))) \
         == 3 * param_bytes * n
     assert program.weight_bytes == 2 * n
+
+
+def test_a_bfloat16_moe_with_a_float32_buffer_trains_fully_with_master_weights():
+    """LLaDA2 stores its router's ``expert_bias`` in float32 beside bfloat16 weights (their
+    checkpoints do): full fine-tuning with float32 masters takes the bfloat16 weights as the
+    policy dtype and leaves the buffer float32 in the policy it casts down, bit for bit."""
+    from d1jax.model.llada2 import LLaDA2, preset
+    from d1jax.train import state as state_lib
+    model = LLaDA2(preset("llada2-tiny", num_hidden_layers=2), dtype=jnp.bfloat16,
+                   param_dtype=jnp.bfloat16)
+    params = d1jax.init_params(model, jax.random.key(0))
+    flat = traverse_util.flatten_dict(params)
+    bias_key = next(k for k in flat if k[-1] == "expert_bias")
+    params = traverse_util.unflatten_dict({**flat, bias_key: (
+        jnp.arange(flat[bias_key].size, dtype=jnp.float32).reshape(flat[bias_key].shape) / 3)})
+    assert {str(x.dtype) for x in jax.tree.leaves(params)} == {"bfloat16", "float32"}
+    opt = optim.make_optimizer(optim.OptimConfig(learning_rate=1e-3, warmup_steps=0))
+    state = state_lib.init_train_state(params, opt, lora=False, master_dtype=jnp.float32)
+    assert state.policy_dtype == np.dtype("bfloat16")
+    master = traverse_util.flatten_dict(state.params)
+    assert all(v.dtype == jnp.float32 for v in master.values())
+    policy = traverse_util.flatten_dict(state.policy_params())
+    assert policy[bias_key].dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(policy[bias_key]),
+                                  np.asarray(traverse_util.flatten_dict(params)[bias_key]))
+    assert all(v.dtype == jnp.bfloat16 for k, v in policy.items() if k != bias_key)
+    ids = jnp.zeros((1, 8), jnp.int32)
+    assert np.isfinite(np.asarray(model.apply({"params": state.policy_params()}, ids),
+                                  np.float32)).all()  # the model runs on the cast policy

@@ -132,10 +132,16 @@ def _peeled(model) -> bool:
 
 
 def _steps(run: spec_lib.RunSpec, model, mesh: Mesh) -> steps_lib.JittedSteps:
-    """The run's jitted steps; token ids are the architecture's (no tokenizer here)."""
+    """The run's jitted steps; token ids are the architecture's (no tokenizer here). A run
+    sized in epochs (``train.num_steps`` 0) has a length only its data gives: its schedule is
+    planned over ``EPOCH_RUN_STEPS`` (a constant inside the program either way)."""
     mcfg = model.config
     ids = {"mask": mcfg.mask_token_id, "eos": mcfg.eos_token_id, "eot": mcfg.eos_token_id}
-    return steps_lib.for_run(run, model, mesh, ids, max(run.train.num_steps, 1))
+    return steps_lib.for_run(run, model, mesh, ids, run.train.num_steps or EPOCH_RUN_STEPS)
+
+
+# The optimizer steps a plan assumes for a run sized in epochs (its warmup and decay need one).
+EPOCH_RUN_STEPS = 1000
 
 
 def build_programs(spec: PlanSpec, mesh: Mesh) -> list[PlannedProgram]:

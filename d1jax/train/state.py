@@ -29,6 +29,7 @@ from jax.sharding import Mesh, NamedSharding
 from d1jax import sharding as shd
 from d1jax.model.predictor import MaskPredictor
 from d1jax.model import lora as lora_lib
+from d1jax.run import optim
 
 Array = jax.Array
 Params = dict[str, Any]
@@ -94,14 +95,21 @@ class TrainState:
 
 
 def cast(tree: Any, dtype: Any) -> Any:
-    """``tree``'s floating leaves in ``dtype``; ShapeDtypeStructs keep their shardings."""
-    def one(x):
-        if not jnp.issubdtype(x.dtype, jnp.floating):
+    """``tree``'s floating leaves in ``dtype``; ShapeDtypeStructs keep their shardings.
+    Buffers (``optim.BUFFERS``: LLaDA2's float32 router ``expert_bias`` in a bfloat16 model)
+    keep their own dtype: no optimizer moves them, and the model reads them as stored."""
+    def one(path, x):
+        if not jnp.issubdtype(x.dtype, jnp.floating) or _is_buffer(path):
             return x
         if isinstance(x, jax.ShapeDtypeStruct):
             return jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding)
         return x.astype(dtype)
-    return jax.tree.map(one, tree)
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def _is_buffer(path) -> bool:
+    last = path[-1] if path else None
+    return getattr(last, "key", None) in optim.BUFFERS
 
 
 def master_policy_dtype(param_dtype: Any, master_dtype: Any, lora: bool) -> Any:
@@ -114,8 +122,9 @@ def master_policy_dtype(param_dtype: Any, master_dtype: Any, lora: bool) -> Any:
 
 
 def _param_dtype(params: Params) -> Any:
-    dtypes = {jnp.dtype(x.dtype) for x in jax.tree.leaves(params)
-              if jnp.issubdtype(x.dtype, jnp.floating)}
+    """The one floating dtype of ``params``' weights (buffers, which keep theirs, aside)."""
+    dtypes = {jnp.dtype(x.dtype) for path, x in jax.tree_util.tree_leaves_with_path(params)
+              if jnp.issubdtype(x.dtype, jnp.floating) and not _is_buffer(path)}
     if len(dtypes) != 1:
         raise ValueError(f"full fine-tuning with master weights needs params of one dtype, got "
                          f"{sorted(map(str, dtypes))}: load them with one model.param_dtype")
