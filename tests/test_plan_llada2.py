@@ -73,3 +73,24 @@ def test_a_four_entry_mesh_is_llada2s_and_refused_for_llada():
                       cache_dir="")
     assert "\n" not in str(refused.value)
     assert "expert axis" in str(refused.value) and "llada has no experts" in str(refused.value)
+
+
+def test_a_plan_needs_the_checkpoints_config_and_tokenizer_not_its_weights(tmp_path):
+    """A LLaDA2 folder with config.json and its tokenizer but no weight files (what one
+    fetches to plan LLaDA2.0-flash before paying for 200 GB): the planner's checks
+    (``check_inputs(weights=False)``) accept it and plan its architecture; a training run's
+    refuse it in one line naming the missing files."""
+    from d1jax.config import check_inputs
+    from d1jax.plan import compile as plan_lib, programs
+    from tests import published
+    src = published.write_llada2(tmp_path / "replica", "hub")
+    for f in src.iterdir():
+        if f.name.endswith(".safetensors") or f.name.endswith(".index.json"):
+            f.unlink()
+    c = grid.load_config("configs/llada2/sft_gsm8k.py")
+    c.model.path = str(src)
+    check_inputs(c, data=False, weights=False)
+    cfg = programs.architecture(plan_lib.as_spec(c).model)
+    assert (cfg.num_experts, cfg.hidden_size) == (8, 32)  # the folder's, not mini's default
+    with pytest.raises(ConfigError, match="neither model.safetensors"):
+        check_inputs(c, data=False)

@@ -42,11 +42,12 @@ def sibling(file: str | Path, stem: str) -> ModuleType:
     return config_module(Path(file).with_name(f"{stem}.py"))
 
 
-def check_inputs(config, data: bool = True) -> None:
+def check_inputs(config, data: bool = True, weights: bool = True) -> None:
     """``defaults.check_inputs`` (paths, data source, task), then the checkpoint at
     config.model.path against config.model.family and its own tokenizer
-    (``d1jax.model.preflight.check_checkpoint``): all before anything is written (the
-    commands call it after parsing their flags)."""
+    (``d1jax.model.preflight.check_checkpoint``; ``weights`` False: its config.json and
+    tokenizer only, as the planner needs): all before anything is written (the commands
+    call it after parsing their flags)."""
     defaults.check_inputs(config, data)
     model = config.get("model") or {}
     path = model.get("path")
@@ -65,6 +66,7 @@ def check_inputs(config, data: bool = True) -> None:
     tokenizer = model.get("tokenizer_path") or None
     try:
         preflight.check_checkpoint(Path(path).expanduser(), name,
-                                   tokenizer and Path(tokenizer).expanduser(), ALGS)
+                                   tokenizer and Path(tokenizer).expanduser(), ALGS,
+                                   weights=weights)
     except (CheckpointError, UnsupportedConfigError) as e:
         raise ConfigError(f"config.model.path={path!r}: {e}") from None

@@ -17,7 +17,8 @@ from d1jax.model.tokenizer import load_tokenizer, special_ids
 
 def check_checkpoint(path: str | os.PathLike, name: str,
                      tokenizer_path: str | os.PathLike | None = None,
-                     algs: Collection[str] | None = None) -> dict[str, int | None]:
+                     algs: Collection[str] | None = None, weights: bool = True
+                     ) -> dict[str, int | None]:
     """What a run reads from the Hugging Face checkpoint at ``path``, checked before it writes
     anything; returns the special ids (``tokenizer.special_ids``). CheckpointError, one line:
 
@@ -30,6 +31,9 @@ def check_checkpoint(path: str | os.PathLike, name: str,
     - its generation_config.json names an ``alg`` not among ``algs`` (the sampler's,
       ``d1jax.sampling.dream.ALGS``, passed by the caller: the model layer does not import
       the sampler; None skips the check).
+
+    ``weights`` False: the weight files are neither required nor read (the planner needs
+    config.json and the tokenizer only).
     """
     path, fam = Path(path), get(name)
     cfg_file = path / "config.json"
@@ -63,7 +67,7 @@ def check_checkpoint(path: str | os.PathLike, name: str,
             f"its tokenizer{'' if tokenizer_path is None else ' at ' + str(tokenizer_path)} has no "
             f"chat template, and d1jax's tasks prompt in chat turns: set "
             f"config.model.tokenizer_path to the Instruct model's directory")
-    rows = hf_checkpoint.open_checkpoint(path)
+    rows = hf_checkpoint.open_checkpoint(path) if weights else {}
     rows = rows[fam.embedding].shape(fam.embedding)[0] if fam.embedding in rows else None
     for what, n in (("config.json vocab_size", config.vocab_size), ("embedding rows", rows)):
         if n is not None and n < len(tok):

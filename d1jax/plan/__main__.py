@@ -62,10 +62,11 @@ def main(argv):
     if config is None:
         raise app.UsageError("--config is required, e.g. --config=configs/grpo_gsm8k.py")
     # Through the stage runner d1jax.main and d1jax.eval use (one error: line for a mistake);
-    # a model path that is set must exist, checked before libtpu loads. No workdir: a plan
-    # writes only its --json and its own cache.
+    # a model path that is set must exist, checked before libtpu loads (its config.json and
+    # tokenizer: a plan reads no weights). No workdir: a plan writes only its --json and its
+    # own cache.
     run_stage(config, None, {stage: _plan for stage in STAGES},
-              before=lambda c: check_inputs(c, data=False), needs_workdir=False)
+              before=lambda c: check_inputs(c, data=False, weights=False), needs_workdir=False)
 
 
 def _plan(config, workdir: None) -> None:

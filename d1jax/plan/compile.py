@@ -372,17 +372,16 @@ def _batch_accepted(run: spec_lib.RunSpec, data_parallel: int, grad_accum: int) 
 
 
 def advice(e: Estimate, run: spec_lib.RunSpec) -> str:
-    """The change most likely to make ``e`` fit, as the config flag a user sets (only
-    changes that ``config.check_batch`` accepts: each chip's rows split into the
-    micro-batches). Spec fields and the config keys they come from: optim.grad_accum,
-    sft_run.max_length (sft.max_length), sampler.gen_length, grpo_run.prompts_per_step
-    (grpo.prompts_per_step)."""
+    """The change most likely to make ``e`` fit, as the config flag a user sets (only changes
+    that ``config.check_batch`` accepts: each chip's rows split into the micro-batches), from
+    optim.grad_accum, sft.max_length, sampler.gen_length, grpo.prompts_per_step."""
     n, fsdp, accum = e.chips, e.mesh.get("fsdp", 1), run.optim.grad_accum
     if e.program.endswith("update") and not e.remat:
         return "turn remat on: --config.model.remat=True"
     if e.weights_replicated or (fsdp < n and _batch_accepted(run, n, accum)):
-        return (f"shard the weights over a larger fsdp axis: --config.mesh.shape='(1,{n},1)' "
-                f"(d1jax.plan: --mesh=1,{n},1)")
+        tail = ",1" * (len(e.mesh) - 2)  # tensor 1 (and expert 1: a mesh of four sizes)
+        return (f"shard the weights over a larger fsdp axis: --config.mesh.shape="
+                f"'(1,{n}{tail})' (d1jax.plan: --mesh=1,{n}{tail})")
     if e.program.endswith("update"):
         if _batch_accepted(run, e.mesh.get("data", 1) * fsdp, 2 * accum):
             return f"split the batch into more micro-batches: --config.optim.grad_accum={2 * accum}"
