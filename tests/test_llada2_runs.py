@@ -2,9 +2,9 @@
 configs end to end on 8 fake CPU devices with the experts on a mesh axis of 4 (data 2 x
 expert 4): block SFT (configs/llada2/sft_gsm8k.py), EBPO (ebpo_math.py), TraceRL
 (tracerl_math.py) and diffu-GRPO (grpo_gsm8k.py), each stopped in-process with a save after
-step 1, resumed from the workdir to step 2 (TraceRL and diffu-GRPO by ``python -m
-d1jax.main``), logging the router's health every step, exported as a LLaDA2 checkpoint that
-reloads with its experts sharded 4 ways.
+step 1, resumed from the workdir to step 2 by ``python -m d1jax.main``, logging the router's
+health every step, exported as a LLaDA2 checkpoint that reloads with its experts sharded 4
+ways.
 
 Overlap: tests/test_llada2_train.py runs block SFT through ``python -m d1jax.main`` from the
 published layouts' replicas (router metrics, layout kept, trained weights moved) and
@@ -36,8 +36,6 @@ COMPILE_UNOPTIMIZED = True
 
 MESH = (2, 1, 1, 4)  # data 2 x expert 4
 ROOT = Path(__file__).resolve().parents[1]
-# Resumed through `python -m d1jax.main` (block SFT and EBPO go through it in their own files).
-THROUGH_MAIN = ("configs/llada2/tracerl_math.py", "configs/llada2/grpo_gsm8k.py")
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices")
 
@@ -64,17 +62,15 @@ def test_tiny_config_stops_resumes_and_exports_on_the_expert_mesh(config_file, t
     with pytest.raises(RunStopped, match="stopped at step 1 of 2"):
         run(config(stop_after=1), str(tmp_path))
     assert (tmp_path / "checkpoints" / "1").is_dir() and not (tmp_path / "hf").exists()
-    if config_file in THROUGH_MAIN:  # resumed by the command, with the same fields
-        flags = [f"--config.train.{k}={v}" for k, v in
-                 {"num_steps": 2, "sample_every": 100, "export_hf": True}.items()]
-        flags += (["--config.sft.batch_size=2"] if c0.stage == "sft"
-                  else ["--config.grpo.num_iterations=1"])
-        r = subprocess.run([sys.executable, "-c", MAIN, f"--config={config_file}:tiny",
-                            f"--workdir={tmp_path}", "--config.mesh.shape=(2,1,1,4)", *flags],
-                           cwd=ROOT, capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, r.stderr[-3000:]
-    else:
-        run(config(), str(tmp_path))
+    # resumed by the command, with the same fields
+    flags = [f"--config.train.{k}={v}" for k, v in
+             {"num_steps": 2, "sample_every": 100, "export_hf": True}.items()]
+    flags += (["--config.sft.batch_size=2"] if c0.stage == "sft"
+              else ["--config.grpo.num_iterations=1"])
+    r = subprocess.run([sys.executable, "-c", MAIN, f"--config={config_file}:tiny",
+                        f"--workdir={tmp_path}", "--config.mesh.shape=(2,1,1,4)", *flags],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [x["step"] for x in rows] == [1, 2]
     assert all(np.isfinite(x["loss"]) for x in rows)
