@@ -46,29 +46,23 @@ pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) d
 ], ids=["block_sft", "ebpo", "tracerl", "diffu_grpo"])
 def test_tiny_config_stops_resumes_and_exports_on_the_expert_mesh(config_file, tmp_path):
     mod = load_module(config_file)
-    c0 = mod.get_config("tiny")
-
-    def config(**train):
-        c = mod.get_config("tiny")
-        c.mesh.shape = MESH
-        for k, v in {"num_steps": 2, "sample_every": 100, "export_hf": True, **train}.items():
-            setattr(c.train, k, v)
-        if c0.stage == "sft":
-            c.sft.batch_size = 2  # one row a data shard
-        else:  # a rollout a step: a run stops only between rollouts (mu 2 would not at step 1)
-            c.grpo.num_iterations = 1
-        return c
-    run = sft.run if c0.stage == "sft" else grpo.run
+    c = mod.get_config("tiny")
+    # The run's changes: set in-process for the stopped run, given as flags to the command.
+    changes = {"mesh.shape": MESH, "train.num_steps": 2, "train.sample_every": 100,
+               "train.export_hf": True}
+    if c.stage == "sft":
+        changes["sft.batch_size"] = 2  # one row a data shard
+    else:  # a rollout a step: a run stops only between rollouts (mu 2 would not at step 1)
+        changes["grpo.num_iterations"] = 1
+    c.update_from_flattened_dict({**changes, "train.stop_after": 1})
+    run = sft.run if c.stage == "sft" else grpo.run
     with pytest.raises(RunStopped, match="stopped at step 1 of 2"):
-        run(config(stop_after=1), str(tmp_path))
+        run(c, str(tmp_path))
     assert (tmp_path / "checkpoints" / "1").is_dir() and not (tmp_path / "hf").exists()
     # resumed by the command, with the same fields
-    flags = [f"--config.train.{k}={v}" for k, v in
-             {"num_steps": 2, "sample_every": 100, "export_hf": True}.items()]
-    flags += (["--config.sft.batch_size=2"] if c0.stage == "sft"
-              else ["--config.grpo.num_iterations=1"])
+    flags = [f"--config.{k}={v}" for k, v in changes.items()]
     r = subprocess.run([sys.executable, "-c", MAIN, f"--config={config_file}:tiny",
-                        f"--workdir={tmp_path}", "--config.mesh.shape=(2,1,1,4)", *flags],
+                        f"--workdir={tmp_path}", *flags],
                        cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = read_jsonl(tmp_path / "metrics.jsonl")

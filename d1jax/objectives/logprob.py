@@ -229,11 +229,9 @@ def per_token_logps(model: MaskPredictor, params: Any, prompt_ids_bp: Array, com
                         upto=upto)
         return (lp, aux) if with_metrics else lp
 
-    if with_metrics:
-        lp, aux = one_seed(mask_seeds_s[0])
-        return lp[None], aux
     if mask_seeds_s.shape[0] == 1:  # the update step: no loop at all
-        return one_seed(mask_seeds_s[0])[None]
+        out = one_seed(mask_seeds_s[0])
+        return (out[0][None], out[1]) if with_metrics else out[None]
     return jax.lax.map(one_seed, mask_seeds_s)  # one seed at a time: memory flat in S
 
 
