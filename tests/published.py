@@ -549,3 +549,70 @@ def write_llada2(d: Path, layout: str = "hub", seed: int = 0) -> Path:
         "eos_token": _token("<|endoftext|>"), "pad_token": _token("<|endoftext|>")})
     (d / "README.md").write_text("---\nlibrary_name: transformers\n---\n# LLaDA2.0-mini\n")
     return d
+
+
+# --------------------------------------------------------------------------- LLaDA-MoE
+
+# inclusionAI/LLaDA-MoE-7B-A1B-Instruct. Pinned by public files: the config.json field names
+# (their configuration_lladamoe.py, inclusionAI/dInfer tools/ and ZHZisZZ/dllm), model_type
+# "llada" (dInfer's LLaDAConfig; dllm's README has users rename it "lladamoe"), the shape
+# (16 MoE layers of 64 experts, 8 a token, expert width 1024, D 2048, 16 heads, rope_theta
+# 50000, 8192 positions: third-party notes of the release, not its config.json itself), the
+# mask 156895 and eos 156892 (dInfer's tests/test_llada_moe.py), the tokenizer family of
+# LLaDA2 (dllm sets mask "<|mask|>" and eot "<|role_end|>" for both). Not pinned (their
+# tokenizer_config.json, config.json and remote code were not at hand): the chat template
+# (LLaDA2's here), whether config.json names mask_token_id (the replica does: d1jax needs
+# it), shared_expert_intermediate_size (null here, as 7.4B total / 1.4B active implies),
+# moe_router_enable_expert_bias (true here so the replica exercises it), its auto_map.
+def lladamoe_config(model_type: str = "llada") -> dict[str, Any]:
+    """The replica's config.json: their field names, tiny sizes (``lladamoe-tiny``'s, no
+    shared expert), LLaDA2's replica ids."""
+    ids, n = llada2_ids(), BASE_VOCAB + len(LLADA2_ADDED)
+    return {
+        "architectures": ["LLaDAMoEModelLM"], "model_type": model_type,
+        "vocab_size": -(-(n + 1) // 64) * 64, "hidden_size": 32,
+        "dense_intermediate_size": 64, "expert_intermediate_size": 16,
+        "shared_expert_intermediate_size": None, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_act": "silu",
+        "max_position_embeddings": 1024, "initializer_range": 0.02, "rms_norm_eps": 1e-05,
+        "use_cache": False, "pad_token_id": ids["pad"], "bos_token_id": None,
+        "eos_token_id": ids["eos"], "mask_token_id": ids["mask"], "tie_word_embeddings": False,
+        "rope_theta": 50000, "partial_rotary_factor": 1.0, "rope_scaling": None,
+        "attention_bias": False, "attention_dropout": 0.0, "clip_qkv": None,
+        "num_experts_per_tok": 2, "num_experts": 8, "output_router_logits": False,
+        "router_aux_loss_coef": 0.01, "norm_topk_prob": False, "qk_layernorm": True,
+        "moe_layer_freq": [0, 1, 1], "moe_router_enable_expert_bias": True,
+        "moe_router_score_function": "softmax", "routed_scaling_factor": 1,
+        "router_num_group": None, "router_topk_group": None, "torch_dtype": "bfloat16",
+        "transformers_version": "4.46.3"}
+
+
+def write_lladamoe(d: Path, model_type: str = "llada", seed: int = 0) -> Path:
+    """A tiny LLaDA-MoE-7B-A1B-Instruct replica in ``d`` (``model_type`` "llada" as published,
+    or dllm's "lladamoe"): config.json, generation_config.json, LLaDA2's replica tokenizer
+    (its special tokens and chat template), bfloat16 weight shards with an index."""
+    import jax
+    from d1jax.model.lladamoe import LLaDAMoE, read_config, save_hf_checkpoint
+    from d1jax.model.predictor import init_params
+    write_llada2(d / "llada2")  # the tokenizer family's files, taken from its replica
+    d.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "generation_config.json"):
+        shutil.copyfile(d / "llada2" / name, d / name)
+    shutil.rmtree(d / "llada2")
+    _write_json(d / "config.json", lladamoe_config(model_type))
+    config = read_config(d)
+    params = init_params(LLaDAMoE(config), jax.random.key(seed))
+    # A router bias the size of the softmax probabilities (1/8 on average), so it matters.
+    bias = params["moe_layers"]["gate"]["expert_bias"]
+    params["moe_layers"]["gate"]["expert_bias"] = 0.05 * jax.random.normal(
+        jax.random.key(seed + 1), bias.shape)
+    save_hf_checkpoint(d / "weights", config, params, max_shard_size=40_000,
+                       dtype=ml_dtypes.bfloat16)
+    for f in (d / "weights").iterdir():
+        if f.name.endswith(".safetensors") or f.name.endswith(".index.json"):
+            f.rename(d / f.name)
+    shutil.rmtree(d / "weights")
+    (d / "README.md").write_text("---\nlibrary_name: transformers\n---\n"
+                                 "# LLaDA-MoE-7B-A1B-Instruct\n")
+    return d

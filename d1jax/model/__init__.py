@@ -4,7 +4,8 @@
   ``init_params``; ``family``: the registry of family records (``Family``).
 - One package per family: ``llada`` (LLaDA-8B), ``dream`` (Dream-v0-7B, DiffuCoder-7B),
   ``sdar`` (SDAR-*-Chat, TraDo-*-Instruct: block diffusion), ``llada2`` (LLaDA2.x:
-  mixture-of-experts block diffusion).
+  mixture-of-experts block diffusion), ``lladamoe`` (LLaDA-MoE-7B-A1B: mixture of experts,
+  full attention).
 - Shared: ``layers``, ``attention``, ``kv_cache``, ``lora``, ``quant``, ``hf_checkpoint``
   (Hugging Face safetensors in and out), ``hf_files`` (an export's companion files),
   ``tokenizer``, ``preflight`` (a checkpoint checked against its family before a run).
@@ -14,7 +15,7 @@ each family package has its own (``d1jax.model.dream.preset``).
 """
 
 from d1jax.model import family
-from d1jax.model import dream, llada, llada2, sdar
+from d1jax.model import dream, llada, llada2, lladamoe, sdar
 from d1jax.model.dream import Dream, DreamConfig, dream_positions, shift_logits
 from d1jax.model.hf_checkpoint import CheckpointError, UnsupportedConfigError
 from d1jax.model.kv_cache import KVCache
@@ -29,6 +30,7 @@ family.register(llada.FAMILY)
 family.register(dream.FAMILY)
 family.register(sdar.FAMILY)
 family.register(llada2.FAMILY)
+family.register(lladamoe.FAMILY)
 
 __all__ = ["CheckpointError", "PRESETS", "Dream", "DreamConfig", "KVCache", "LLaDA",
            "LLaDAConfig", "LoraConfig", "MaskPredictor", "UnsupportedConfigError",
