@@ -22,6 +22,9 @@ REWORDED: dict[str, str] = {
     "grpo_sudoku.py:tiny+bad_remasking":  # names the loop since block diffusion has its own
         "ConfigError: sampler.remasking='top' with loop='llada': use one of ('low_confidence', "
         "'random')",
+    "grpo_sudoku.py:tiny+bad_family":  # lists the registered families: lladamoe since
+        "ConfigError: config.model.family: unknown model family 'gpt'; choose one of llada, "
+        "dream, sdar, llada2, lladamoe",
 }
 
 
