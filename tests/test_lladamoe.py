@@ -281,6 +281,7 @@ def test_cache_entry_points_equal_the_full_forward(replica):
     model = LLaDAMoE(config)
     ids, mask = jnp.asarray(IDS), jnp.ones((1, 12), jnp.int32)
     apply = lambda *a, **k: model.apply({"params": params}, *a, **k)  # noqa: E731
+    apply = jax.jit(apply, static_argnames=("method", "slice_len"))
     full = np.asarray(apply(ids, mask))
     logits, cache = apply(ids, mask, method=model.prefill)
     assert cache.k.shape == (3, 1, 12, 2, 8)
