@@ -9,7 +9,9 @@
 # cycle, the reference's), profile (the updates alone, the layers in a loop, traced), pair
 # (one update's loss and gradient norm, d1jax's and d1's, on shared inputs), dream, quant (an
 # NF4 base: logits and the updates' memory; QUANTS=int8,nf4 for both), profile_unroll (the
-# updates with the layers unrolled: on an H100 their compile ran past 3 minutes).
+# updates with the layers unrolled: on an H100 their compile ran past 3 minutes), moe (one
+# LLaDA2.0-mini MoE layer beside a dense SwiGLU of equal active FLOPs, bench/moe.py: its
+# JSON in OUT/moe.log; T_MOE seconds).
 #
 # REF_DIR: what bench/reference/setup.sh built (its sources; the venv is not needed when
 # REF_PYTHONPATH holds the reference's packages over a machine's own torch).
@@ -82,6 +84,7 @@ for part in ${PARTS//,/ }; do
     llada|pair|dream|quant) part_$part;;
     profile) part_profile loop;;
     profile_unroll) part_profile unroll;;
-    *) echo "[scale_gpu] unknown part $part (llada, profile, pair, dream, quant, profile_unroll)"; exit 2;;
+    moe) step moe "${T_MOE:-300}" "${JAXSIDE[@]}" "$HERE/moe.py" --repeats 10;;
+    *) echo "[scale_gpu] unknown part $part (llada, profile, pair, dream, quant, profile_unroll, moe)"; exit 2;;
   esac
 done
