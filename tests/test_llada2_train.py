@@ -35,23 +35,31 @@ pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) d
 
 
 # The merged layout's run aborted in XLA (SIGABRT in device_get during the SFT step) once in a
-# full-suite run and once in a multi-file run, passing alone: left out until that is found;
-# the merged layout's export and reload are checked in-process (tests/test_llada2.py).
-@pytest.mark.parametrize("layout", ["hub"])
+# full-suite run and once in a multi-file run (2026-11); six runs since, three at once under a
+# load of 22 on 2 cores and two loading the hub run's cached programs, passed. Until it is found,
+# an abort is reported as the known defect with XLA's fatal line (``_xla_fatal``), and any other
+# failure fails. The merged run may load the hub run's programs (the same programs).
+@pytest.mark.parametrize("layout", ["hub", "merged"])
 def test_sft_exports_and_reloads_each_layout(tmp_path, layout):
     src = published.write_llada2(tmp_path / "src", layout)
     wd = tmp_path / "run"
+    steps = 2  # the first at learning rate 0 (warmup)
+    env = dict(os.environ)
+    if layout == "hub":
+        env["JAX_ENABLE_COMPILATION_CACHE"] = "false"  # compiled here, not loaded
     r = subprocess.run(
         [sys.executable, "-c", MAIN, "--config=configs/llada2/sft_gsm8k.py:tiny",
          f"--workdir={wd}", f"--config.model.path={src}",
-         "--config.model.random_init=", "--config.train.num_steps=2", "--config.sft.batch_size=2",
-         "--config.train.export_hf=True", f"--config.mesh.shape={MESH}",
+         "--config.model.random_init=", f"--config.train.num_steps={steps}",
+         "--config.sft.batch_size=2", "--config.train.export_hf=True",
+         f"--config.mesh.shape={MESH}",
          "--config.sft.max_length=720"],  # the replica BPE spends ~630 tokens on a prompt
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"})  # compiled here, not loaded
-    assert r.returncode == 0, r.stderr[-3000:]
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    if r.returncode == -6 and layout == "merged":
+        pytest.xfail(f"known defect (docs/models.md): XLA aborted: {_xla_fatal(r.stderr)}")
+    assert r.returncode == 0, _xla_fatal(r.stderr) + "\n" + r.stderr[-3000:]
     rows = read_jsonl(wd / "metrics.jsonl")
-    assert [x["step"] for x in rows] == [1, 2]
+    assert [x["step"] for x in rows] == list(range(1, steps + 1))
     assert all(np.isfinite(x["loss"]) and x["masked_tokens"] > 0 for x in rows)  # block SFT
     for x in rows:  # the router's summary of the step (LLaDA2.step_metrics)
         assert 0 <= x["router_load_min"] <= 1 / 8 <= x["router_load_max"] <= 1
@@ -83,3 +91,12 @@ def test_sft_exports_and_reloads_each_layout(tmp_path, layout):
     bias = lambda p: np.asarray(p["moe_layers"]["gate"]["expert_bias"])  # noqa: E731
     np.testing.assert_array_equal(bias(params), bias(before).astype(ml_dtypes.bfloat16)
                                   .astype(np.float32))
+
+
+def _xla_fatal(stderr: str) -> str:
+    """XLA's and glog's fatal lines of a run's stderr (they come before Python's thread dump,
+    which the last 3000 characters keep)."""
+    keys = ("Check failed", "terminate called", "Termination timeout", "Fatal Python error")
+    lines = [x for x in stderr.splitlines()
+             if x[:1] in "FE" and x[1:5].isdigit() or any(k in x for k in keys)]
+    return " | ".join(lines[:6]) or "(no fatal line)"

@@ -60,13 +60,15 @@ def lr_schedule(cfg: OptimConfig) -> optax.Schedule:
     p = (s - warmup) / (total - warmup) and m = ``min_lr_rate`` (HF's
     ``get_cosine_with_min_lr_schedule_with_warmup``, one half cycle)."""
     w = cfg.warmup_steps
-    if cfg.schedule != "constant_with_warmup" and cfg.total_steps <= w:
-        raise ValueError(f"schedule={cfg.schedule!r} needs total_steps={cfg.total_steps} > "
-                         f"warmup_steps={w}")
+    if cfg.schedule != "constant_with_warmup" and cfg.total_steps < 1:
+        raise ValueError(f"schedule={cfg.schedule!r} needs total_steps={cfg.total_steps} >= 1")
+    # HF divides by max(1, total - warmup): a run no longer than its warmup (one step at a 3%
+    # warmup ratio) never leaves the warmup, and is not refused.
+    n = max(1, cfg.total_steps - w)
     if cfg.schedule == "linear":
-        after = optax.linear_schedule(cfg.learning_rate, 0.0, cfg.total_steps - w)
+        after = optax.linear_schedule(cfg.learning_rate, 0.0, n)
     elif cfg.schedule == "cosine_with_min_lr":
-        n, lr, m = cfg.total_steps - w, cfg.learning_rate, cfg.min_lr_rate
+        lr, m = cfg.learning_rate, cfg.min_lr_rate
 
         def after(s):
             p = jnp.clip(s / n, 0.0, 1.0)
