@@ -375,7 +375,7 @@ def test_sft_exports_and_reloads(tmp_path):
     """The published replica (dllm's model_type "lladamoe": d1jax detects families by
     model_type, and the published "llada" is LLaDA-8B's too) trains an SFT step through
     ``python -m d1jax.main`` on 8 fake devices with the experts on a mesh axis of 4 (full
-    fine-tuning: LoRA leaves the stacked experts alone), exports, and the export reloads with
+    fine-tuning in bfloat16: LoRA leaves the stacked experts alone), exports, and the export reloads with
     the experts sharded 4 ways and trained, the router's bias buffer as the source had it."""
     from tests.learnable import MAIN
     src = published.write_lladamoe(tmp_path / "src", model_type="lladamoe")
@@ -386,7 +386,8 @@ def test_sft_exports_and_reloads(tmp_path):
          "--config.model.random_init=", "--config.train.num_steps=1",
          "--config.sft.batch_size=2", "--config.train.export_hf=True",
          "--config.lora.enabled=False", "--config.optim.learning_rate=1e-3",
-         "--config.optim.warmup_ratio=0",
+         "--config.optim.warmup_ratio=0", "--config.model.dtype=bfloat16",
+         "--config.model.param_dtype=bfloat16",  # as users run the 7B (float32 masters)
          "--config.mesh.shape=(2,1,1,4)", "--config.sft.max_length=720"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"})
