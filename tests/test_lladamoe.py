@@ -260,11 +260,19 @@ def test_config_refuses_what_is_not_implemented(field, value):
         LLaDAMoEConfig.from_hf_dict(dict(TINY_JSON, **{field: value}))
 
 
-def test_llada_8b_config_is_not_read_as_moe():
-    """LLaDA-8B's config.json shares model_type "llada": it is refused by what it lacks."""
+def test_llada_8b_config_is_not_read_as_moe(tmp_path):
+    """LLaDA-8B's config.json shares model_type "llada": it is refused by what it lacks, and
+    the registry tells the two apart by LLaDA-MoE's ``num_experts`` (``Family.marks``)."""
+    from d1jax.model import family
     llada = {"model_type": "llada", "d_model": 4096, "n_layers": 32, "vocab_size": 126464}
     with pytest.raises(UnsupportedConfigError, match="num_experts"):
         LLaDAMoEConfig.from_hf_dict(llada)
+    for name, cfg in [("llada", llada), ("lladamoe", TINY_JSON),
+                      ("lladamoe", dict(TINY_JSON, model_type="lladamoe"))]:
+        d = tmp_path / name / cfg["model_type"]
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps(cfg))
+        assert family.detect(d) == name, cfg["model_type"]
 
 
 def test_the_7b_preset():
@@ -372,13 +380,13 @@ def test_logits_match_their_torch_file(replica):
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices")
 def test_sft_exports_and_reloads(tmp_path):
-    """The published replica (dllm's model_type "lladamoe": d1jax detects families by
-    model_type, and the published "llada" is LLaDA-8B's too) trains an SFT step through
+    """The published replica (model_type "llada", as LLaDA-8B's: found by its experts) trains
+    an SFT step through
     ``python -m d1jax.main`` on 8 fake devices with the experts on a mesh axis of 4 (full
     fine-tuning in bfloat16: LoRA leaves the stacked experts alone), exports, and the export reloads with
     the experts sharded 4 ways and trained, the router's bias buffer as the source had it."""
     from tests.learnable import MAIN
-    src = published.write_lladamoe(tmp_path / "src", model_type="lladamoe")
+    src = published.write_lladamoe(tmp_path / "src")
     wd = tmp_path / "run"
     r = subprocess.run(
         [sys.executable, "-c", MAIN, "--config=configs/sft_s1k.py:tiny", f"--workdir={wd}",
@@ -393,7 +401,7 @@ def test_sft_exports_and_reloads(tmp_path):
         env={**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"})
     assert r.returncode == 0, r.stderr[-3000:]
     out = wd / "hf"
-    assert json.loads((out / "config.json").read_text())["model_type"] == "lladamoe"
+    assert json.loads((out / "config.json").read_text())["model_type"] == "llada"  # kept
     assert set(hf.open_checkpoint(out)) == set(hf.open_checkpoint(src))
     mesh = shd.make_mesh((2, 1, 1, 4))
     rules = shd.DEFAULT_RULES + ((shd.EXPERT, shd.EXPERT_AXIS),)

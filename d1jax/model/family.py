@@ -81,6 +81,10 @@ class Family:
     # "block_dfactory" (block SFT's recipes, d1jax.objectives.blockwise: a model taking
     # positions= and mask= in ``hidden``).
     sft_loss: str = "masked"
+    # config.json keys its checkpoints hold when another family shares a model_type
+    # (LLaDA-MoE's release says "llada", as LLaDA-8B's does; its num_experts tells them apart):
+    # ``detect`` takes the family whose marks are all present, the most marks first.
+    marks: tuple[str, ...] = ()
 
     def model(self, config: Any, **kwargs: Any):
         """The flax module of architecture ``config`` (kwargs: dtype, remat, lora, ...)."""
@@ -151,12 +155,12 @@ def of(model: Any) -> Family:
 
 def detect(path: str | os.PathLike) -> str | None:
     """The family of the Hugging Face checkpoint at ``path`` by its config.json's
-    ``model_type`` (None when there is no config.json or the type is unknown)."""
+    ``model_type`` and, where families share one, their ``marks`` (None when there is no
+    config.json or the type is unknown)."""
     cfg = Path(path) / "config.json"
     if not cfg.is_file():
         return None
-    model_type = json.loads(cfg.read_text()).get("model_type")
-    for fam in FAMILIES.values():
-        if model_type in fam.model_types:
-            return fam.name
-    return None
+    raw = json.loads(cfg.read_text())
+    found = [fam for fam in FAMILIES.values()
+             if raw.get("model_type") in fam.model_types and all(k in raw for k in fam.marks)]
+    return max(found, key=lambda fam: len(fam.marks)).name if found else None

@@ -10,7 +10,7 @@ it as ``loop="llada"`` cached decoding; their ThresholdParallelDecoder was not p
 """
 
 from d1jax.model.family import Family
-from d1jax.model.lladamoe.config import PRESETS, LLaDAMoEConfig, preset
+from d1jax.model.lladamoe.config import MODEL_TYPES, PRESETS, LLaDAMoEConfig, preset
 from d1jax.model.lladamoe.model import LLaDAMoE
 from d1jax.model.lladamoe.weights import (EMBEDDING, REMOTE_CODE, key_map, load_hf_checkpoint,
                                           read_config, save_hf_checkpoint)
@@ -23,9 +23,9 @@ GRPO_TARGETS = LORA_TARGETS
 
 FAMILY = Family(
     name="lladamoe", title="LLaDA-MoE", module=LLaDAMoE, config_class=LLaDAMoEConfig,
-    # Only dllm's rename: the published "llada" is LLaDA-8B's type too, and the registry
-    # detects a family by model_type alone (docs/models.md, "LLaDA-MoE-7B-A1B").
-    model_types=("lladamoe",), presets=PRESETS, make_config=preset,
+    # The published "llada" is LLaDA-8B's type too: its experts tell them apart (``marks``);
+    # "lladamoe" is ZHZisZZ/dllm's rename.
+    model_types=MODEL_TYPES, marks=("num_experts",), presets=PRESETS, make_config=preset,
     fields={"vocab": ("vocab_size",), "mask": ("mask_token_id",), "eos": ("eos_token_id",),
             "pad": ("pad_token_id",), "length": ("max_position_embeddings",),
             "width": ("hidden_size",), "mlp": ("dense_intermediate_size",),
