@@ -1,10 +1,11 @@
 """One LLaDA2 MoE layer's feed-forward beside a dense SwiGLU of equal active FLOPs, forward and
 gradient (issue 58).
 
-    python bench/moe.py                                  # LLaDA2.0-mini's layer, bf16, T=16 on CPU
-    python bench/moe.py --tokens 4096 --repeats 10       # on a GPU (default T there: 2048)
-    python bench/moe.py --num_experts 64                 # fewer experts (CPU memory, below)
-    XLA_FLAGS=--xla_force_host_platform_device_count=4 python bench/moe.py --expert_shards 4
+    python bench/moe.py --forward_only                  # LLaDA2.0-mini's layer, bf16, CPU: T=16
+    python bench/moe.py --num_experts 128 --dtype float32   # grads too on a CPU: half the experts
+    python bench/moe.py --repeats 10                    # on a GPU (T=2048 there)
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 \
+        python bench/moe.py --preset llada2-tiny --dtype float32 --expert_shards 4
 
 Cases, each jitted twice, ``forward`` (the sum of its output against a fixed random cotangent)
 and ``grad`` (``jax.value_and_grad`` of that sum w.r.t. the case's params and its input), each
@@ -28,15 +29,18 @@ router 2 T D E, routed experts 6 T K D I, shared expert 6 T D S, dense 6 T D F w
 F = K I + S. XLA's own count of each compiled program (``cost_analysis``) is reported beside
 it. On a CPU, JAX lowers ``ragged_dot`` to a dense dot over every expert of the rows masked to
 their expert (``_ragged_dot_general_impl``; GPU and TPU have their own lowerings): E times the
-routed FLOPs, and an [E, T K, D] operand in memory. XLA's CPU dots also run bf16 in float32, so
-the MoE's grad holds float32 copies of the expert weights and of their gradients: about
-9.5 GiB at the mini shape with T = 16. ``--max_gib`` (default 8 on a CPU) stops a program
-that would need more before it runs, saying so; ``--num_experts`` shrinks E (per-token shape
-unchanged) to fit, ``--forward_only`` skips the gradients.
+routed FLOPs, and an [E, T K, D] operand in memory. In bfloat16, XLA:CPU upcasts those
+expert weights to float32 for the dots (the dense SwiGLU's bf16 dots stay bf16, on a much
+slower path on CPUs without bf16 units: compare the two at ``--dtype float32``), and the grad
+holds float32 copies of the weights and of their gradients: about 9.4 GiB at the mini shape
+with T = 16. ``--max_gib`` (default 8 on a CPU) stops a program that would need more before
+it runs, saying so; ``--num_experts`` shrinks E (per-token shape unchanged) to fit,
+``--forward_only`` skips the gradients.
 
 ``--expert_shards n``: the same cases with the experts sharded over an ``expert`` mesh axis of
 n devices (``moe.experts_forward``'s shard_map and psum; n fake CPU devices via XLA_FLAGS), so
-expert parallelism's overhead can be read on one host.
+expert parallelism's overhead can be read on one host; on a CPU in float32 only (XLA:CPU
+aborts compiling that psum in bfloat16).
 """
 
 from __future__ import annotations
@@ -174,7 +178,7 @@ def compile_case(name: str, fn: Callable, w, x, kinds: tuple[str, ...],
     funcs = {"forward": loss, "grad": jax.value_and_grad(loss, argnums=(0, 1))}
     res = {}
     devices = max(len(leaf.sharding.device_set) for leaf in jax.tree.leaves(w))
-    for kind in kinds:
+    for kind in kinds:  # every kind checked before any runs
         compiled = jax.jit(funcs[kind]).lower(w, x).compile()
         gib = _gib(compiled)
         gib = None if gib is None else gib * devices  # per device; fake devices share a host
@@ -182,8 +186,9 @@ def compile_case(name: str, fn: Callable, w, x, kinds: tuple[str, ...],
             raise SystemExit(f"{name}/{kind} needs {gib:.1f} GiB (arguments, outputs, XLA "
                              f"temporaries) over --max_gib {max_gib}: lower --tokens or "
                              f"--num_experts, or pass --forward_only")
-        jax.block_until_ready(compiled(w, x))
         res[kind] = (lambda compiled=compiled: compiled(w, x), _xla_flops(compiled), gib)
+    for call, _, _ in res.values():
+        jax.block_until_ready(call())  # warm-up
     return res
 
 
