@@ -64,3 +64,24 @@ def test_expert_shards_do_not_change_numerics():
     assert np.abs(g1["moe_layers"]["experts"]["down_proj"]).max() > 0
     assert np.abs(g1["moe_layers"]["gate"]["kernel"]).max() > 0
     assert np.abs(g1["moe_layers"]["gate"]["expert_bias"]).max() == 0  # selection only
+
+
+def test_bfloat16_experts_on_an_expert_axis_sum_in_float32():
+    """A bfloat16 model on 4 expert shards compiles and runs (a bfloat16 ``psum`` in the
+    shard_map aborted XLA:CPU's compiler) and equals the unsharded bfloat16 run to bfloat16's
+    rounding: the shards' partial outputs are summed in float32, then rounded once."""
+    config = preset("llada2-tiny", num_hidden_layers=1, first_k_dense_replace=0)
+    model = LLaDA2(config, dtype=jnp.bfloat16)
+    params = jax.tree.map(lambda a: a.astype(jnp.bfloat16) if a.dtype == jnp.float32 else a,
+                          init_params(model, jax.random.key(0)))
+    params["moe_layers"]["gate"]["expert_bias"] = jnp.zeros_like(
+        params["moe_layers"]["gate"]["expert_bias"], jnp.float32)  # a buffer stays float32
+    ids = jax.random.randint(jax.random.key(2), (8, 8), 0, config.vocab_size)
+    runs = {n: _loss_and_grad(model, params, ids, shd.make_mesh((8 // n, 1, 1, n), AXES))
+            for n in (1, 4)}
+    out1, out4 = (np.asarray(runs[n][0], np.float32) for n in (1, 4))
+    assert "shard_map" in runs[4][2] and runs[4][0].dtype == jnp.bfloat16
+    np.testing.assert_allclose(out4, out1, rtol=0.02, atol=0.02 * np.abs(out1).max())
+    g1, g4 = (runs[n][1]["moe_layers"]["experts"]["down_proj"].astype(np.float32)
+              for n in (1, 4))
+    np.testing.assert_allclose(g4, g1, rtol=0.05, atol=0.02 * np.abs(g1).max())

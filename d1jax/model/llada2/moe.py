@@ -122,18 +122,24 @@ def expert_mesh_axis() -> str | None:
 def experts_forward(x_td: Array, ids_tk: Array, w_tk: Array, gate_edi: Array, up_edi: Array,
                     down_eid: Array) -> Array:
     """``grouped_experts`` over every expert, in a shard_map over the expert mesh axis when
-    there is one (module docstring)."""
+    there is one (module docstring). The shard_map's boundary is float32: the shards' partial
+    outputs are added by a float32 ``psum`` and the input's cotangent summed over the axis in
+    float32 (one rounding to the model dtype after the sum; and a bfloat16 ``psum`` inside a
+    shard_map aborts XLA:CPU's compiler, jax 0.10.2: "Invalid binary instruction opcode
+    copy"). A float32 model is unchanged."""
     axis = expert_mesh_axis()
     if axis is None:
         return grouped_experts(x_td, ids_tk, w_tk, gate_edi, up_edi, down_eid)
+    dt = x_td.dtype
 
     def local(x, ids, w, g, u, d):
         first = jax.lax.axis_index(axis) * g.shape[0]
-        return jax.lax.psum(grouped_experts(x, ids, w, g, u, d, first), axis)
+        part = grouped_experts(x.astype(dt), ids, w, g, u, d, first)
+        return jax.lax.psum(part.astype(F32), axis)
     ex = P(axis)
     return jax.shard_map(local, in_specs=(P(), P(), P(), ex, ex, ex), out_specs=P(),
                          axis_names={axis}, check_vma=False)(
-        x_td, ids_tk, w_tk, gate_edi, up_edi, down_eid)
+        x_td.astype(F32), ids_tk, w_tk, gate_edi, up_edi, down_eid).astype(dt)
 
 
 def router_metrics(ids_tk: Array, scores_te: Array) -> dict[str, Array]:

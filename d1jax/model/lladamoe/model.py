@@ -18,7 +18,8 @@ FFN by ``moe_layer_freq``: a SwiGLU of width ``dense_intermediate_size`` (0), or
 of those values choose the experts AND weigh them (the bias included, no renormalisation:
 their block hard-codes ``norm_topk_prob = False``); the routed experts run dropless through
 ``d1jax.model.llada2.moe`` (``jax.lax.ragged_dot``, the expert-axis shard_map, summed in
-float32, the shards' sum too: ``experts_forward``); plus the layer's ``shared_expert`` SwiGLU when ``shared_expert_intermediate_size``.
+float32, the shards' sum too: ``moe.experts_forward``); plus the layer's ``shared_expert``
+SwiGLU when ``shared_expert_intermediate_size``.
 The router logits are float32 (dInfer's vLLM model runs its gate in float32; their HF file in
 the model dtype: the same in a float32 run).
 
@@ -39,7 +40,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
 from d1jax import sharding as shd
 from d1jax.model.attention import attention
@@ -75,28 +75,6 @@ def replay(ids_tk: Array, probs_te: Array, bias_e: Array | None, recorded_tk: Ar
     scores = probs_te if bias_e is None else probs_te + jax.lax.stop_gradient(bias_e.astype(F32))
     missing = ~jnp.any(used[:, :, None] == ids_tk[:, None, :], axis=-1)
     return used, jnp.take_along_axis(scores, used, axis=1), jnp.any(missing, axis=-1)
-
-
-def experts_forward(x_td: Array, ids_tk: Array, w_tk: Array, gate_edi: Array, up_edi: Array,
-                    down_eid: Array) -> Array:
-    """``moe.experts_forward`` (LLaDA2's routed experts, sharded on the expert mesh axis when
-    there is one) with the shard_map's boundary in float32: the shards' partial outputs are
-    added by a float32 ``psum``, and the input's cotangent summed over the axis in float32.
-    A bfloat16 ``psum`` inside a shard_map aborts XLA:CPU's compiler (jax 0.10.2: "Invalid
-    binary instruction opcode copy"), which a bfloat16 run on an expert mesh would hit."""
-    axis = moe.expert_mesh_axis()
-    if axis is None:
-        return moe.grouped_experts(x_td, ids_tk, w_tk, gate_edi, up_edi, down_eid)
-    dt = x_td.dtype
-
-    def local(x, ids, w, g, u, d):
-        first = jax.lax.axis_index(axis) * g.shape[0]
-        part = moe.grouped_experts(x.astype(dt), ids, w, g, u, d, first)
-        return jax.lax.psum(part.astype(F32), axis)
-    ex = P(axis)
-    return jax.shard_map(local, in_specs=(P(), P(), P(), ex, ex, ex), out_specs=P(),
-                         axis_names={axis}, check_vma=False)(
-        x_td.astype(F32), ids_tk, w_tk, gate_edi, up_edi, down_eid).astype(dt)
 
 
 class Router(nn.Module):
@@ -175,7 +153,7 @@ class LLaDAMoEBlock(nn.Module):
             self.sow("intermediates", "router_changed", jnp.mean(changed.astype(F32)))
         weights = moe.Experts(c.num_experts, d, c.expert_intermediate_size, c.initializer_range,
                               self.param_dtype, name="experts")()
-        y = experts_forward(x_td, ids, w, *weights).reshape(b, l, d)
+        y = moe.experts_forward(x_td, ids, w, *weights).reshape(b, l, d)
         if c.shared_expert_intermediate_size:
             y = y + SwiGLU(c, self.dtype, self.param_dtype, self.lora,
                            c.shared_expert_intermediate_size, name="shared_expert")(xn, kw)
