@@ -12,10 +12,6 @@ it, then the noised block, a plain block-causal mask): the composite input's sin
 must give each block exactly that view. No authors' code is public to compare with.
 """
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import jax
 import flax.linen as nn
@@ -25,18 +21,15 @@ import pytest
 
 from d1jax import config as config_lib
 from d1jax.config import ConfigError
-from d1jax.metrics import read_jsonl
 from d1jax.model.llada2 import LLaDA2, preset
 from d1jax.objectives import ebpo, logprob
 from d1jax.objectives.table import OBJECTIVES, GRPOConfig
 from d1jax.run import spec as spec_lib
 from objective_checks import grpo_batch
-from tests.learnable import MAIN
 
 # Compile-bound: compiled unoptimized (tests/conftest.py), seen passing that way.
 COMPILE_UNOPTIMIZED = True
 
-ROOT = Path(__file__).resolve().parents[1]
 EPS_LOW, EPS_HIGH = 0.2, 0.28
 
 
@@ -226,16 +219,6 @@ def test_config_knobs_beta_and_families():
         spec_lib.from_config(c)
 
 
-def test_a_tiny_llada2_run_through_main(tmp_path):
-    wd = tmp_path / "run"
-    r = subprocess.run(
-        [sys.executable, "-c", MAIN, "--config=configs/llada2/ebpo_math.py:tiny",
-         f"--workdir={wd}", "--config.train.num_steps=2", "--config.train.export_hf=False",
-         "--config.grpo.num_iterations=2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ))
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = read_jsonl(wd / "metrics.jsonl")
-    assert [x["step"] for x in rows] == [1, 2]
-    assert all(np.isfinite(x["loss"]) for x in rows)
-    assert rows[0]["ratio_mean"] == 1.0  # the first update is the rollout's policy
-    assert "clip_ratio" in rows[1] and "kl" not in rows[0]
+# EBPO through `python -m d1jax.main` on a tiny LLaDA2 (mu 2: the first update's ratio is
+# 1): tests/test_llada2_replay.py's run (data 2 x expert 4, two micro-batches, replay on) and
+# tests/test_llada2_runs.py's (stopped, resumed by the command, exported).

@@ -184,6 +184,10 @@ def test_a_tiny_run_with_replay_logs_router_changed(tmp_path):
     assert rows[0]["router_changed"] == 0.0
     assert 0.0 < rows[1]["router_changed"] < 1.0 and np.isfinite(rows[1]["loss"])
     assert "router_entropy" in rows[1] and "router_load_max" in rows[1]
+    # EBPO's mu = 2 (the config's): the first update is the rollout's policy, no KL term
+    # (this run is also test_ebpo's run through the command)
+    assert rows[0]["ratio_mean"] == 1.0, rows[0]
+    assert "clip_ratio" in rows[1] and "kl" not in rows[0]
 
 
 def test_diffu_grpo_logs_the_router_of_its_update_forward():
