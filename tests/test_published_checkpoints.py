@@ -5,7 +5,8 @@ tokens and bfloat16 weights. Each replica's special ids are checked against the 
 and transformers' own loader; each one samples through d1jax's evaluation (in process, or
 ``python -m d1jax.eval`` for Dream-v0-Instruct-7B, the command issue 41 reports) and goes
 through the commands as a user runs them: ``python -m d1jax.main`` SFT one step -> export ->
-GRPO one step from that export (its rollouts sample it) -> export -> both exports reloaded.
+GRPO one step from that export (its rollouts sample it) -> export -> both exports reloaded (each
+command a process of its own, forked from one that imported the command's modules once).
 tests/test_export_hf.py opens each replica's export in transformers 4.46.3 and 5.x. A
 checkpoint that does not fit is one ``error:`` line before anything is written.
 """
@@ -13,6 +14,7 @@ checkpoint that does not fit is one ``error:`` line before anything is written.
 from __future__ import annotations
 
 import json
+import select
 import shutil
 import subprocess
 import sys
@@ -161,6 +163,67 @@ def _cli(*args, module="d1jax.main", main=None) -> subprocess.CompletedProcess:
                           timeout=900)
 
 
+# The chains' commands (12 `python -m d1jax.main` runs) are forked from one process that has
+# imported what the command imports (jax, d1jax, transformers' tokenizer; no JAX backend yet,
+# so the fork is safe): each child runs d1jax.main as `python -m` does (runpy, its flags, its
+# input checks, its exit status; its own JAX backend, flags and atexit handlers), without the
+# 2-3 s of CPU those imports cost each start. ``_cli``'s commands start for real.
+FORK_SERVER = """
+import json, os, runpy, sys
+import d1jax.cli, d1jax.distributed, d1jax.eval.evaluate, d1jax.train.grpo, d1jax.train.sft
+import d1jax.metrics, orbax.checkpoint
+from transformers import PreTrainedTokenizerFast
+for line in sys.stdin:
+    argv, out, err = json.loads(line)
+    sys.stdout.flush(), sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        for fd, path in ((1, out), (2, err)):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        os.close(0)
+        sys.argv = ["d1jax.main", *argv]
+        runpy.run_module("d1jax.main", run_name="__main__")
+        sys.exit(0)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
+
+
+class _Commands:
+    """``run(*args)``: ``python -m d1jax.main *args`` forked from FORK_SERVER; the
+    CompletedProcess ``_cli`` returns."""
+
+    def __init__(self, logs: Path):
+        self.logs, self.n = logs, 0
+        logs.mkdir()
+        self.server = subprocess.Popen([sys.executable, "-c", FORK_SERVER], cwd=ROOT,
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(self, *args: str) -> subprocess.CompletedProcess:
+        self.n += 1
+        out, err = (self.logs / f"{self.n}.{name}" for name in ("out", "err"))
+        self.server.stdin.write(json.dumps([args, str(out), str(err)]) + "\n")
+        self.server.stdin.flush()
+        ready = select.select([self.server.stdout], [], [], 900)[0]
+        line = self.server.stdout.readline() if ready else ""
+        assert line.strip(), f"the fork server gave no exit status for {args}"
+        return subprocess.CompletedProcess(["d1jax.main", *args], int(line),
+                                           out.read_text(), err.read_text())
+
+    def close(self) -> None:
+        self.server.stdin.close()
+        try:
+            self.server.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # a command that hung (its run failed the test)
+            self.server.kill()
+
+
+@pytest.fixture
+def commands(tmp_path):
+    c = _Commands(tmp_path / "logs")
+    yield c
+    c.close()
+
+
 def test_dream_v0_instruct_samples_through_the_eval_command(replicas, tmp_path):
     """The command issue 41 reports: Dream-v0-Instruct-7B (mask <|mask|>) through
     ``python -m d1jax.eval --config=configs/dream/eval.py``."""
@@ -214,7 +277,7 @@ def test_every_replica_has_a_chain():
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_sft_then_grpo_through_the_commands(replicas, family, tmp_path):
+def test_sft_then_grpo_through_the_commands(replicas, family, tmp_path, commands):
     """For each replica of the family: ``python -m d1jax.main`` SFT one step on it, exported;
     GRPO one step loading that export and sampling its rollouts from it, exported. A Base
     replica is trained with its Instruct's tokenizer (``--config.model.tokenizer_path``), as a
@@ -223,20 +286,20 @@ def test_sft_then_grpo_through_the_commands(replicas, family, tmp_path):
     tokenizer files byte for byte and its special ids in config.json, loads, and holds weights
     the step changed."""
     for slug in FAMILIES[family]:
-        _chain(replicas, slug, tmp_path / slug)
+        _chain(replicas, slug, tmp_path / slug, commands.run)
 
 
-def _chain(replicas, slug: str, tmp_path: Path) -> None:
+def _chain(replicas, slug: str, tmp_path: Path, cli) -> None:
     p, src = PUBLISHED[slug], replicas[slug]
     tok_src = src if p.chat else replicas[INSTRUCT[slug]]
     tok_flag = () if p.chat else (f"--config.model.tokenizer_path={tok_src}",)
     sft_cfg, grpo_cfg, dtypes = CHAINS[slug]
     sft_wd, grpo_wd = tmp_path / "sft", tmp_path / "grpo"
-    r = _cli(f"--config={sft_cfg}", f"--config.model.path={src}", *tok_flag, *ONE_STEP, *dtypes,
-             "--config.sft.max_length=96", f"--workdir={sft_wd}", main=learnable.MAIN)
+    r = cli(f"--config={sft_cfg}", f"--config.model.path={src}", *tok_flag, *ONE_STEP, *dtypes,
+            "--config.sft.max_length=96", f"--workdir={sft_wd}")
     assert r.returncode == 0, (slug, r.stderr[-3000:])
-    r = _cli(f"--config={grpo_cfg}", f"--config.model.path={sft_wd / 'hf'}", *GRPO_FLAGS,
-             *dtypes, f"--workdir={grpo_wd}", main=learnable.MAIN)
+    r = cli(f"--config={grpo_cfg}", f"--config.model.path={sft_wd / 'hf'}", *GRPO_FLAGS,
+            *dtypes, f"--workdir={grpo_wd}")
     assert r.returncode == 0, (slug, r.stderr[-3000:])
     (row,) = read_jsonl(grpo_wd / "metrics.jsonl")
     assert row["step"] == 1 and np.isfinite(row["loss"]) and 0 <= row["reward"] <= 1, slug
