@@ -38,9 +38,8 @@ it runs, saying so; ``--num_experts`` shrinks E (per-token shape unchanged) to f
 ``--forward_only`` skips the gradients.
 
 ``--expert_shards n``: the same cases with the experts sharded over an ``expert`` mesh axis of
-n devices (``moe.experts_forward``'s shard_map and psum; n fake CPU devices via XLA_FLAGS), so
-expert parallelism's overhead can be read on one host; on a CPU in float32 only (XLA:CPU
-aborts compiling that psum in bfloat16).
+n devices (``moe.experts_forward``'s shard_map and its float32 psum; n fake CPU devices via
+XLA_FLAGS), so expert parallelism's overhead can be read on one host.
 """
 
 from __future__ import annotations
@@ -259,10 +258,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"--expert_shards {n} must divide num_experts={c.num_experts} and be at most the "
             f"{jax.device_count()} devices (fake CPU devices: XLA_FLAGS="
             f"--xla_force_host_platform_device_count={max(n, 1)})")
-    if n > 1 and args.dtype == "bfloat16" and jax.devices()[0].platform == "cpu":
-        raise SystemExit("--expert_shards with bfloat16 on a CPU: XLA's CPU compiler aborts on "
-                         "moe.experts_forward's bfloat16 psum ('Invalid binary instruction "
-                         "opcode copy', AllReducePromotion); pass --dtype float32")
     kinds = ("forward",) if args.forward_only else ("forward", "grad")
     width, how = dense_width(c)
     res = run(c, args.tokens, jnp.dtype(args.dtype), args.repeats, n, kinds, args.max_gib)

@@ -93,8 +93,8 @@ def test_bad_flags_stop_with_one_line(extra, message):
         bench_moe.main(TINY + extra)
 
 
-def test_bf16_expert_shards_on_cpu_stop_before_xla_aborts():
-    if jax.devices()[0].platform != "cpu" or jax.device_count() < 2:
-        pytest.skip("the XLA CPU compiler's abort")
-    with pytest.raises(SystemExit, match="--dtype float32"):
-        bench_moe.main(["--preset", "llada2-tiny", "--expert_shards", "2"])
+def test_bf16_expert_shards_run():
+    """bfloat16 on an expert axis (XLA:CPU aborted on the bfloat16 psum this summed in before
+    moe.experts_forward's float32 boundary)."""
+    out = bench_moe.main(TINY[:-2] + ["--expert_shards", "2", "--forward_only"])
+    assert out["dtype"] == "bfloat16" and out["expert_shards"] == 2
