@@ -30,8 +30,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/grpo_code_toy.py"
 EVAL_PROMPTS, EVAL_SAMPLES = 48, 4
 # Least rise of the mean total reward (0..2.5: 2.0 x share of asserts + 0.5 x format) on the
-# fixed prompts, warm start to trained; the smallest measured is 0.25 (docs/testing.md).
+# fixed prompts, warm start to trained; under half the smallest measured (docs/testing.md).
 MIN_RISE = 0.1
+# Optimizer steps of each objective's run here (the config's: coupled-GRPO 30, JustGRPO 15).
+# Coupled-GRPO's 10 rollouts (mu 2) rose 0.31 / 0.44 / 0.47 / 0.46 / 0.22 at GRPO seeds 42 / 2 /
+# 7 / 3 / 5 (30 steps: 0.40 / 0.46 / 0.44 at 42 / 2 / 7; 14 steps fell 0.08 at seed 7); JustGRPO
+# keeps its 15 (10 steps: 0.19 / 0.16 / 0.22, under twice MIN_RISE; 15: 0.32 / 0.25 / 0.36).
+# Measured 2026-11-29 (docs/testing.md).
+STEPS = {"coupled_grpo": 20, "justgrpo": 15}
 
 
 def main(*flags: str, timeout: int = 600) -> None:
@@ -95,9 +101,9 @@ def mean_reward(hf: Path, variant: str) -> tuple[float, float]:
 @pytest.mark.parametrize("variant", ["coupled_grpo", "justgrpo"])
 def test_each_objective_raises_the_code_reward(warm_start, variant, tmp_path):
     main(f"--config={CONFIG}:{variant}", f"--workdir={tmp_path}",
-         f"--config.model.path={warm_start}")
+         f"--config.model.path={warm_start}", f"--config.train.num_steps={STEPS[variant]}")
     rows = read_jsonl(tmp_path / "metrics.jsonl")
-    assert len(rows) == toy_config(variant).train.num_steps
+    assert len(rows) == STEPS[variant]
     assert all(np.isfinite(r["loss"]) for r in rows)
     before, _ = mean_reward(warm_start, variant)
     after, passed = mean_reward(tmp_path / "hf", variant)
