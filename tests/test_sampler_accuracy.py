@@ -74,13 +74,23 @@ def bench_inputs(tmp_path_factory):
     return model_dir, puzzles, examples, sampler_accuracy.load(str(model_dir))
 
 
-def test_sampler_accuracy_run(bench_inputs, tmp_path):
+REFERENCE = {"sampler": {"batch": 8, "prompt_len": 64, "gen_length": 128, "block_length": 32,
+                         "steps": 64, "times_s": [8.0, 7.0, 9.0]}}
+
+
+@pytest.fixture(scope="module")
+def bench_run(bench_inputs):
+    """One run of every variant (taus 0.7 and 1, refresh 1) on the unpadded prompts, read by
+    both tests below: compiling the variants is nearly all of its time."""
+    model_dir, puzzles, _, s = bench_inputs
+    return sampler_accuracy.run(str(model_dir), str(puzzles), num=16, gen_length=GEN,
+                                block_length=BLOCK, batch_size=8, taus=(0.7, 1.0), repeats=1,
+                                s=s, refreshes=(1,), reference=REFERENCE)
+
+
+def test_sampler_accuracy_run(bench_inputs, bench_run, tmp_path):
     model_dir, puzzles, examples, s = bench_inputs
-    reference = {"sampler": {"batch": 8, "prompt_len": 64, "gen_length": 128,
-                             "block_length": 32, "steps": 64, "times_s": [8.0, 7.0, 9.0]}}
-    res = sampler_accuracy.run(str(model_dir), str(puzzles), num=16, gen_length=GEN,
-                               block_length=BLOCK, batch_size=8, taus=(0.7, 1.0), repeats=1, s=s,
-                               refreshes=(1,), reference=reference)
+    res = bench_run
     rows = res["variants"]
     assert res["prompt_length"] == PROMPT and res["num"] == 16
     assert res["reference_tokens_per_s"] == 128.0  # 8 * 128 tokens / median 8.0 s
@@ -123,19 +133,21 @@ def test_sampler_accuracy_run(bench_inputs, tmp_path):
     assert (tmp_path / "plot.png").stat().st_size > 10_000
 
 
-def test_sampler_accuracy_padded_prompts_and_variant_subset(bench_inputs):
+def test_sampler_accuracy_padded_prompts_and_variant_subset(bench_inputs, bench_run):
     """--prompt-length left-pads (BENCH.md's 64-token prompts) with the padding masked out:
-    RoPE scores depend only on relative positions, so the answers equal the unpadded ones,
-    and d1's protocol with the same padding agrees. --only keeps exact and the named ones."""
+    RoPE scores depend only on relative positions, so the answers equal the unpadded ones
+    (the module's run of every variant), and d1's protocol with the same padding agrees.
+    --only keeps exact and the named ones."""
     model_dir, puzzles, examples, s = bench_inputs
     kw = dict(num=16, gen_length=GEN, block_length=BLOCK, batch_size=8, taus=(0.7,), repeats=1,
               s=s, only=("dual+tau0.7",))
-    plain = sampler_accuracy.run(str(model_dir), str(puzzles), **kw)
+    plain = bench_run  # same puzzles, model and sampler settings, unpadded
     padded = sampler_accuracy.run(str(model_dir), str(puzzles), prompt_length=PROMPT + 20, **kw)
     assert set(padded["variants"]) == {"exact", "dual+tau0.7"}
-    assert padded["prompt_length"] == PROMPT + 20
+    assert padded["prompt_length"] == PROMPT + 20 and plain["prompt_length"] == PROMPT
     for m in ("exact", "dual+tau0.7"):
         assert padded["variants"][m]["accuracy"] == plain["variants"][m]["accuracy"]
+        assert padded["variants"][m]["solved"] == plain["variants"][m]["solved"]
     task = demo_task.make_task()
     scfg = smp.SamplerConfig(gen_length=GEN, block_length=BLOCK, steps=GEN // 2,
                              mask_id=s.model_config.mask_token_id, eos_id=s.ids["eos"])
