@@ -3,7 +3,7 @@
 option on: a dense layer then MoE layers, the expert bias, a shared expert, GQA, partial
 RoPE, q/k/v/o biases, clip_qkv), routing where the bias changes the chosen experts, the
 key map out and back, the same numerics with the experts on 1 and 4 fake devices, their own
-torch file when ``$D1JAX_LLADAMOE_MODELING`` names it, and a tiny published replica through
+torch file (vendored in tests/reference/lladamoe/), and a tiny published replica through
 ``python -m d1jax.main`` (SFT step, export, reload on the expert mesh).
 
 The port is written from their equations (LLaDAMoEAttention: per-head q/k RMSNorm on
@@ -334,12 +334,13 @@ def test_expert_shards_do_not_change_numerics():
     assert np.abs(g["gate"]["expert_bias"]).max() == 0  # a buffer
 
 
-# Their modeling file (plain torch, e.g. ZHZisZZ/dllm dllm/pipelines/llada/models/, a copy of
-# the Hub's remote code): a folder holding configuration_lladamoe.py and modeling_lladamoe.py.
-THEIRS = os.environ.get("D1JAX_LLADAMOE_MODELING")
+# Their modeling file (plain torch): ZHZisZZ/dllm's copy of the Hub's remote code, vendored
+# unchanged in tests/reference/lladamoe/ (SOURCE.md there), or $D1JAX_LLADAMOE_MODELING's
+# folder holding configuration_lladamoe.py and modeling_lladamoe.py.
+THEIRS = os.environ.get("D1JAX_LLADAMOE_MODELING") or str(
+    Path(__file__).parent / "reference" / "lladamoe")
 
 
-@pytest.mark.skipif(not THEIRS, reason="set $D1JAX_LLADAMOE_MODELING to their code's folder")
 def test_logits_match_their_torch_file(replica):
     """Their LLaDAMoEModelLM (eager attention, no mask: full attention) on CPU in float32,
     loaded with the replica's state dict: logits equal d1jax's."""
