@@ -144,14 +144,16 @@ def _swap(shape_or_array, swap: bool):
 
 
 def check_keys(expected: KeyMap, shapes: Mapping[tuple, tuple], where: Mapping[str, Any],
-               ignorable=frozenset()) -> None:
+               ignorable=frozenset(), what: str = "LLaDA2 checkpoint keys do not match the config"
+               ) -> None:
     """CheckpointError unless the checkpoint holds exactly ``expected``'s keys (``ignorable``
-    may be there too), each with the shape the config gives it."""
+    may be there too), each with the shape the config gives it; ``what`` opens the message
+    (LLaDA-MoE's key map shares this check)."""
     missing = sorted(set(expected) - set(where))
     unexpected = sorted(set(where) - set(expected) - set(ignorable))
     if missing or unexpected:
         raise hf.CheckpointError(
-            f"LLaDA2 checkpoint keys do not match the config: missing {missing[:6]} "
+            f"{what}: missing {missing[:6]} "
             f"({len(missing)}), unexpected {unexpected[:6]} ({len(unexpected)})")
     for key, (ppath, grid, swap) in expected.items():
         want = _swap(tuple(shapes[ppath][len(grid):]), swap)

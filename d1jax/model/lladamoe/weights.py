@@ -40,7 +40,7 @@ from jax.sharding import Mesh, SingleDeviceSharding
 from d1jax import sharding as shd
 from d1jax.model import hf_checkpoint as hf
 from d1jax.model import hf_files
-from d1jax.model.llada2.weights import KeyMap, _entry, _reader, _swap
+from d1jax.model.llada2.weights import KeyMap, _entry, _reader, check_keys
 from d1jax.model.lladamoe.config import MODEL_TYPES, LLaDAMoEConfig
 from d1jax.model.lladamoe.model import LLaDAMoE
 from d1jax.model.lora import LoraConfig
@@ -102,23 +102,6 @@ def key_map(config: LLaDAMoEConfig) -> KeyMap:
     return out
 
 
-def check_keys(expected: KeyMap, shapes: Mapping[tuple, tuple], where: Mapping[str, Any],
-               ignorable=frozenset()) -> None:
-    """CheckpointError unless the checkpoint holds exactly ``expected``'s keys (``ignorable``
-    may be there too), each with the shape the config gives it."""
-    missing = sorted(set(expected) - set(where))
-    unexpected = sorted(set(where) - set(expected) - set(ignorable))
-    if missing or unexpected:
-        raise hf.CheckpointError(
-            f"LLaDA-MoE checkpoint keys do not match its config.json: missing {missing[:6]} "
-            f"({len(missing)}), unexpected {unexpected[:6]} ({len(unexpected)})")
-    for key, (ppath, grid, swap) in expected.items():
-        want = _swap(tuple(shapes[ppath][len(grid):]), swap)
-        got = where[key].shape(key)
-        if got != want:
-            raise hf.CheckpointError(f"{key}: shape {got} in the checkpoint, config needs {want}")
-
-
 def read_config(path: str | os.PathLike) -> LLaDAMoEConfig:
     """The ``LLaDAMoEConfig`` of a checkpoint directory's config.json."""
     return hf.read_config(path, LLaDAMoEConfig.from_hf_dict, wrap_unsupported=True)
@@ -136,7 +119,8 @@ def load_hf_checkpoint(path: str | os.PathLike, mesh: Mesh | None = None,
     model = LLaDAMoE(config)
     shapes = hf.param_shapes(model)
     ignorable = {"lm_head.weight"} if config.tie_word_embeddings else set()
-    check_keys(expected, shapes, where, ignorable)
+    check_keys(expected, shapes, where, ignorable,
+               "LLaDA-MoE checkpoint keys do not match its config.json")
     shardings = shd.param_shardings(model, mesh, rules) if mesh is not None else None
     by_param: dict[tuple, dict[tuple, str]] = {}
     swaps = {}
