@@ -31,7 +31,8 @@ from d1jax.tasks import DataUnavailableError, format_prompt, get_task, sudoku
 from d1jax.model.tokenizer import uniform_prompt_length
 from d1jax.train.sft import SFTData
 from d1jax.train.sft_data import encode_sft
-from examples.demo import latin
+from examples.demo import config as demo_config
+from examples.demo import difficulty, latin
 from examples.demo import task as demo_task
 
 
@@ -150,7 +151,9 @@ def sft_corpus(demo: mlc.ConfigDict, data: dict) -> SFTData:
 
 
 def prepare_data(demo: mlc.ConfigDict, wd: Path) -> dict:
-    """Train pool, held-out set and tokenizer under ``wd/data`` (kept when present).
+    """Train pool, held-out set and tokenizer under ``wd/data`` (kept when present), and
+    GRPO's pool (``rl_train``: the train pool, or with ``demo.data.box_needed`` box-needed
+    puzzles, which then make the held-out set too, ``box_needed_files``).
 
     Also measures the prompt length in tokens, which is the same for every puzzle: each
     stage trains and generates on sequences of exactly prompt + ``gen_length`` tokens with
@@ -183,6 +186,9 @@ def prepare_data(demo: mlc.ConfigDict, wd: Path) -> dict:
         train_tiny_tokenizer(texts, d / "tokenizer.tmp", demo.model.tokenizer_vocab)
         (d / "tokenizer.tmp").rename(d / "tokenizer")  # present only once complete
     tok = load_tokenizer(files["tokenizer"])
+    files["rl_train"] = files["train"]  # GRPO's prompts
+    if demo_config.box_needed(demo):
+        files["rl_train"], files["heldout"] = box_needed_files(demo.data, d)
     probe = sudoku.load_test(files["heldout"], subsample=None)[:64]
     length = uniform_prompt_length(tok, [task.eval_prompt(tok, ex) for ex in probe])
     if demo.sft.corpus == "latin":
@@ -197,6 +203,47 @@ def prepare_data(demo: mlc.ConfigDict, wd: Path) -> dict:
                 f"tokenizer in {d / 'tokenizer'}, the Sudoku question {length}; a workdir made "
                 "with another corpus keeps its tokenizer: use a new --workdir")
     return {**files, "prompt_length": length}
+
+
+def box_needed_files(g: mlc.ConfigDict, d: Path) -> tuple[str, str]:
+    """GRPO's pool and the held-out set of ``demo.data.box_needed``: ``g.box_num_train`` and
+    ``g.num_heldout`` unique puzzles on which row-and-column singles stall (more than one Latin
+    completion: the box rule decides half or more of their cells, ``difficulty``), spread
+    evenly over ``g.box_num_empty`` (inclusive), none in the plain pool (the pretraining
+    corpus's puzzles), the plain held-out set or d1's test set. Written once under ``d`` in a
+    folder named by their settings; returns the paths (train, held-out)."""
+    lo, hi = tuple(g.box_num_empty)
+    sub = d / f"box_e{lo}-{hi}_n{g.box_num_train}+{g.num_heldout}_s{g.seed}"
+    paths = (str(sub / "train.csv"), str(sub / "heldout.csv"))
+    if Path(paths[1]).exists():
+        return paths
+    exclude = {r["puzzle"] for f in ("train.csv", "heldout.csv")
+               for r in sudoku.load_test(str(d / f), subsample=None)}
+    try:
+        exclude |= {r["puzzle"] for r in sudoku.load_test(subsample=None)}
+    except DataUnavailableError:
+        pass  # offline, as the plain pool: nothing more to exclude
+    counts = range(lo, hi + 1)
+    held, train = [], []
+    for i, k in enumerate(counts):
+        n_h, n_t = (n // len(counts) + (i < n % len(counts))
+                    for n in (g.num_heldout, g.box_num_train))
+        need = n_h + n_t
+        rows = difficulty.generate(need, k, seed=g.seed + k, box_needed=True,
+                                   max_draws=200 * need + 1000, exclude=exclude)
+        if len(rows) < need:
+            raise ConfigError(f"demo.data.box_num_empty={(lo, hi)}: found only {len(rows)} of "
+                              f"{need} box-needed puzzles with {k} empty cells; ask for fewer "
+                              "(demo.data.box_num_train) or other counts (8-11 have most)")
+        held += rows[:n_h]
+        train += rows[n_h:]
+    rng = random.Random(g.seed)  # mix the counts: an evaluation's first N puzzles span them
+    rng.shuffle(held)
+    rng.shuffle(train)
+    sub.mkdir(exist_ok=True)
+    write_csv(paths[0], train)
+    write_csv(paths[1], held)  # written last: present only once both are complete
+    return paths
 
 
 def write_csv(path: str, rows: list[dict]) -> None:

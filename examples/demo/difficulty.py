@@ -81,16 +81,16 @@ def row_column_share(puzzles) -> dict:
 
 
 def generate(n: int, num_empty: int, seed: int = 0, box_needed: bool = False,
-             max_draws: int = 200_000) -> list[dict]:
-    """Up to ``n`` distinct unique-solution puzzles with ``num_empty`` empty cells (fewer
-    when ``max_draws`` draws do not find them): a uniformly drawn solved grid with
-    ``num_empty`` cells blanked uniformly, kept if its solution is unique and, with
+             max_draws: int = 200_000, exclude=()) -> list[dict]:
+    """Up to ``n`` distinct unique-solution puzzles with ``num_empty`` empty cells, none in
+    ``exclude`` (fewer when ``max_draws`` draws do not find them): a uniformly drawn solved
+    grid with ``num_empty`` cells blanked uniformly, kept if its solution is unique and, with
     ``box_needed``, if row-and-column singles stall on it. Deterministic in ``seed``
     (numpy RNG); rows ``{"puzzle", "solution"}``."""
     if not 0 <= num_empty <= 16:
         raise ValueError(f"num_empty={num_empty}: must be in 0..16")
     grids = sudoku.solution_grids()
-    rng, seen, out = np.random.default_rng(seed), set(), []
+    rng, seen, out = np.random.default_rng(seed), set(exclude), []
     for _ in range(max_draws):
         if len(out) == n:
             break

@@ -1,0 +1,125 @@
+"""The demo's box-needed data (``demo.data.box_needed``, examples/demo/data.py): GRPO's pool and
+the held-out set are unique puzzles on which row and column singles stall, disjoint from each
+other, from the pretraining pool and from d1's test set; the pretraining pool and tokenizer
+are those of the same config without it. Checked against brute force written here."""
+
+import collections
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+
+from d1jax.config import ConfigError
+from d1jax.tasks import DataUnavailableError, sudoku
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # examples/ sits beside the package, not in it
+from examples.demo import config as demo_config  # noqa: E402
+from examples.demo import data as demo_data  # noqa: E402
+from examples.demo import evaluation  # noqa: E402
+
+ROWS = [[4 * r + c for c in range(4)] for r in range(4)]
+COLS = [[4 * r + c for r in range(4)] for c in range(4)]
+BOXES = [[4 * (2 * br + dr) + 2 * bc + dc for dr in (0, 1) for dc in (0, 1)]
+         for br in (0, 1) for bc in (0, 1)]
+
+
+def _grids(units) -> list[str]:
+    """Every 4x4 grid of 1-4 whose ``units`` each hold 1-4 once (rows by permutation)."""
+    out = []
+    for rows in itertools.product(itertools.permutations("1234"), repeat=4):
+        g = "".join("".join(r) for r in rows)
+        if all(len({g[i] for i in u}) == 4 for u in units):
+            out.append(g)
+    return out
+
+
+SUDOKU, LATIN = _grids(COLS + BOXES), _grids(COLS)
+
+
+def completions(puzzle: str, grids) -> list[str]:
+    return [g for g in grids if all(p in ("0", d) for p, d in zip(puzzle, g))]
+
+
+def rc_singles_stall(puzzle: str) -> bool:
+    """Whether row-and-column naked singles, one cell at a time, leave a cell empty."""
+    g, changed = list(puzzle), True
+    while changed:
+        changed = False
+        for i in range(16):
+            left = set("1234") - {g[j] for j in ROWS[i // 4] + COLS[i % 4]}
+            if g[i] == "0" and len(left) == 1:
+                g[i], changed = left.pop(), True
+    return "0" in g
+
+
+def _demo(**data):
+    c = demo_config.get_config("d1like")
+    c.unlock()
+    c.demo.data.update(dict(num_train=300, num_heldout=33, **data))
+    return c.demo
+
+
+def _read(path) -> list[dict]:
+    return sudoku.load_test(path, subsample=None)
+
+
+def test_box_needed_pool_and_heldout(tmp_path):
+    assert (len(SUDOKU), len(LATIN)) == (288, 576)
+    plain = demo_data.prepare_data(_demo(), tmp_path / "plain")
+    assert plain["rl_train"] == plain["train"]  # the knob off: GRPO's pool is the train pool
+    demo = _demo(box_needed=True, box_num_train=48, box_num_empty=(8, 10))
+    data = demo_data.prepare_data(demo, tmp_path / "box")
+    # The base's corpus and the tokenizer do not move with the knob.
+    for key in ("train",):
+        assert _read(data[key]) == _read(plain[key])
+    assert (Path(data["tokenizer"]) / "tokenizer.json").read_text() == (
+        Path(plain["tokenizer"]) / "tokenizer.json").read_text()
+    assert data["prompt_length"] == plain["prompt_length"]
+    pool, held = _read(data["rl_train"]), _read(data["heldout"])
+    assert (len(pool), len(held)) == (48, 33)
+    for rows, n in ((pool, 48), (held, 33)):
+        assert len({r["puzzle"] for r in rows}) == n
+        for r in rows:
+            assert completions(r["puzzle"], SUDOKU) == [r["solution"]]
+            assert rc_singles_stall(r["puzzle"])
+            assert len(completions(r["puzzle"], LATIN)) > 1
+        # spread evenly over 8-10 empty cells, and mixed (a first slice spans them)
+        counts = collections.Counter(r["puzzle"].count("0") for r in rows)
+        assert set(counts) == {8, 9, 10} and max(counts.values()) - min(counts.values()) <= 1
+        assert len({r["puzzle"].count("0") for r in rows[:9]}) > 1
+    # disjoint: pool vs held-out, and both vs the plain pool, plain held-out, d1's test set
+    seen = {r["puzzle"] for k in ("train", "heldout") for r in _read(plain[k])}
+    try:
+        seen |= {r["puzzle"] for r in sudoku.load_test(subsample=None)}
+    except DataUnavailableError:
+        pass
+    box = [r["puzzle"] for r in pool + held]
+    assert len(set(box)) == 81 and not set(box) & seen
+    # GRPO draws its prompts from the box-needed pool; the evaluation's held-out set is theirs
+    cfg = demo_config.grpo_config(demo, data, tmp_path / "sft", 0)
+    assert cfg.task.source == data["rl_train"] != data["train"]
+    assert evaluation.eval_sets(demo, data)["heldout"][:5] == held[:5]
+    # Written once, kept; other settings write another set beside it.
+    assert demo_data.prepare_data(demo, tmp_path / "box") == data
+    demo11 = _demo(box_needed=True, box_num_train=8, box_num_empty=(11, 11))
+    held11 = _read(demo_data.prepare_data(demo11, tmp_path / "box")["heldout"])
+    assert {r["puzzle"].count("0") for r in held11} == {11} and _read(data["heldout"]) == held
+    # No box-needed puzzle has 0 empty cells: said in one line, as a config error.
+    with pytest.raises(ConfigError, match="box_num_empty"):
+        demo_data.prepare_data(_demo(box_needed=True, box_num_train=2, box_num_empty=(0, 0)),
+                               tmp_path / "box")
+
+
+def test_box_fields_checked():
+    demo = _demo(box_num_empty=(9, 8))
+    with pytest.raises(ConfigError, match=r"box_num_empty=\(9, 8\)"):
+        demo_config.check(demo)
+    with pytest.raises(ConfigError, match="box_num_train=0"):
+        demo_config.check(_demo(box_needed=True, box_num_train=0))
+    # Off by default; declared by ':d1like' only (the other variants' configs are unchanged).
+    assert demo_config.get_config("d1like").demo.data.box_needed is False
+    for arg in (None, "ci", "seeds", "compare"):
+        demo = demo_config.get_config(arg).demo
+        assert "box_needed" not in demo.data and not demo_config.box_needed(demo)
