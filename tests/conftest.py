@@ -52,31 +52,6 @@ if SHARED_D1.is_dir():  # loaders read d1's files from here instead of downloadi
     os.environ.setdefault("D1JAX_DATA_DIR", str(SHARED_D1))
 
 
-# The longest files first, the rest after them in collection order (a clean clone's
-# `--durations=0` summed per file, docs/testing.md "Suite time"). pytest-xdist's `--dist loadfile`
-# hands out files in the order it finds them, a file while the worker's current one has two
-# tests or fewer left, and by default sorts them by their number of tests: many-test files
-# of milliseconds first, the few-test runs of a minute or more last, and one worker ended
-# ~130 s after the other (simulated on that run's durations; longest first: within 1 s).
-LONGEST_FIRST = (
-    "faults", "fast_sampler", "train_code", "multihost", "plan", "llada2_runs",
-    "published_checkpoints", "train", "demo", "update", "train_objectives", "dream_objectives",
-    "dream_cache", "llada2_replay", "model", "main", "sdar_train", "sampler_accuracy",
-    "llada2_train", "dream_train", "lladamoe", "bench_scale", "quant", "master_weights", "oom",
-    "block_diffusion", "logprob", "objectives_justgrpo", "launch", "blockwise", "sampler",
-    "third_task", "parallel_rule", "llada2_sampler", "dream", "objectives_spg")
-
-
-def pytest_configure(config):
-    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep the order below
-        config.option.loadscopereorder = False
-
-
-def pytest_collection_modifyitems(session, config, items):
-    rank = {f"tests/test_{name}.py": i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
-
-
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs(request):
     """Compiles the file's programs optimized or not (``COMPILE_UNOPTIMIZED``, above), and drops
