@@ -48,6 +48,38 @@ class UnsupportedConfigError(ValueError):
     """A config.json value (or config field) that this port does not implement."""
 
 
+class HFShapeNames:
+    """Mixin of a config with Hugging Face's field names (``hidden_size``,
+    ``num_hidden_layers``, ...): the shape names every family's config answers (the sampler
+    and the planner's FLOP counts read these)."""
+
+    @property
+    def max_sequence_length(self) -> int:
+        """Longest sequence the sampler accepts (the interface's name)."""
+        return self.max_position_embeddings
+
+    @property
+    def width(self) -> int:
+        return self.hidden_size
+
+    @property
+    def depth(self) -> int:
+        return self.num_hidden_layers
+
+    @property
+    def query_heads(self) -> int:
+        return self.num_attention_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads
+
+    @property
+    def output_vocab(self) -> int:
+        """Columns of the output head (the logits' last axis)."""
+        return self.vocab_size
+
+
 # HF key -> (param path, layer index or None, transposed?), in checkpoint order.
 KeyMap = dict[str, tuple[tuple[str, ...], int | None, bool]]
 

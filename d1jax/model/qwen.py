@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from d1jax import sharding as shd
 from d1jax.model import hf_checkpoint as hf
 from d1jax.model.attention import attention
-from d1jax.model.hf_checkpoint import UnsupportedConfigError
+from d1jax.model.hf_checkpoint import HFShapeNames, UnsupportedConfigError
 from d1jax.model.kv_cache import KVCache, attend_cached
 from d1jax.model.layers import Proj, RMSNorm, apply_rope, rope_tables, swiglu
 from d1jax.model.lora import LoraConfig
@@ -50,7 +50,7 @@ _REQUIRED_HF = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_la
                 "num_attention_heads")
 
 
-class QwenConfig:
+class QwenConfig(HFShapeNames):
     """Mixin of a frozen Qwen config dataclass (Hugging Face field names): the shape names
     every family answers, RoPE scaling, and ``config.json`` reading and writing.
 
@@ -75,33 +75,6 @@ class QwenConfig:
                 f"num_key_value_heads={self.num_key_value_heads}")
         if self.head_dim % 2:
             raise UnsupportedConfigError(f"head_dim={self.head_dim} must be even for RoPE")
-
-    @property
-    def max_sequence_length(self) -> int:
-        """Longest sequence the sampler accepts (the interface's name)."""
-        return self.max_position_embeddings
-
-    # The shape names every family's config answers (the planner's FLOP counts read these).
-    @property
-    def width(self) -> int:
-        return self.hidden_size
-
-    @property
-    def depth(self) -> int:
-        return self.num_hidden_layers
-
-    @property
-    def query_heads(self) -> int:
-        return self.num_attention_heads
-
-    @property
-    def kv_heads(self) -> int:
-        return self.num_key_value_heads
-
-    @property
-    def output_vocab(self) -> int:
-        """Columns of the output head (the logits' last axis)."""
-        return self.vocab_size
 
     @property
     def projections(self) -> dict[str, tuple[int, int]]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from d1jax.model.hf_checkpoint import UnsupportedConfigError
+from d1jax.model.hf_checkpoint import HFShapeNames, UnsupportedConfigError
 
 MODEL_TYPES = ("llada2_moe", "llada2_moe_veomni")  # Hub, dFactory (merged experts)
 
@@ -46,7 +46,7 @@ BLOCK_ALIGNS = ("start", "end")  # as d1jax.model.sdar.config
 
 
 @dataclasses.dataclass(frozen=True)
-class LLaDA2Config:
+class LLaDA2Config(HFShapeNames):
     """Architecture of a LLaDA2 MoE model (defaults: LLaDA2.0-mini's config.json)."""
 
     vocab_size: int = 157184  # V, rows of word_embeddings / lm_head.
@@ -124,30 +124,6 @@ class LLaDA2Config:
     @property
     def shared_intermediate_size(self) -> int:
         return self.moe_intermediate_size * self.num_shared_experts
-
-    @property
-    def max_sequence_length(self) -> int:
-        return self.max_position_embeddings
-
-    @property
-    def width(self) -> int:
-        return self.hidden_size
-
-    @property
-    def depth(self) -> int:
-        return self.num_hidden_layers
-
-    @property
-    def query_heads(self) -> int:
-        return self.num_attention_heads
-
-    @property
-    def kv_heads(self) -> int:
-        return self.num_key_value_heads
-
-    @property
-    def output_vocab(self) -> int:
-        return self.vocab_size
 
     @property
     def projections(self) -> dict[str, tuple[int, int]]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from d1jax.model.hf_checkpoint import UnsupportedConfigError
+from d1jax.model.hf_checkpoint import HFShapeNames, UnsupportedConfigError
 
 # The published type ("llada", as LLaDA-8B's) and dllm's rename of it.
 MODEL_TYPES = ("llada", "lladamoe")
@@ -40,7 +40,7 @@ _REQUIRED_HF = ("vocab_size", "hidden_size", "expert_intermediate_size", "num_hi
 
 
 @dataclasses.dataclass(frozen=True)
-class LLaDAMoEConfig:
+class LLaDAMoEConfig(HFShapeNames):
     """Architecture of a LLaDA-MoE model (defaults: LLaDA-MoE-7B-A1B's shape)."""
 
     vocab_size: int = 157184  # V (LLaDA2's tokenizer family).
@@ -118,30 +118,6 @@ class LLaDAMoEConfig:
     @property
     def n_moe(self) -> int:
         return self.num_hidden_layers - self.n_dense
-
-    @property
-    def max_sequence_length(self) -> int:
-        return self.max_position_embeddings
-
-    @property
-    def width(self) -> int:
-        return self.hidden_size
-
-    @property
-    def depth(self) -> int:
-        return self.num_hidden_layers
-
-    @property
-    def query_heads(self) -> int:
-        return self.num_attention_heads
-
-    @property
-    def kv_heads(self) -> int:
-        return self.num_key_value_heads
-
-    @property
-    def output_vocab(self) -> int:
-        return self.vocab_size
 
     def _attention_projections(self) -> dict[str, tuple[int, int]]:
         d, h = self.hidden_size, self.head_dim

@@ -25,9 +25,11 @@ the model dtype: the same in a float32 run).
 
 Parameter names are the checkpoint's with ``model.``/``self_attn.``/``mlp.`` dropped; kernels
 [in, out]; the dense layers stacked under ``dense_layers``, the MoE layers under
-``moe_layers`` (two ``nn.scan``s). Router metrics are sown as LLaDA2's (``router_load``,
-``router_entropy`` of the softmax probabilities, ``router_ids``; ``LLaDA2.step_metrics``
-summarises them); ``hidden(..., routing=)`` replays recorded experts as LLaDA2's does.
+``moe_layers`` (two ``nn.scan``s): the body is LLaDA2's (``d1jax.model.llada2.stack``), with
+this family's layer, embedding name, mask and positions. Router metrics are sown as LLaDA2's
+(``router_load``, ``router_entropy`` of the softmax probabilities, ``router_ids``;
+``MoEPredictor.step_metrics`` summarises them); ``hidden(..., routing=)`` replays recorded
+experts as LLaDA2's does.
 
 Shape letters: B batch, L sequence, D hidden, N query heads, K kv heads, H head dim, V vocab.
 """
@@ -46,8 +48,8 @@ from d1jax.model.attention import attention
 from d1jax.model.kv_cache import KVCache, attend_cached
 from d1jax.model.layers import Proj, RMSNorm, swiglu
 from d1jax.model.llada2 import moe
-from d1jax.model.llada2.model import LLaDA2, SwiGLU, partial_rope
-from d1jax.model.layers import rope_tables
+from d1jax.model.llada2.model import SwiGLU, partial_rope
+from d1jax.model.llada2.stack import MoEPredictor
 from d1jax.model.lladamoe.config import LLaDAMoEConfig
 from d1jax.model.lora import LoraConfig
 from d1jax.model.qwen import BiasedProj
@@ -185,167 +187,25 @@ class LLaDAMoEBlock(nn.Module):
         return x_bld + y, (own if return_kv else None)
 
 
-class LLaDAMoE(nn.Module):
-    """The LLaDA-MoE mask predictor (row i predicts token i).
-
-    Attributes:
-      config: architecture.
-      dtype: compute dtype of matmuls; norms, RoPE, the router and softmax statistics run in
-        float32.
-      param_dtype: storage dtype of the parameters (the router's ``expert_bias``: float32).
-      remat: rematerialise each block in the backward pass.
-      lora: optional LoRA adapters on the projections named in ``lora.targets``.
-      unroll_layers: unroll the layer scans into straight-line code.
-      layers_per_loop: layers per iteration of each scan.
-    """
+class LLaDAMoE(MoEPredictor):
+    """The LLaDA-MoE mask predictor (row i predicts token i): ``MoEPredictor``'s body
+    (``d1jax.model.llada2.stack``, its attributes) with ``LLaDAMoEBlock`` layers, full
+    attention over the real keys and positions 0..L-1 by default (theirs), and Fast-dLLM's
+    approximate cache."""
 
     config: LLaDAMoEConfig
-    dtype: DType = jnp.float32
-    param_dtype: DType = jnp.float32
-    remat: bool = False
-    lora: LoraConfig | None = None
-    unroll_layers: bool | None = None
-    layers_per_loop: int = 1
+    block = LLaDAMoEBlock
+    embed_name = "embed_tokens"
 
-    shifted_prediction = False
-    step_metrics = staticmethod(LLaDA2.step_metrics)  # the same sown names
+    def default_positions(self, attention_mask: Array | None, length: int) -> Array:
+        return jnp.arange(length)
 
-    def _stack(self, n: int, is_moe: bool):
-        block = LLaDAMoEBlock
-        if self.remat:
-            block = nn.remat(LLaDAMoEBlock, prevent_cse=False, static_argnums=(4, 5),
-                             policy=jax.checkpoint_policies.nothing_saveable)
-        bc = nn.broadcast
-        return nn.scan(
-            block, variable_axes={"params": 0, "intermediates": 0},
-            split_rngs={"params": True, "dropout": True}, in_axes=(bc, bc, bc, bc, 0), length=n,
-            metadata_params={nn.PARTITION_NAME: shd.LAYERS},
-            unroll=n if self.unroll_layers else self.layers_per_loop,
-        )(self.config, self.dtype, self.param_dtype, self.lora, is_moe)
-
-    def setup(self):
-        c = self.config
-        self.embed_tokens = nn.Embed(
-            c.vocab_size, c.hidden_size, param_dtype=self.param_dtype, dtype=self.dtype,
-            embedding_init=nn.with_logical_partitioning(
-                nn.initializers.normal(stddev=c.initializer_range), (shd.VOCAB, shd.EMBED)))
-        self.dense_layers = self._stack(c.n_dense, False) if c.n_dense else None
-        self.moe_layers = self._stack(c.n_moe, True) if c.n_moe else None
-        self.norm = RMSNorm(c.rms_norm_eps, self.dtype, self.param_dtype)
-        if not c.tie_word_embeddings:
-            self.lm_head = Proj(c.vocab_size, (shd.EMBED, shd.VOCAB), self.dtype,
-                                self.param_dtype, init_std=c.initializer_range)
-
-    def unrolled(self) -> bool:
-        return bool(self.unroll_layers)
-
-    def rope(self, positions_bl: Array) -> tuple[Array, Array]:
-        """sin, cos [B or 1, L, rotary_dim]: inv_freq = theta^(-2j / rotary_dim)."""
-        c = self.config
-        return rope_tables(positions_bl.astype(F32), c.rotary_dim, c.rope_theta)
-
-    def hidden(self, input_ids: Array, attention_mask: Array | None = None, *,
-               positions: Array | None = None, use_lora: bool = True,
-               deterministic: bool = True, keep_last: int | None = None,
-               read_upto: Array | int | None = None, mask: Any = None,
-               routing: Array | None = None) -> Array:
-        """Final-norm hidden states [B, L, D] (or [B, keep_last, D] of the last positions).
-
-        Args:
-          input_ids: [B, L] int token ids.
-          attention_mask: [B, L] (1 = real token, 0 = padding key); None: all attended.
-          positions: [B, L] or [L] RoPE positions; default 0..L-1 (theirs).
-          mask: bool [B or 1, L, L] per-query mask (or a ``RowMask``) replacing the key mask.
-          routing: int32 [n_moe, B, L, K] recorded expert ids (-1: none) to route every MoE
-            layer by (routing replay, as ``LLaDA2.hidden``).
-        """
-        b, l = input_ids.shape
-        c = self.config
-        positions = jnp.arange(l) if positions is None else jnp.asarray(positions)
-        positions = positions[None] if positions.ndim == 1 else positions
-        rope = tuple(jnp.broadcast_to(r, (b, l, c.rotary_dim)) for r in self.rope(positions))
-        if mask is None and attention_mask is not None:
-            mask = jnp.asarray(attention_mask).astype(bool)
-        if routing is not None:
-            want = (c.n_moe, b, l, c.num_experts_per_tok)
-            if routing.shape != want:
-                raise ValueError(f"routing {routing.shape}: expected [n_moe, B, L, K] = {want}")
-        x = self.embed_tokens(input_ids)
-        for stack, routes in ((self.dense_layers, None), (self.moe_layers, routing)):
-            if stack is not None:
-                x, _ = stack(x, rope, mask, use_lora, deterministic, routes)
-        h = self.norm(x)
-        return h if keep_last is None else h[:, l - keep_last:]
-
-    def logits(self, hidden_bsd: Array) -> Array:
-        """Logits [B, S, V] from hidden states [B, S, D]."""
-        if self.config.tie_word_embeddings:
-            out = self.embed_tokens.attend(hidden_bsd)
-        else:
-            out = self.lm_head(hidden_bsd)
-        return nn.with_logical_constraint(out, (shd.BATCH, shd.LENGTH, shd.ACT_VOCAB))
-
-    def sliced_hidden(self, input_ids: Array, attention_mask: Array | None = None, *,
-                      positions: Array | None = None, slice_start: Array | int | None = None,
-                      slice_len: int | None = None, use_lora: bool = True,
-                      deterministic: bool = True) -> Array:
-        """Hidden states [B, L or slice_len, D] of positions slice_start:+slice_len."""
-        h = self.hidden(input_ids, attention_mask, positions=positions, use_lora=use_lora,
-                        deterministic=deterministic)
-        if slice_len is not None:
-            h = jax.lax.dynamic_slice_in_dim(h, 0 if slice_start is None else slice_start,
-                                             slice_len, axis=1)
-        return h
-
-    def __call__(self, input_ids: Array, attention_mask: Array | None = None, *,
-                 positions: Array | None = None, slice_start: Array | int | None = None,
-                 slice_len: int | None = None, use_lora: bool = True,
-                 deterministic: bool = True) -> Array:
-        """Logits [B, L, V] (row i predicts token i), or [B, slice_len, V] of a slice."""
-        return self.logits(self.sliced_hidden(
-            input_ids, attention_mask, positions=positions, slice_start=slice_start,
-            slice_len=slice_len, use_lora=use_lora, deterministic=deterministic))
-
-    @staticmethod
-    def output_head(params: dict[str, Any], config: LLaDAMoEConfig) -> tuple[Array, None]:
-        """(the output head as [D, V], no logit scale)."""
-        if config.tie_word_embeddings:
-            return params["embed_tokens"]["embedding"].T, None
-        return params["lm_head"]["kernel"], None
+    def default_mask(self, attention_mask: Array | None, length: int) -> Array | None:
+        return None if attention_mask is None else jnp.asarray(attention_mask).astype(bool)
 
     # The cache entry points: Fast-dLLM's approximate cache, as LLaDA's (full attention: the
     # recomputed rows see their fresh keys/values and the cache's everywhere else). The MoE
     # is per token, so a slice routes as the full forward does.
-
-    def cached_stack(self, ids_br: Array, positions_br: Array, key_mask: Array | None,
-                     use_lora: bool, cache: KVCache | None = None,
-                     window: KVCache | None = None, q_start: Array | int = 0,
-                     idx_bq: Array | None = None, n_fresh: int | None = None,
-                     return_kv: bool = False) -> tuple[Array, KVCache | None]:
-        """Rows [B, R] at positions [B or 1, R] through the dense then the MoE layers (cached
-        mode when ``cache`` is given), one ``lax.scan`` a stack: (final-norm hidden [B, R, D],
-        keys/values [n_layers, ...] or None)."""
-        c = self.config
-        rope = self.rope(positions_br)
-        x, kvs = self.embed_tokens(ids_br), []
-        for stack, lo, hi, is_moe in ((self.dense_layers, 0, c.n_dense, False),
-                                      (self.moe_layers, c.n_dense, c.num_hidden_layers, True)):
-            if stack is None:
-                continue
-            block = LLaDAMoEBlock(c, self.dtype, self.param_dtype, self.lora, is_moe,
-                                  parent=None)
-            part = lambda t: None if t is None else jax.tree.map(lambda a: a[lo:hi], t)  # noqa: E731
-
-            def layer(x, per_layer, block=block):
-                p, kv, win = per_layer
-                return block.apply({"params": p}, x, rope, key_mask, use_lora, True, None, kv,
-                                   win, q_start, idx_bq, n_fresh, return_kv)
-            x, kv = jax.lax.scan(layer, x, (stack.variables["params"], part(cache), part(window)),
-                                 unroll=hi - lo if self.unroll_layers else self.layers_per_loop)
-            kvs.append(kv)
-        kv = None if not return_kv else jax.tree.map(
-            lambda *a: jnp.concatenate(a, axis=0), *kvs)
-        return self.norm(x), kv
 
     def prefill(self, input_ids: Array, attention_mask: Array | None = None, *,
                 slice_start: Array | int = 0, slice_len: int | None = None,
