@@ -123,3 +123,23 @@ def test_box_fields_checked():
     for arg in (None, "ci", "seeds", "compare"):
         demo = demo_config.get_config(arg).demo
         assert "box_needed" not in demo.data and not demo_config.box_needed(demo)
+
+
+def test_measurement_table_reads_each_runs_results(tmp_path):
+    """examples/demo/box_measure.py's table: one row per (run, model) and (run, set), the
+    numbers of that run's box_eval.json in their columns."""
+    import json
+    from examples.demo import box_measure
+    spread = lambda eq, sd, rw: {"all_equal": eq, "std": sd, "mean_reward": rw}
+    for run, acc in (("p0", 30.0), ("p1", 55.0)):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "box_eval.json").write_text(json.dumps({
+            "base/heldout": {"accuracy": acc - 10}, "base/box8": {"accuracy": acc - 20},
+            "sft/heldout": {"accuracy": acc}, "sft/box8": {"accuracy": acc + 1.25},
+            "sft/spread_box8": spread(0.5, 0.04, 0.5),
+            "sft/spread_box8_T1.5": spread(acc / 1000, 0.125, 0.25)}))
+    lines = box_measure.table([str(tmp_path / "p0"), str(tmp_path / "p1")]).splitlines()
+    assert lines[0] == "| run | model | heldout | box8 |"
+    assert "| p1 | sft | 55.0 | 56.2 |" in lines and "| p0 | base | 20.0 | 10.0 |" in lines
+    assert "| p1 | box8 | 50% / 0.040 / 0.500 | 6% / 0.125 / 0.250 |" in lines
+    assert lines[-4].startswith("| run | set | T=0.9: all equal") and "T=1.5" in lines[-4]

@@ -105,8 +105,10 @@ def evaluate(args) -> dict:
             print(f"{stage}/{name}", f"{r['accuracy']:.1f}", flush=True)
         print(f"{stage}: {dt:.0f} s for {len(todo)} sets", flush=True)
         out_path.write_text(json.dumps(out, indent=1))
+    if args.temperature is not None:  # another rollout temperature than the config's
+        demo.sampler.temperature = args.temperature
     for name in args.spread:
-        key = f"sft/spread_{name}"
+        key = f"sft/spread_{name}" + (f"_T{args.temperature:g}" if args.temperature else "")
         if key in out:
             continue
         t0 = time.perf_counter()
@@ -130,14 +132,20 @@ def table(workdirs: list[str]) -> str:
             cells = [f"{r[f'{stage}/{s}']['accuracy']:.1f}" if f"{stage}/{s}" in r else ""
                      for s in sets]
             out.append(f"| {run} | {stage} | " + " | ".join(cells) + " |")
-    spread = list(dict.fromkeys(k.split("/spread_")[1] for r in res.values() for k in r
-                                if "/spread_" in k))
-    out += ["", "| run | " + " | ".join(f"{s}: all equal / std / reward" for s in spread) + " |",
-            "|---" + "|---" * len(spread) + "|"]
+    temps = sorted({k.partition("_T")[2] for r in res.values() for k in r if "/spread_" in k},
+                   key=lambda t: float(t or 0))
+    names = list(dict.fromkeys(k.split("/spread_")[1].partition("_T")[0]
+                               for r in res.values() for k in r if "/spread_" in k))
+    out += ["", "| run | set | " + " | ".join(
+        f"T={t or d1like(0).sampler.temperature}: all equal / std / reward" for t in temps)
+        + " |",
+        "|---|---" + "|---" * len(temps) + "|"]
     for run, r in res.items():
-        cells = [(lambda x: f"{x['all_equal']:.0%} / {x['std']:.3f} / {x['mean_reward']:.3f}")(
-            r[f"sft/spread_{s}"]) if f"sft/spread_{s}" in r else "" for s in spread]
-        out.append(f"| {run} | " + " | ".join(cells) + " |")
+        for name in names:
+            keys = [f"sft/spread_{name}" + (f"_T{t}" if t else "") for t in temps]
+            cells = [f"{r[k]['all_equal']:.0%} / {r[k]['std']:.3f} / {r[k]['mean_reward']:.3f}"
+                     if k in r else "" for k in keys]
+            out.append(f"| {run} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
@@ -150,6 +158,8 @@ def main(argv=None) -> None:
     ap.add_argument("--spread", default="box8,box10,box11,heldout",
                     help="sets of the reward spread (boxK: box-needed at K empty cells)")
     ap.add_argument("--puzzles", type=int, default=64, help="puzzles for the reward spread")
+    ap.add_argument("--temperature", type=float, default=None,
+                    help="the spread's sampling temperature (default: demo.sampler's, 0.9)")
     ap.add_argument("--examples", type=int, default=256, help="puzzles per greedy set")
     ap.add_argument("--group", type=int, default=8, help="completions per puzzle (G)")
     a = ap.parse_args(argv)
