@@ -143,3 +143,16 @@ def test_measurement_table_reads_each_runs_results(tmp_path):
     assert "| p1 | sft | 55.0 | 56.2 |" in lines and "| p0 | base | 20.0 | 10.0 |" in lines
     assert "| p1 | box8 | 50% / 0.040 / 0.500 | 6% / 0.125 / 0.250 |" in lines
     assert lines[-4].startswith("| run | set | T=0.9: all equal") and "T=1.5" in lines[-4]
+
+
+def test_latin_pick_accuracy_by_hand():
+    """A puzzle with one Latin completion scores 100; tests/test_demo_difficulty.py's STALL
+    (5 empty cells, two Latin completions that differ in 4 of them) scores (5 + 1) / 10."""
+    from examples.demo import box_measure
+    solution = "1234" "3412" "2143" "4321"
+    full, stall = "0034" "0412" "2143" "4321", "0230" "3012" "2143" "0320"
+    assert len(completions(stall, LATIN)) == 2 and len(completions(full, LATIN)) == 1
+    assert box_measure.latin_pick_accuracy([{"puzzle": full, "solution": solution}]) == 100
+    got = box_measure.latin_pick_accuracy([{"puzzle": p, "solution": solution}
+                                           for p in (stall, full)])
+    assert got == pytest.approx((60 + 100) / 2)

@@ -13,7 +13,8 @@ makes), the plain held-out set and d1's test set; and for the SFT model the with
 spread GRPO would see: ``--group`` completions for each of the first ``--puzzles`` puzzles of
 each ``--spread`` set, sampled at the rollout temperature with the evaluation's exact sampler,
 scored by the GRPO reward. Results go to ``<workdir>/box_eval.json``; ``table
---workdir=DIR,DIR,...`` prints docs/demo.md's tables ("Toward issue 60").
+--workdir=DIR,DIR,...`` prints docs/demo.md's tables ("Toward issue 60"), ``reference`` the
+sets' row-and-column share and the accuracy of a uniformly drawn Latin completion.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from d1jax.tasks import sudoku
 from d1jax.train import sft
 from examples.demo import config as demo_config
 from examples.demo import data as demo_data
-from examples.demo import evaluation
+from examples.demo import difficulty, evaluation, latin
 from examples.demo import run as demo_run
 
 
@@ -120,6 +121,36 @@ def evaluate(args) -> dict:
     return out
 
 
+def latin_pick_accuracy(rows: list[dict]) -> float:
+    """Expected cell accuracy (%) of a writer who answers a uniformly drawn Latin completion of
+    each puzzle: perfect row-and-column reasoning, no box rule (the Latin SFT's ceiling)."""
+    squares = latin.latin_squares().astype(np.int8)
+    acc = []
+    for r in rows:
+        p, sol = difficulty.as_array([r["puzzle"], r["solution"]])
+        given = p != 0
+        comp = squares[(squares[:, given] == p[given]).all(1)]
+        acc.append((comp[:, ~given] == sol[~given]).mean())
+    return 100 * float(np.mean(acc))
+
+
+def reference(args) -> str:
+    """Markdown: per evaluation set of ``eval``, the share of empty cells row-and-column
+    singles fill (``difficulty.row_column_share``) and ``latin_pick_accuracy``."""
+    wd = Path(args.workdir)
+    demo = d1like(args.seed)
+    sets = evaluation.eval_sets(demo, demo_data.prepare_data(demo, wd))
+    for k in args.empty:
+        box = demo_data.prepare_data(d1like(args.seed, box_needed=True, box_num_empty=(k, k)), wd)
+        sets[f"box{k}"] = sudoku.load_test(box["heldout"], subsample=None)[:demo.eval.num_examples]
+    out = ["| set | puzzles | row/column singles fill | uniform Latin completion: accuracy |",
+           "|---|---|---|---|"]
+    for name, rows in sets.items():
+        share = difficulty.row_column_share([r["puzzle"] for r in rows])["row_column_share"]
+        out.append(f"| {name} | {len(rows)} | {share:.1%} | {latin_pick_accuracy(rows):.1f} |")
+    return "\n".join(out)
+
+
 def table(workdirs: list[str]) -> str:
     """Markdown: greedy accuracy per (seed, model) and set; then the SFT models' reward spread
     (all-equal groups, mean within-group std, mean reward) per set."""
@@ -151,7 +182,7 @@ def table(workdirs: list[str]) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=("train", "eval", "table"))
+    ap.add_argument("what", choices=("train", "eval", "table", "reference"))
     ap.add_argument("--seed", type=int, default=0, help="demo.seed (pretraining seed)")
     ap.add_argument("--workdir", required=True, help="run folder (table: comma-separated)")
     ap.add_argument("--empty", default="8,10,11", help="box-needed held-out empty-cell counts")
@@ -165,8 +196,8 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     a.empty = [int(x) for x in a.empty.split(",") if x]
     a.spread = [x for x in a.spread.split(",") if x]
-    if a.what == "table":
-        print(table(a.workdir.split(",")))
+    if a.what in ("table", "reference"):
+        print(table(a.workdir.split(",")) if a.what == "table" else reference(a))
         return
     wd = Path(a.workdir)
     wd.mkdir(parents=True, exist_ok=True)
