@@ -47,7 +47,8 @@ from d1jax.model.llada2.config import LLaDA2Config
 from d1jax.model.llada2.stack import MoEPredictor
 from d1jax.model.lora import LoraConfig
 from d1jax.model.qwen import BiasedProj, token_positions
-from d1jax.model.sdar.model import block_causal_mask, block_ids
+from d1jax.model.sdar.model import (block_causal_mask, decode_at, decode_hidden,
+                                    upto_block_of)
 
 Array = jax.Array
 DType = Any
@@ -187,21 +188,11 @@ class LLaDA2(MoEPredictor):
         c = self.config
         return block_causal_mask(attention_mask, length, c.block_size, c.block_align)
 
-    # The cache entry points: block diffusion's exact cache, as SDAR's (d1jax.model.sdar.model).
-    # Under the block-causal mask the keys/values of a committed block never go stale; the
-    # recomputed rows lie in one block and see their fresh keys/values and the cache's of
-    # every earlier block. The MoE is per token, so a slice routes as the full forward does.
-
-    def _upto_block_of(self, attention_mask: Array | None, length: int, batch: int,
-                       row: Array | int) -> Array:
-        """Key mask [B, L]: real keys in the block of position ``row`` or before it."""
-        c = self.config
-        blk = block_ids(token_positions(attention_mask, length), length, c.block_size,
-                        c.block_align)
-        seen = blk <= jax.lax.dynamic_slice_in_dim(blk, row, 1, axis=1)
-        if attention_mask is not None:
-            seen = seen & jnp.asarray(attention_mask).astype(bool)
-        return jnp.broadcast_to(seen, (batch, length))
+    # The cache entry points: block diffusion's exact cache, SDAR's (d1jax.model.sdar.model).
+    # The MoE is per token, so a slice routes as the full forward does.
+    _upto_block_of = upto_block_of
+    decode_hidden = decode_hidden
+    decode_at = decode_at
 
     def prefill(self, input_ids: Array, attention_mask: Array | None = None, *,
                 slice_start: Array | int = 0, slice_len: int | None = None,
@@ -216,34 +207,3 @@ class LLaDA2(MoEPredictor):
         if slice_len is not None:
             h = jax.lax.dynamic_slice_in_dim(h, slice_start, slice_len, axis=1)
         return self.logits(h), cache
-
-    def decode_hidden(self, input_ids: Array, cache: KVCache, slice_start: Array | int,
-                      attention_mask: Array | None = None, *, slice_len: int,
-                      use_lora: bool = True) -> Array:
-        """Hidden states [B, slice_len, D] of positions slice_start:+slice_len (inside one
-        block) of ``input_ids`` [B, L]: fresh keys/values for the slice, the cache's for the
-        blocks before it; with a cache of the committed blocks, ``hidden``'s rows exactly."""
-        b, l = input_ids.shape
-        seen = self._upto_block_of(attention_mask, l, b, slice_start + slice_len - 1)
-        pos = token_positions(attention_mask, l)
-        h, _ = self.cached_stack(
-            jax.lax.dynamic_slice_in_dim(input_ids, slice_start, slice_len, 1),
-            jax.lax.dynamic_slice_in_dim(pos, slice_start, slice_len, 1), seen, use_lora,
-            cache=cache, q_start=slice_start)
-        return h
-
-    def decode_at(self, input_ids: Array, idx: Array, cache: KVCache, window: KVCache,
-                  window_start: Array | int, attention_mask: Array | None = None, *,
-                  use_lora: bool = True) -> tuple[Array, KVCache]:
-        """Positions ``window_start + idx`` (idx [B, Q]; >= W: padding) of a window of
-        [n_layers, B, W, K, H] keys/values inside one block, recomputed and written into the
-        window; they see the updated window and the cache's earlier blocks. Returns (hidden
-        [B, Q, D], the window)."""
-        b, l = input_ids.shape
-        at = jnp.clip(window_start + idx, 0, l - 1)
-        seen = self._upto_block_of(attention_mask, l, b, window_start + window.k.shape[2] - 1)
-        pos = jnp.broadcast_to(token_positions(attention_mask, l), (b, l))
-        return self.cached_stack(
-            jnp.take_along_axis(input_ids, at, axis=1), jnp.take_along_axis(pos, at, axis=1),
-            seen, use_lora, cache=cache, window=window, q_start=window_start, idx_bq=idx,
-            n_fresh=idx.shape[1], return_kv=True)

@@ -59,6 +59,61 @@ def block_causal_mask(attention_mask_bl: Array | None, length: int, block_size: 
     return mask
 
 
+# The cache entry points of block diffusion's exact cache, shared by the block-causal families
+# (SDAR, LLaDA2): a module assigns them in its class body (``decode_hidden = decode_hidden``),
+# and has ``cached_stack`` (rows at positions through its layers under a key mask, optionally
+# against a cache and a window) and ``config.block_size`` / ``block_align``. Under the
+# block-causal mask a position's keys/values depend on its own block and the ones before it
+# only, so those of committed blocks never go stale; recomputed rows must lie in one block (the
+# block being denoised), and see their own fresh keys and the cache's of every earlier block.
+
+
+def upto_block_of(self, attention_mask: Array | None, length: int, batch: int,
+                   row: Array | int) -> Array:
+    """Key mask [B, L]: real keys in the block of position ``row`` or before it."""
+    c = self.config
+    blk = block_ids(token_positions(attention_mask, length), length, c.block_size,
+                    c.block_align)
+    seen = blk <= jax.lax.dynamic_slice_in_dim(blk, row, 1, axis=1)
+    if attention_mask is not None:
+        seen = seen & jnp.asarray(attention_mask).astype(bool)
+    return jnp.broadcast_to(seen, (batch, length))
+
+
+def decode_hidden(self, input_ids: Array, cache: KVCache, slice_start: Array | int,
+                  attention_mask: Array | None = None, *, slice_len: int,
+                  use_lora: bool = True) -> Array:
+    """Hidden states [B, slice_len, D] of positions slice_start:+slice_len (inside one
+    block) of ``input_ids`` [B, L]: fresh keys/values for the slice, the cache's for the
+    blocks before it; with a cache of the committed blocks, ``hidden``'s rows exactly."""
+    b, l = input_ids.shape
+    seen = self._upto_block_of(attention_mask, l, b, slice_start + slice_len - 1)
+    pos = token_positions(attention_mask, l)
+    h, _ = self.cached_stack(
+        jax.lax.dynamic_slice_in_dim(input_ids, slice_start, slice_len, 1),
+        jax.lax.dynamic_slice_in_dim(pos, slice_start, slice_len, 1), seen, use_lora,
+        cache=cache, q_start=slice_start)
+    return h
+
+
+def decode_at(self, input_ids: Array, idx: Array, cache: KVCache, window: KVCache,
+              window_start: Array | int, attention_mask: Array | None = None, *,
+              use_lora: bool = True) -> tuple[Array, KVCache]:
+    """Positions ``window_start + idx`` (idx [B, Q]; >= W: padding) of a window of
+    [n_layers, B, W, K, H] keys/values inside one block, recomputed and written into the
+    window; they see the updated window and the cache's earlier blocks. Returns (hidden
+    [B, Q, D], the window): with idx every window row, the block's committed keys/values
+    (the store_kv pass of the authors' samplers)."""
+    b, l = input_ids.shape
+    at = jnp.clip(window_start + idx, 0, l - 1)
+    seen = self._upto_block_of(attention_mask, l, b, window_start + window.k.shape[2] - 1)
+    pos = jnp.broadcast_to(token_positions(attention_mask, l), (b, l))
+    return self.cached_stack(
+        jnp.take_along_axis(input_ids, at, axis=1), jnp.take_along_axis(pos, at, axis=1),
+        seen, use_lora, cache=cache, window=window, q_start=window_start, idx_bq=idx,
+        n_fresh=idx.shape[1], return_kv=True)
+
+
 class SDAR(QwenStack):
     """The SDAR / TraDo mask predictor: ``QwenStack`` (its attributes) with Qwen3's q/k
     norms under the block-causal mask (``config.block_size``, ``config.block_align``); row i
@@ -97,21 +152,9 @@ class SDAR(QwenStack):
         h = self.norm(x)
         return h if keep_last is None else h[:, l - keep_last:]
 
-    # The cache entry points: block diffusion's exact cache. Under the block-causal mask a
-    # position's keys/values depend on its own block and the ones before it only, so those of
-    # committed blocks never go stale; recomputed rows must lie in one block (the block being
-    # denoised), and see their own fresh keys and the cache's of every earlier block.
-
-    def _upto_block_of(self, attention_mask: Array | None, length: int, batch: int,
-                       row: Array | int) -> Array:
-        """Key mask [B, L]: real keys in the block of position ``row`` or before it."""
-        c = self.config
-        blk = block_ids(token_positions(attention_mask, length), length, c.block_size,
-                        c.block_align)
-        seen = blk <= jax.lax.dynamic_slice_in_dim(blk, row, 1, axis=1)
-        if attention_mask is not None:
-            seen = seen & jnp.asarray(attention_mask).astype(bool)
-        return jnp.broadcast_to(seen, (batch, length))
+    _upto_block_of = upto_block_of
+    decode_hidden = decode_hidden
+    decode_at = decode_at
 
     def prefill(self, input_ids: Array, attention_mask: Array | None = None, *,
                 slice_start: Array | int = 0, slice_len: int | None = None,
@@ -123,35 +166,3 @@ class SDAR(QwenStack):
                                  c.block_align)
         return self.full_with_cache(input_ids, attention_mask, mask, slice_start, slice_len,
                                     use_lora)
-
-    def decode_hidden(self, input_ids: Array, cache: KVCache, slice_start: Array | int,
-                      attention_mask: Array | None = None, *, slice_len: int,
-                      use_lora: bool = True) -> Array:
-        """Hidden states [B, slice_len, D] of positions slice_start:+slice_len (inside one
-        block) of ``input_ids`` [B, L]: fresh keys/values for the slice, the cache's for the
-        blocks before it; with a cache of the committed blocks, ``hidden``'s rows exactly."""
-        b, l = input_ids.shape
-        seen = self._upto_block_of(attention_mask, l, b, slice_start + slice_len - 1)
-        pos = token_positions(attention_mask, l)
-        h, _ = self.cached_stack(
-            jax.lax.dynamic_slice_in_dim(input_ids, slice_start, slice_len, 1),
-            jax.lax.dynamic_slice_in_dim(pos, slice_start, slice_len, 1), seen, use_lora,
-            cache=cache, q_start=slice_start)
-        return h
-
-    def decode_at(self, input_ids: Array, idx: Array, cache: KVCache, window: KVCache,
-                  window_start: Array | int, attention_mask: Array | None = None, *,
-                  use_lora: bool = True) -> tuple[Array, KVCache]:
-        """Positions ``window_start + idx`` (idx [B, Q]; >= W: padding) of a window of
-        [n_layers, B, W, K, H] keys/values inside one block, recomputed and written into the
-        window; they see the updated window and the cache's earlier blocks. Returns (hidden
-        [B, Q, D], the window): with idx every window row, the block's committed keys/values
-        (the store_kv pass of the authors' samplers)."""
-        b, l = input_ids.shape
-        at = jnp.clip(window_start + idx, 0, l - 1)
-        seen = self._upto_block_of(attention_mask, l, b, window_start + window.k.shape[2] - 1)
-        pos = jnp.broadcast_to(token_positions(attention_mask, l), (b, l))
-        return self.cached_stack(
-            jnp.take_along_axis(input_ids, at, axis=1), jnp.take_along_axis(pos, at, axis=1),
-            seen, use_lora, cache=cache, window=window, q_start=window_start, idx_bq=idx,
-            n_fresh=idx.shape[1], return_kv=True)
