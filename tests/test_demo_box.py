@@ -156,3 +156,13 @@ def test_latin_pick_accuracy_by_hand():
     got = box_measure.latin_pick_accuracy([{"puzzle": p, "solution": solution}
                                            for p in (stall, full)])
     assert got == pytest.approx((60 + 100) / 2)
+
+
+def test_eval_cache_settings_name_the_puzzles():
+    """The evaluation cache is kept only for the same settings, the puzzles included: a
+    workdir whose held-out set changed (``demo.data.box_needed`` flipped) re-evaluates."""
+    demo = demo_config.get_config("d1like").demo
+    plain = {"heldout": [{"puzzle": "1234341221434321"[:12] + "0000"}], "d1_test": []}
+    box = {**plain, "heldout": [{"puzzle": "0000341221434321"}]}
+    assert evaluation.eval_settings(demo, plain) == evaluation.eval_settings(demo, dict(plain))
+    assert evaluation.eval_settings(demo, plain) != evaluation.eval_settings(demo, box)

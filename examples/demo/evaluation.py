@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
@@ -78,17 +79,24 @@ def load_eval_cache(path: Path, settings: dict, log) -> dict:
     return {"settings": settings, "models": {}}
 
 
+def eval_settings(demo: mlc.ConfigDict, sets: dict[str, list[dict]]) -> dict:
+    """What an evaluation depends on besides the model: the sampler, the counts, and each
+    set's puzzles (a digest: ``demo.data.box_needed`` swaps the held-out set)."""
+    digest = {name: hashlib.sha256("\n".join(ex["puzzle"] for ex in examples).encode())
+              .hexdigest()[:16] for name, examples in sets.items()}
+    return {"sets": sorted(sets), "sampled_sets": sorted(demo.eval.sampled_sets),
+            "samples": demo.eval.samples, "num_examples": demo.eval.num_examples,
+            "temperature": demo.sampler.temperature, "gen_length": demo.sampler.gen_length,
+            "block_length": demo.sampler.block_length, "puzzles": digest}
+
+
 def evaluate_all(demo: mlc.ConfigDict, data: dict, runs: dict[str, list[Path]], wd: Path,
                  log) -> tuple[dict, list[str]]:
     """Evaluations of every stage in ``runs`` (cached per model in ``eval_cache.json``,
     valid only for the settings that produced them) and the names of the sets."""
     sets = eval_sets(demo, data)
     cache = wd / "eval_cache.json"
-    settings = {"sets": sorted(sets), "sampled_sets": sorted(demo.eval.sampled_sets),
-                "samples": demo.eval.samples, "num_examples": demo.eval.num_examples,
-                "temperature": demo.sampler.temperature, "gen_length": demo.sampler.gen_length,
-                "block_length": demo.sampler.block_length}
-    cached = load_eval_cache(cache, settings, log)
+    cached = load_eval_cache(cache, eval_settings(demo, sets), log)
     done, evals = cached["models"], {}
     for dirs in runs.values():
         for stage_dir in dirs:
