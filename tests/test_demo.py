@@ -732,6 +732,23 @@ def test_multi_seed_rows_are_mean_and_spread_of_each_runs_row_mean():
     assert (res["commit"], res["device"]) == ("abc1234", "cpu")
 
 
+def test_sampled_columns_name_the_rollout_temperature():
+    """The sampled evaluations run at the rollout temperature: the tables say which (results
+    written before it was recorded ran at the demo's 0.9)."""
+    from examples.demo import aggregate
+    one = _fake_demo_results((28, 27), (42, 44), [(44, 45)], [(30, 29)], (0.05, 0.01),
+                             (0.01, 0.01))
+    assert "held-out: sampled, T=0.9 |" in demo_report.results_table(one)
+    assert "held-out: sampled, T=1.5 |" in demo_report.results_table(
+        {**one, "rollout_temperature": 1.5})
+    runs = _fake_runs()
+    assert "held-out: sampled, T=0.9 |" in aggregate.seeds_table(
+        aggregate.aggregate(runs, {"missing": []}))
+    runs["p0_loop"]["rollout_temperature"] = 1.5
+    assert "held-out: sampled, T=0.9/1.5 |" in aggregate.seeds_table(
+        aggregate.aggregate(runs, {"missing": []}))
+
+
 def test_multi_seed_claims_are_those_that_hold_in_every_run():
     from examples.demo import aggregate
     res = aggregate.aggregate(_fake_runs(), {"missing": []})

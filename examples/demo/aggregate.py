@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from examples.demo import report
 from examples.demo.report import ROWS
 
 SET_TITLES = {"heldout": "held-out", "d1_test": "d1 test"}
@@ -58,7 +59,8 @@ def run_summary(results: dict, wd: Path | None = None) -> dict:
         if "mechanism" in r:  # the GRPO metrics' summary, mean over the run's GRPO seeds
             rows[kind]["mechanism"] = {name: {k: v for k, v in m.items() if k != "values"}
                                        for name, m in r["mechanism"].items()}
-    out = {"rows": rows, "sets": list(results["sets"])}
+    out = {"rows": rows, "sets": list(results["sets"]),
+           "rollout_temperature": report.rollout_temperature(results)}
     for k in ("commit", "date", "device", "jax", "wall_time_s"):
         out[k] = results.get(k)
     if wd is not None:
@@ -201,7 +203,9 @@ def seeds_table(res: dict) -> str:
     sets, rows = res["sets"], res["rows"]
     cols = [(s, "greedy", f"{SET_TITLES[s]}: greedy") for s in sets]
     if "sampled" in rows["base"].get("heldout", {}):
-        cols.insert(1, ("heldout", "sampled", "held-out: sampled, T=0.9"))
+        temps = sorted({r.get("rollout_temperature", 0.9) for r in res["runs"].values()})
+        cols.insert(1, ("heldout", "sampled",
+                        f"held-out: sampled, T={'/'.join(str(t) for t in temps)}"))
     head = [t for *_, t in cols] + [f"change over start, {SET_TITLES[s]}" for s in sets] + [
         "rollout reward rise (runs > 2 s.e.)"]
     lines = ["| model | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]

@@ -151,6 +151,12 @@ def caption(results: dict) -> str:
             f"{results.get('commit', 'unknown')}, {results.get('date', '?')} -->")
 
 
+def rollout_temperature(results: dict) -> float:
+    """The temperature the sampled evaluations ran at (the rollouts'; results written before
+    it was recorded ran at the demo's 0.9)."""
+    return results.get("rollout_temperature", 0.9)
+
+
 def results_table(results: dict) -> str:
     """Mean ± std over seeds (one run for base and SFT); greedy is d1's protocol."""
     rows = results["rows"]
@@ -161,7 +167,8 @@ def results_table(results: dict) -> str:
             # the policy has learned a format one of them misreads (docs/demo.md)
             cols.append((s, "reward_", f"{_SET_TITLES[s]}: greedy, GRPO reward x 100"))
         if "sampled_mean" in rows["base"][s]:
-            cols.append((s, "sampled_", f"{_SET_TITLES[s]}: sampled, T=0.9"))
+            t = rollout_temperature(results)
+            cols.append((s, "sampled_", f"{_SET_TITLES[s]}: sampled, T={t}"))
     rise = any("reward_rise" in r for r in rows.values())
     lines = ["| model | " + " | ".join(t for *_, t in cols) + (
         " | rollout reward rise (± s.e.) |" if rise else " |"),

@@ -153,6 +153,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict:
     results = report.summarize(runs, evals, set_names, demo.grpo.num_iterations)
     results.update(report.provenance())
     results["sft_corpus"] = demo.sft.corpus  # which SFT data (and so which docs block)
+    results["rollout_temperature"] = demo.sampler.temperature  # the sampled columns
     results["wall_time_s"] = time.perf_counter() - t_start  # this invocation
     results = _with_times(results, times, wd)
     if jax.process_index() == 0:
