@@ -18,11 +18,7 @@ from examples.demo import config as demo_config  # noqa: E402
 from examples.demo import data as demo_data  # noqa: E402
 from examples.demo import latin  # noqa: E402
 from examples.demo import task as demo_task  # noqa: E402
-
-ROWS = [[4 * r + c for c in range(4)] for r in range(4)]
-COLS = [[4 * r + c for r in range(4)] for c in range(4)]
-BOXES = [[4 * (2 * br + dr) + 2 * bc + dc for dr in (0, 1) for dc in (0, 1)]
-         for br in (0, 1) for bc in (0, 1)]
+from tests.sudoku_units import BOXES, COLS, ROWS  # noqa: E402
 
 
 def _units_ok(grid: str, units) -> bool:
