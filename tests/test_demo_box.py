@@ -162,3 +162,16 @@ def test_eval_cache_settings_name_the_puzzles():
     box = {**plain, "heldout": [{"puzzle": "0000341221434321"}]}
     assert evaluation.eval_settings(demo, plain) == evaluation.eval_settings(demo, dict(plain))
     assert evaluation.eval_settings(demo, plain) != evaluation.eval_settings(demo, box)
+
+
+def test_grpo_lora_rank_0_is_full_fine_tuning():
+    """``demo.grpo.lora_rank`` 0 is documented as full fine-tuning: accepted, LoRA off."""
+    c = demo_config.get_config("d1like")
+    c.demo.grpo.lora_rank = 0
+    demo_config.check(c.demo)
+    data = {"train": "t.csv", "tokenizer": "tok", "prompt_length": 43}
+    g = demo_config.grpo_config(c.demo, data, Path("sft"), seed=0)
+    assert g.lora.enabled is False
+    c.demo.grpo.lora_rank = -1
+    with pytest.raises(ConfigError, match="demo.grpo.lora_rank=-1: must be >= 0"):
+        demo_config.check(c.demo)

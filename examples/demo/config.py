@@ -244,7 +244,7 @@ def check(demo: mlc.ConfigDict) -> None:
     for key, low in (("pretrain.steps", 1), ("pretrain.batch_size", 1), ("pretrain.save_every", 1),
                      ("sft.steps", 1), ("sft.batch_size", 1), ("sft.save_every", 1),
                      ("grpo.steps", 1), ("grpo.num_generations", 2), ("grpo.prompts_per_step", 1),
-                     ("grpo.num_iterations", 1), ("grpo.save_every", 1), ("grpo.lora_rank", 1),
+                     ("grpo.num_iterations", 1), ("grpo.save_every", 1), ("grpo.lora_rank", 0),
                      ("eval.batch_size", 1), ("eval.num_examples", 1), ("data.num_heldout", 1),
                      ("data.num_train", 1)):
         group, name = key.split(".")
