@@ -203,7 +203,7 @@ def seeds_table(res: dict) -> str:
     sets, rows = res["sets"], res["rows"]
     cols = [(s, "greedy", f"{SET_TITLES[s]}: greedy") for s in sets]
     if "sampled" in rows["base"].get("heldout", {}):
-        temps = sorted({r.get("rollout_temperature", 0.9) for r in res["runs"].values()})
+        temps = sorted({report.rollout_temperature(r) for r in res["runs"].values()})
         cols.insert(1, ("heldout", "sampled",
                         f"held-out: sampled, T={'/'.join(str(t) for t in temps)}"))
     head = [t for *_, t in cols] + [f"change over start, {SET_TITLES[s]}" for s in sets] + [
