@@ -16,6 +16,7 @@ import pytest
 from d1jax import tasks
 from d1jax.tasks import get_task, sudoku
 from d1jax.train.sft_data import encode_sft
+from tests.commands import D1JAX_MAIN, commands_fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # examples/ sits beside the package, not in it
@@ -42,6 +43,14 @@ def demo_ci():
         group, name = k.split(".")
         demo[group][name] = v
     return demo
+
+
+@pytest.fixture(scope="module")
+def demo_commands(tmp_path_factory):
+    """``python -m examples.demo`` runs forked from one process (tests/commands.py), in
+    run_main's environment."""
+    yield from commands_fixture(tmp_path_factory, (*D1JAX_MAIN, "examples.demo.run"),
+                                {**os.environ, "XLA_FLAGS": ""})
 
 
 def run_main(*args, env=None, module="examples.demo"):
@@ -299,9 +308,10 @@ def test_sampler_gap_scores_greedy_as_the_table_and_pairs_the_two_samplers(demo_
     ("--config.demo.pretrain.solved_depth=-1", "demo.pretrain.solved_depth=-1"),
     ("--config.demo.grpo.num_generations=1", "demo.grpo.num_generations=1: must be >= 2"),
     ("--config.demo.data.num_empty=(20, 20)", "demo.data.num_empty=(20, 20)")])
-def test_bad_demo_switches_fail_before_any_stage_runs(tmp_path, flag, field):
+def test_bad_demo_switches_fail_before_any_stage_runs(tmp_path, flag, field, demo_commands):
     wd = tmp_path / "wd"
-    r = run_main("--config=configs/demo_sudoku.py:ci", flag, f"--workdir={wd}")
+    r = demo_commands.run("examples.demo", "--config=configs/demo_sudoku.py:ci", flag,
+                          f"--workdir={wd}")
     assert r.returncode != 0
     assert field in r.stderr and "Traceback" not in r.stderr
     assert not wd.exists()  # nothing written: no data, no base model

@@ -178,10 +178,15 @@ def _reference_forwards(model, block_length):
                                               method=model.prefill))
     decode = jax.jit(lambda p, q, cache, s, att: apply(p, q, cache, s, att, head_len=block_length,
                                                        method=model.decode_slice))
-    decode_at = jax.jit(lambda p, ids, idx, cache, win, s, att: apply(
-        p, ids, idx, cache, win, s, att, method=model.decode_at))
-    logits = jax.jit(lambda p, h: apply(p, h, method=model.logits))
-    return full, decode, decode_at, logits
+    @jax.jit
+    def decode_at_row(p, x, idx, cache, window, j, s, att):
+        """Row ``j`` alone: its positions ``s + idx`` recomputed; (their logits, its window)."""
+        row = lambda a, axis: jax.lax.dynamic_slice_in_dim(a, j, 1, axis)
+        one = jax.tree.map(lambda a: row(a, 1), (cache, window))
+        h, win = apply(p, row(x, 0), idx, *one, s, row(att, 0), method=model.decode_at)
+        return apply(p, h, method=model.logits)[0], win
+
+    return full, decode, decode_at_row
 
 
 def reference_fast(model, params, ids, mask, cfg, rng):
@@ -190,7 +195,6 @@ def reference_fast(model, params, ids, mask, cfg, rng):
     fwd = _reference_forwards(model, cfg.block_length)
     full = lambda x, s: fwd[0](params, x, jnp.asarray(attn), s)
     decode = lambda q, cache, s: fwd[1](params, q, cache, s, jnp.asarray(attn))
-    decode_at = lambda *a: fwd[2](params, *a)
     b, lp = ids.shape
     x = np.concatenate([ids, np.full((b, cfg.gen_length), cfg.mask_id, np.int32)], 1)
     attn = np.concatenate([mask, np.ones((b, cfg.gen_length), np.int32)], 1)
@@ -215,12 +219,13 @@ def reference_fast(model, params, ids, mask, cfg, rng):
                 masked_at_forward = now
             elif i > 0 and cfg.recompute == "masked":  # rows masked before the last step
                 logits = np.zeros((b, blk, model.config.embedding_size), np.float32)
-                for j in range(b):
+                rows = []
+                for j in range(b):  # each row alone, on the window as the last step left it
                     idx = np.nonzero(prev[j])[0][None].astype(np.int32)
-                    one = jax.tree.map(lambda a: a[:, j:j + 1], (cache, window))
-                    h, win_j = decode_at(x[j:j + 1], idx, *one, s, attn[j:j + 1])
-                    window = jax.tree.map(lambda w, n: w.at[:, j].set(n[:, 0]), window, win_j)
-                    logits[j, idx[0]] = np.asarray(fwd[3](params, h))[0]
+                    row_logits, win_j = fwd[2](params, x, idx, cache, window, j, s, attn)
+                    logits[j, idx[0]] = np.asarray(row_logits)
+                    rows.append(win_j)
+                window = jax.tree.map(lambda *w: jnp.concatenate(w, 1), *rows)
             elif i > 0:
                 q_end = s + blk if cfg.kv_cache == "dual" else x.shape[1]
                 logits = decode(x[:, s:q_end], cache, s)

@@ -8,41 +8,47 @@ from pathlib import Path
 
 import pytest
 
+from tests.commands import D1JAX_MAIN, commands_fixture
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_main(*args, timeout=600, module="d1jax.main"):
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+@pytest.fixture(scope="module")
+def commands(tmp_path_factory):
+    """``python -m`` commands forked from one process that imported theirs (tests/commands.py)."""
+    yield from commands_fixture(tmp_path_factory, (*D1JAX_MAIN, "examples.demo.run"))
 
 
-def test_forward_demo_runs(tmp_path):
+def test_forward_demo_runs(tmp_path, commands):
     """configs/forward_demo.py through the demo's command (examples/demo), not d1jax.main."""
-    r = run_main("--config=configs/forward_demo.py", f"--workdir={tmp_path}",
-                 "--config.model.preset=test-tiny", "--config.seq_len=16", module="examples.demo")
+    r = commands.run("examples.demo", "--config=configs/forward_demo.py",
+                     f"--workdir={tmp_path}", "--config.model.preset=test-tiny",
+                     "--config.seq_len=16")
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads((tmp_path / "forward_demo.json").read_text())
     assert out["finite"] and out["logits_shape"] == [8, 16, 128]
-    r = run_main("--config=configs/forward_demo.py", f"--workdir={tmp_path / 'x'}")
+    r = commands.run("d1jax.main", "--config=configs/forward_demo.py",
+                     f"--workdir={tmp_path / 'x'}")
     assert r.returncode == 1 and r.stderr.strip() == (
         "error: config.stage='forward' is not one of ['eval', 'grpo', 'sft']"), r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("module", ["d1jax.main", "d1jax.plan"])
-def test_commands_share_the_stage_runner(module, tmp_path):
+def test_commands_share_the_stage_runner(module, tmp_path, commands):
     """d1jax.main and d1jax.plan (d1jax.eval too, after its own eval-only line) run through
     cli.run_stage: a stage no command runs is its one line, before anything else."""
     workdir = [f"--workdir={tmp_path / 'x'}"] if module == "d1jax.main" else []  # plan: none
-    r = run_main("--config=configs/forward_demo.py", *workdir, module=module)
+    r = commands.run(module, "--config=configs/forward_demo.py", *workdir)
     assert r.returncode == 1 and r.stderr.strip() == (
         "error: config.stage='forward' is not one of ['eval', 'grpo', 'sft']"), r.stderr[-2000:]
     assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.parametrize("module", ["d1jax.main", "examples.demo"])
-def test_unknown_config_key_fails_in_one_line_naming_the_closest_keys(tmp_path, module):
-    r = run_main("--config=configs/forward_demo.py", f"--workdir={tmp_path}",
-                 "--config.model.presett=test-tiny", module=module)
+def test_unknown_config_key_fails_in_one_line_naming_the_closest_keys(tmp_path, module,
+                                                                     commands):
+    r = commands.run(module, "--config=configs/forward_demo.py", f"--workdir={tmp_path}",
+                     "--config.model.presett=test-tiny")
     assert r.returncode != 0
     assert r.stderr.strip().splitlines() == [
         "error: unknown config key 'model.presett' in --config.model.presett=...; "
@@ -51,10 +57,9 @@ def test_unknown_config_key_fails_in_one_line_naming_the_closest_keys(tmp_path, 
 
 @pytest.mark.parametrize("module,config", [("d1jax.eval", "configs/eval.py:sudoku,tiny"),
                                            ("d1jax.plan", "configs/grpo_sudoku.py")])
-def test_eval_and_plan_refuse_an_unknown_key_in_one_line(module, config, tmp_path):
-    r = subprocess.run([sys.executable, "-m", module, f"--config={config}",
-                        f"--workdir={tmp_path}", "--config.model.pth=x"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+def test_eval_and_plan_refuse_an_unknown_key_in_one_line(module, config, tmp_path, commands):
+    r = commands.run(module, f"--config={config}", f"--workdir={tmp_path}",
+                     "--config.model.pth=x")
     assert r.returncode != 0
     assert r.stderr.strip().splitlines() == [
         "error: unknown config key 'model.pth' in --config.model.pth=...; "
@@ -100,6 +105,12 @@ def _quiet_env(**extra) -> dict:
     import os
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
     return {**env, **extra}
+
+
+@pytest.fixture(scope="module")
+def quiet_commands(tmp_path_factory):
+    """``python -m`` commands in a user's shell's environment, forked (tests/commands.py)."""
+    yield from commands_fixture(tmp_path_factory, env=_quiet_env())
 
 
 TINY = "--config=configs/grpo_sudoku.py:tiny"
@@ -165,12 +176,12 @@ EVAL_TINY = "--config=configs/eval.py:sudoku,tiny"
     ("d1jax.plan", [TINY, "--json=/nonexistent/dir/plan.json"],
      "error: --json=/nonexistent/dir/plan.json: its directory does not exist"),
 ])
-def test_bad_flags_values_variants_and_paths_are_one_line(module, args, message, tmp_path):
+def test_bad_flags_values_variants_and_paths_are_one_line(module, args, message, tmp_path,
+                                                          quiet_commands):
     """Exit 1, one `error:` line on stderr (no traceback, no libtpu lines), nothing written."""
     wd = tmp_path / "run"
     workdir = [] if module == "d1jax.plan" else [f"--workdir={wd}"]
-    r = subprocess.run([sys.executable, "-m", module, *args, *workdir], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300, env=_quiet_env())
+    r = quiet_commands.run(module, *args, *workdir)
     assert r.returncode == 1, r.stderr[-2000:]
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), r.stderr[-2000:]

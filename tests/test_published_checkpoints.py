@@ -14,7 +14,6 @@ checkpoint that does not fit is one ``error:`` line before anything is written.
 from __future__ import annotations
 
 import json
-import select
 import shutil
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from d1jax.model.preflight import check_checkpoint
 from d1jax.model.tokenizer import TokenizerError, load_tokenizer, special_ids
 from d1jax.model.hf_checkpoint import open_checkpoint as _open_checkpoint
 from tests import learnable, published
+from tests.commands import Commands
 from tests.published import BASE_VOCAB, PUBLISHED, REAL_IDS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,64 +163,12 @@ def _cli(*args, module="d1jax.main", main=None) -> subprocess.CompletedProcess:
                           timeout=900)
 
 
-# The chains' commands (12 `python -m d1jax.main` runs) are forked from one process that has
-# imported what the command imports (jax, d1jax, transformers' tokenizer; no JAX backend yet,
-# so the fork is safe): each child runs d1jax.main as `python -m` does (runpy, its flags, its
-# input checks, its exit status; its own JAX backend, flags and atexit handlers), without the
-# 2-3 s of CPU those imports cost each start. ``_cli``'s commands start for real.
-FORK_SERVER = """
-import json, os, runpy, sys
-import d1jax.cli, d1jax.distributed, d1jax.eval.evaluate, d1jax.train.grpo, d1jax.train.sft
-import d1jax.metrics, orbax.checkpoint
-from transformers import PreTrainedTokenizerFast
-for line in sys.stdin:
-    argv, out, err = json.loads(line)
-    sys.stdout.flush(), sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        for fd, path in ((1, out), (2, err)):
-            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-        os.close(0)
-        sys.argv = ["d1jax.main", *argv]
-        runpy.run_module("d1jax.main", run_name="__main__")
-        sys.exit(0)
-    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
-"""
-
-
-class _Commands:
-    """``run(*args)``: ``python -m d1jax.main *args`` forked from FORK_SERVER; the
-    CompletedProcess ``_cli`` returns."""
-
-    def __init__(self, logs: Path):
-        self.logs, self.n = logs, 0
-        logs.mkdir()
-        self.server = subprocess.Popen([sys.executable, "-c", FORK_SERVER], cwd=ROOT,
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    def run(self, *args: str) -> subprocess.CompletedProcess:
-        self.n += 1
-        out, err = (self.logs / f"{self.n}.{name}" for name in ("out", "err"))
-        self.server.stdin.write(json.dumps([args, str(out), str(err)]) + "\n")
-        self.server.stdin.flush()
-        ready = select.select([self.server.stdout], [], [], 900)[0]
-        line = self.server.stdout.readline() if ready else ""
-        assert line.strip(), f"the fork server gave no exit status for {args}"
-        return subprocess.CompletedProcess(["d1jax.main", *args], int(line),
-                                           out.read_text(), err.read_text())
-
-    def close(self) -> None:
-        self.server.stdin.close()
-        try:
-            self.server.wait(timeout=60)
-        except subprocess.TimeoutExpired:  # a command that hung (its run failed the test)
-            self.server.kill()
-
-
 @pytest.fixture
 def commands(tmp_path):
-    c = _Commands(tmp_path / "logs")
-    yield c
+    """The chains' 12 ``python -m d1jax.main`` runs, forked from one process that imported
+    what the command imports (tests/commands.py); ``_cli``'s commands start for real."""
+    c = Commands(tmp_path / "logs")
+    yield lambda *args: c.run("d1jax.main", *args)
     c.close()
 
 
@@ -286,7 +234,7 @@ def test_sft_then_grpo_through_the_commands(replicas, family, tmp_path, commands
     tokenizer files byte for byte and its special ids in config.json, loads, and holds weights
     the step changed."""
     for slug in FAMILIES[family]:
-        _chain(replicas, slug, tmp_path / slug, commands.run)
+        _chain(replicas, slug, tmp_path / slug, commands)
 
 
 def _chain(replicas, slug: str, tmp_path: Path, cli) -> None:

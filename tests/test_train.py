@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 
 from d1jax.metrics import read_jsonl
+from tests.commands import commands_fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def main(*args, timeout=600, env=None):
-    return subprocess.run([sys.executable, "-m", "d1jax.main", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+@pytest.fixture(scope="module")
+def commands(tmp_path_factory):
+    """``python -m d1jax.main`` runs forked from one process (tests/commands.py)."""
+    yield from commands_fixture(tmp_path_factory)
 
 
 def assert_ok(r):
@@ -74,9 +75,9 @@ def test_tiny_sft_runs(tmp_path, shared_d1_module):
     ("--config.grpo.objective=ppo", "objective='ppo': choose one of"),
     ("--config.grpo.objective=wd1", "beta=0.04: wd1 has no reference term; set beta=0"),
 ])
-def test_bad_config_fails_with_one_clear_line(tmp_path, override, message):
-    r = main("--config=configs/grpo_sudoku.py:tiny", f"--workdir={tmp_path}", override,
-             env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+def test_bad_config_fails_with_one_clear_line(tmp_path, override, message, commands):
+    r = commands.run("d1jax.main", "--config=configs/grpo_sudoku.py:tiny",
+                     f"--workdir={tmp_path}", override)
     assert r.returncode != 0
     assert message in r.stderr, r.stderr[-2000:]
     assert not (tmp_path / "checkpoints").exists()
@@ -93,7 +94,7 @@ def test_group_size_must_divide_batch(tmp_path):
     check_batch(96, 6, 16, "prompts_per_step x G", grad_accum=2)  # 6 a device: 3 + 3
 
 
-def test_unwritable_workdir_is_refused(tmp_path):
+def test_unwritable_workdir_is_refused(tmp_path, commands):
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o500)
@@ -101,7 +102,7 @@ def test_unwritable_workdir_is_refused(tmp_path):
         ro.chmod(0o700)
         ro = tmp_path / "file"
         ro.write_text("x")
-    r = main("--config=configs/grpo_sudoku.py:tiny", f"--workdir={ro}/run")
+    r = commands.run("d1jax.main", "--config=configs/grpo_sudoku.py:tiny", f"--workdir={ro}/run")
     assert r.returncode != 0 and "is not writable" in r.stderr, r.stderr[-2000:]
 
 
