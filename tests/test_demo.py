@@ -307,7 +307,8 @@ def test_sampler_gap_scores_greedy_as_the_table_and_pairs_the_two_samplers(demo_
     ("--config.demo.grpo.objectives=('wd1', 'ppo')", "demo.grpo.objectives"),
     ("--config.demo.pretrain.solved_depth=-1", "demo.pretrain.solved_depth=-1"),
     ("--config.demo.grpo.num_generations=1", "demo.grpo.num_generations=1: must be >= 2"),
-    ("--config.demo.data.num_empty=(20, 20)", "demo.data.num_empty=(20, 20)")])
+    ("--config.demo.data.num_empty=(20, 20)", "demo.data.num_empty=(20, 20)"),
+    ("--config.demo.data.num_empty=(8, 8, 8)", "demo.data.num_empty=(8, 8, 8): empty cells")])
 def test_bad_demo_switches_fail_before_any_stage_runs(tmp_path, flag, field, demo_commands):
     wd = tmp_path / "wd"
     r = demo_commands.run("examples.demo", "--config=configs/demo_sudoku.py:ci", flag,

@@ -253,9 +253,9 @@ def check(demo: mlc.ConfigDict) -> None:
     for name in ("num_empty", "box_num_empty"):
         if name not in demo.data:
             continue
-        low, high = tuple(demo.data[name])
-        if not 0 <= low <= high <= 16:
-            raise ConfigError(f"demo.data.{name}={(low, high)}: empty cells (low, high) of a "
+        value = tuple(demo.data[name])
+        if len(value) != 2 or not 0 <= value[0] <= value[1] <= 16:
+            raise ConfigError(f"demo.data.{name}={value}: empty cells (low, high) of a "
                               "4x4 grid, 0 <= low <= high <= 16")
     if box_needed(demo) and demo.data.box_num_train < 1:
         raise ConfigError(f"demo.data.box_num_train={demo.data.box_num_train}: must be >= 1")
