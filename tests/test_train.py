@@ -27,9 +27,9 @@ def assert_ok(r):
 
 
 @pytest.fixture(scope="module")
-def grpo_run(tmp_path_factory, shared_d1_module):
+def grpo_run(tmp_path_factory, shared_d1_module, commands):
     wd = tmp_path_factory.mktemp("grpo")
-    assert_ok(main("--config=configs/grpo_sudoku.py:tiny", f"--workdir={wd}"))
+    assert_ok(commands.run("d1jax.main", "--config=configs/grpo_sudoku.py:tiny", f"--workdir={wd}"))
     return wd
 
 
@@ -57,8 +57,9 @@ def test_tiny_grpo_writes_checkpoints_metrics_and_export(grpo_run):
     assert (wd / "hf" / "tokenizer.json").exists()
 
 
-def test_tiny_sft_runs(tmp_path, shared_d1_module):
-    assert_ok(main("--config=configs/sft_s1k.py:tiny", f"--workdir={tmp_path}"))
+def test_tiny_sft_runs(tmp_path, shared_d1_module, commands):
+    assert_ok(commands.run("d1jax.main", "--config=configs/sft_s1k.py:tiny",
+                           f"--workdir={tmp_path}"))
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert len(rows) == 4 and all(np.isfinite(r["loss"]) for r in rows)
     assert (tmp_path / "checkpoints" / "4").exists() and (tmp_path / "hf" / "config.json").exists()
@@ -124,10 +125,11 @@ def test_eval_of_the_exported_model_writes_d1_layout_and_scores(grpo_run, tmp_pa
     np.testing.assert_allclose(scored["accuracy"], acc["accuracy"], atol=1e-6)
 
 
-def test_fast_sampler_rollouts_run(tmp_path, shared_d1_module):
-    assert_ok(main("--config=configs/grpo_sudoku.py:tiny", f"--workdir={tmp_path}",
-                   "--config.sampler.kv_cache=dual", "--config.sampler.threshold=0.9",
-                   "--config.train.num_steps=2", "--config.train.export_hf=False"))
+def test_fast_sampler_rollouts_run(tmp_path, shared_d1_module, commands):
+    assert_ok(commands.run("d1jax.main", "--config=configs/grpo_sudoku.py:tiny",
+                           f"--workdir={tmp_path}", "--config.sampler.kv_cache=dual",
+                           "--config.sampler.threshold=0.9", "--config.train.num_steps=2",
+                           "--config.train.export_hf=False"))
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert len(rows) == 2 and all(np.isfinite(r["loss"]) for r in rows)
 
@@ -159,12 +161,12 @@ def test_sigterm_saves_and_stops(tmp_path, shared_d1_module):
      lambda i: {"problem": f"What is ${i}+1$?", "solution": f"It is $\\boxed{{{i + 1}}}$.",
                 "answer": str(i + 1), "level": "Level 1", "type": "Algebra"}),
 ])
-def test_hub_task_tiny_configs_run_on_a_local_file(tmp_path, config, row):
+def test_hub_task_tiny_configs_run_on_a_local_file(tmp_path, config, row, commands):
     data = tmp_path / "train.jsonl"
     data.write_text("\n".join(json.dumps(row(i)) for i in range(16)) + "\n")
-    assert_ok(main(f"--config={config}", f"--workdir={tmp_path / 'run'}",
-                   f"--config.task.source={data}", "--config.train.num_steps=2",
-                   "--config.train.export_hf=False"))
+    assert_ok(commands.run("d1jax.main", f"--config={config}", f"--workdir={tmp_path / 'run'}",
+                           f"--config.task.source={data}", "--config.train.num_steps=2",
+                           "--config.train.export_hf=False"))
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert len(rows) == 2 and all(np.isfinite(r["loss"]) for r in rows)
 
