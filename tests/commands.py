@@ -3,10 +3,11 @@
 ``Commands(preload)`` starts one server process that imports ``preload`` (the modules the
 commands import: jax, d1jax, transformers' tokenizer; never the command's own module, which
 ``python -m`` runs fresh, and no JAX backend, so forking is safe). Each ``run(module, *args)``
-forks it: the child runs ``module`` as ``python -m`` does (runpy as ``__main__``, its flags, its
-input checks, its own JAX backend and atexit handlers, its exit status; stdout and stderr to
-files), without the 1-3 s of CPU those imports cost each fresh start. The environment is the
-server's (``env``), fixed when it starts.
+forks it: the child runs ``module`` as ``python -m`` does (runpy as ``__main__``, its flags,
+its input checks, its own JAX backend, signal handlers and atexit handlers, its exit status;
+stdout and stderr to files), without the 1-3 s of CPU those imports cost each fresh start;
+``run_code(code, *args)`` runs ``python -c code *args`` so. The environment is the server's
+(``env``), fixed when it starts.
 """
 
 from __future__ import annotations
@@ -24,15 +25,19 @@ import importlib, json, os, runpy, sys
 for name in sys.argv[1:]:
     importlib.import_module(name)
 for line in sys.stdin:
-    module, argv, out, err = json.loads(line)
+    module, code, argv, out, err = json.loads(line)
     sys.stdout.flush(), sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
         for fd, path in ((1, out), (2, err)):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
         os.close(0)
-        sys.argv = [module, *argv]
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        if code is None:
+            sys.argv = [module, *argv]
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = ["-c", *argv]
+            exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
         sys.exit(0)
     print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """
@@ -56,9 +61,17 @@ class Commands:
                                        env=env)
 
     def run(self, module: str, *args: str) -> subprocess.CompletedProcess:
+        return self._fork(module, None, args)
+
+    def run_code(self, code: str, *args: str) -> subprocess.CompletedProcess:
+        """``python -c code *args``, forked as ``run``'s commands are."""
+        return self._fork("-c", code, args)
+
+    def _fork(self, module: str, code: str | None, args) -> subprocess.CompletedProcess:
         self.n += 1
         out, err = (self.logs / f"{self.n}.{name}" for name in ("out", "err"))
-        self.server.stdin.write(json.dumps([module, list(args), str(out), str(err)]) + "\n")
+        message = [module, code, list(args), str(out), str(err)]
+        self.server.stdin.write(json.dumps(message) + "\n")
         self.server.stdin.flush()
         ready = select.select([self.server.stdout], [], [], self.timeout)[0]
         line = self.server.stdout.readline() if ready else ""

@@ -32,6 +32,7 @@ import pytest
 
 from d1jax.metrics import read_jsonl
 from tests import learnable
+from tests.commands import Commands
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = learnable.MAIN_FLAGS  # conftest's learnable_reference runs exactly these
@@ -74,11 +75,22 @@ runpy.run_module("d1jax.main", run_name="__main__")
 """
 
 
+_SERVER: list[Commands] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def commands(tmp_path_factory):
+    """``run``'s processes fork from one that imported d1jax.main's modules (tests/commands.py):
+    each is its own process, with its signal handlers, exit status and JAX backend."""
+    _SERVER.append(Commands(tmp_path_factory.mktemp("commands")))
+    yield _SERVER[0]
+    _SERVER.pop().close()
+
+
 def run(workdir, *args, fault=None, config=CONFIG):
-    cmd = ([sys.executable, "-c", HARNESS, *fault] if fault else
-           [sys.executable, "-c", learnable.MAIN])
-    return subprocess.run([*cmd, *config, f"--workdir={workdir}", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+    """``python -c HARNESS *fault *config`` (``learnable.MAIN`` without a fault), forked."""
+    code, fault = (HARNESS, fault) if fault else (learnable.MAIN, ())
+    return _SERVER[0].run_code(code, *fault, *config, f"--workdir={workdir}", *args)
 
 
 def ok(r):
