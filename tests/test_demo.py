@@ -308,7 +308,8 @@ def test_sampler_gap_scores_greedy_as_the_table_and_pairs_the_two_samplers(demo_
     ("--config.demo.pretrain.solved_depth=-1", "demo.pretrain.solved_depth=-1"),
     ("--config.demo.grpo.num_generations=1", "demo.grpo.num_generations=1: must be >= 2"),
     ("--config.demo.data.num_empty=(20, 20)", "demo.data.num_empty=(20, 20)"),
-    ("--config.demo.data.num_empty=(8, 8, 8)", "demo.data.num_empty=(8, 8, 8): empty cells")])
+    ("--config.demo.data.num_empty=(8, 8, 8)", "demo.data.num_empty=(8, 8, 8): empty cells"),
+    ("--config.demo.pretrain.latin_guess_share=1.5", "demo.pretrain.latin_guess_share=1.5")])
 def test_bad_demo_switches_fail_before_any_stage_runs(tmp_path, flag, field, demo_commands):
     wd = tmp_path / "wd"
     r = demo_commands.run("examples.demo", "--config=configs/demo_sudoku.py:ci", flag,
@@ -382,6 +383,43 @@ def test_solver_depths_are_the_passes_of_naked_singles_and_the_writer_guesses_be
     # solved_depth=0 leaves every cell to answer_noise alone (the default corpus).
     same = [demo_data.noisy_grid(ex["puzzle"], ex["solution"], 0.0, rng) for ex in rows]
     assert same == [ex["solution"] for ex in rows]
+
+
+def _latin_consistent(grid: str) -> bool:
+    return all(len(set(grid[4 * r:4 * r + 4])) == 4 and len(set(grid[r::4])) == 4
+               for r in range(4))
+
+
+def test_the_latin_guessing_writer_keeps_rows_and_columns_and_its_share():
+    """latin_guess: the cells beyond the first pass are filled one by one, each a digit its
+    filled row and column peers leave it; most grids come out Latin (a guess can leave a
+    cell no digit), where independent guesses rarely do. latin_guess_share: that writer's
+    share of the documents; 0 is the corpus as before, document for document."""
+    import random
+    rows = sudoku.generate_puzzles(300, seed=6, num_empty=(8, 12))
+    deep_rows = [ex for ex in rows
+                 if any(k > 1 for k in demo_data.solver_depths(ex["puzzle"]).values())]
+    rng = random.Random(0)
+    latin = [demo_data.noisy_grid(ex["puzzle"], ex["solution"], 0.0, rng, 1, latin_guess=True)
+             for ex in deep_rows]
+    plain = [demo_data.noisy_grid(ex["puzzle"], ex["solution"], 0.0, rng, 1)
+             for ex in deep_rows]
+    for ex, grid in zip(deep_rows, latin):
+        for i, k in demo_data.solver_depths(ex["puzzle"]).items():
+            if k == 1:
+                assert grid[i] == ex["solution"][i]
+        assert all(grid[i] == d for i, d in enumerate(ex["puzzle"]) if d != "0")
+    consistent = np.mean([_latin_consistent(g) for g in latin])
+    assert len(deep_rows) > 100 and consistent > 0.7  # 0.79 here
+    assert np.mean([_latin_consistent(g) for g in plain]) < consistent - 0.4
+    task = get_task(demo_task.NAME)
+    grids = lambda share: ["".join(c for c in d["completion"] if c.isdigit()) for d in
+                           demo_data.pretraining_documents(task, deep_rows, 0.0, 0, 0.0, 1,
+                                                           latin_guess_share=share)]
+    assert grids(0.0) == ["".join(c for c in d["completion"] if c.isdigit()) for d in
+                          demo_data.pretraining_documents(task, deep_rows, 0.0, 0, 0.0, 1)]
+    shares = [np.mean([_latin_consistent(g) for g in grids(s)]) for s in (0.0, 0.5, 1.0)]
+    assert shares[0] < shares[1] < shares[2] and shares[2] > 0.7
 
 
 @pytest.fixture(scope="module")

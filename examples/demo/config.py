@@ -157,6 +157,9 @@ def _pretrain(ci: bool) -> mlc.ConfigDict:
     # and guesses the others among the digits the givens leave (examples/demo/data.py);
     # 0: every cell is the solution's (before answer_noise).
     g.solved_depth = 0
+    # The share of documents whose writer guesses those cells one after another keeping rows
+    # and columns consistent (Latin reasoning, no box rule); the others guess each cell alone.
+    g.latin_guess_share = 0.0
     g.save_every = 250  # Checkpoint period.
     return g
 
@@ -237,7 +240,7 @@ def check(demo: mlc.ConfigDict) -> None:
         if demo[stage].solved_depth < 0:
             raise ConfigError(f"demo.{stage}.solved_depth={demo[stage].solved_depth}: must be "
                               ">= 0")
-    for name in ("answer_noise", "format_noise"):
+    for name in ("answer_noise", "format_noise", "latin_guess_share"):
         if not 0.0 <= demo.pretrain[name] <= 1.0:
             raise ConfigError(f"demo.pretrain.{name}={demo.pretrain[name]}: must be in [0, 1]")
     # Counts the stages would refuse only when they start (after the stages before them).

@@ -36,15 +36,16 @@ from examples.demo import difficulty, latin
 from examples.demo import task as demo_task
 
 
-def _peers(i: int) -> list[int]:
+def _peers(i: int, box: bool = True) -> list[int]:
     r, c = divmod(i, 4)
     return [j for j in range(16) if j != i and (
-        j // 4 == r or j % 4 == c or (j // 8 == r // 2 and j % 4 // 2 == c // 2))]
+        j // 4 == r or j % 4 == c or (box and j // 8 == r // 2 and j % 4 // 2 == c // 2))]
 
 
-def candidates(grid: str, i: int) -> list[str]:
-    """The digits cell ``i`` of ``grid`` may hold given its filled peers (row, column, box)."""
-    return [d for d in "1234" if all(grid[j] != d for j in _peers(i))]
+def candidates(grid: str, i: int, box: bool = True) -> list[str]:
+    """The digits cell ``i`` of ``grid`` may hold given its filled peers (row, column and,
+    with ``box``, box)."""
+    return [d for d in "1234" if all(grid[j] != d for j in _peers(i, box))]
 
 
 def solver_depths(puzzle: str) -> dict[int, int]:
@@ -64,12 +65,16 @@ def solver_depths(puzzle: str) -> dict[int, int]:
 
 
 def noisy_grid(puzzle: str, solution: str, noise: float, rng: random.Random,
-               solved_depth: int = 0) -> str:
+               solved_depth: int = 0, latin_guess: bool = False) -> str:
     """``solution`` with each of the puzzle's empty cells wrong with probability ``noise``.
 
     ``solved_depth`` > 0: a writer who solves only the cells that that many passes of
-    naked singles fill (``solver_depths``) and guesses each other empty cell uniformly
-    among the digits the givens leave it (right or not); 0: every cell is the solution's.
+    naked singles fill (``solver_depths``) and guesses each other empty cell (right or not):
+    uniformly among the digits the givens leave it, or with ``latin_guess`` one cell after
+    another in a random order, each among the digits its filled row and column peers leave
+    it at that moment (its earlier guesses included; any digit where none is left): a
+    writer who keeps rows and columns consistent but uses no box beyond those passes;
+    0: every cell is the solution's.
     """
     out = []
     deep = ({i for i, k in solver_depths(puzzle).items() if k > solved_depth}
@@ -81,6 +86,13 @@ def noisy_grid(puzzle: str, solution: str, noise: float, rng: random.Random,
             out.append(rng.choice([d for d in "1234" if d != s]))
         else:
             out.append(s)
+    if latin_guess and deep:
+        order = sorted(deep)
+        rng.shuffle(order)
+        for i in order:
+            out[i] = "0"
+        for i in order:
+            out[i] = rng.choice(candidates("".join(out), i, box=False) or list("1234"))
     return "".join(out)
 
 
@@ -92,17 +104,21 @@ def rows_answer(grid: str) -> str:
 
 
 def pretraining_documents(task, examples: Sequence[dict], noise: float, seed: int,
-                          format_noise: float = 0.0, solved_depth: int = 0) -> list[dict]:
+                          format_noise: float = 0.0, solved_depth: int = 0,
+                          latin_guess_share: float = 0.0) -> list[dict]:
     """One conversation per puzzle, its answer grid corrupted at rate ``noise`` (and guessed
-    beyond ``solved_depth``, ``noisy_grid``) and written untagged with probability
+    beyond ``solved_depth``, ``noisy_grid``: Latin-consistently in a share
+    ``latin_guess_share`` of the documents) and written untagged with probability
     ``format_noise`` (``format_noise=0, noise=0, solved_depth=0``: clean trajectories)."""
-    for name, v in (("answer_noise", noise), ("format_noise", format_noise)):
+    for name, v in (("answer_noise", noise), ("format_noise", format_noise),
+                    ("latin_guess_share", latin_guess_share)):
         if not 0.0 <= v <= 1.0:
             raise ValueError(f"{name}={v}: must be in [0, 1]")
     rng = random.Random(seed)
     docs = []
     for ex in examples:
-        grid = noisy_grid(ex["puzzle"], ex["solution"], noise, rng, solved_depth)
+        latin_guess = latin_guess_share > 0 and rng.random() < latin_guess_share
+        grid = noisy_grid(ex["puzzle"], ex["solution"], noise, rng, solved_depth, latin_guess)
         if rng.random() < format_noise:
             completion = rows_answer(grid)
         else:
@@ -124,7 +140,8 @@ def pretraining_corpus(demo: mlc.ConfigDict, data: dict) -> SFTData:
     p = demo.pretrain
     task = get_task(demo_task.NAME)
     docs = pretraining_documents(task, task.load_train(data["train"]), p.answer_noise,
-                                 demo.seed, p.format_noise, p.solved_depth)
+                                 demo.seed, p.format_noise, p.solved_depth,
+                                 p.latin_guess_share)
     if p.objective == "pretrain":
         return SFTData(docs, encode=encode_whole_documents)
     return SFTData(docs)
