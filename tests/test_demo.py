@@ -810,6 +810,15 @@ def test_multi_seed_claims_are_those_that_hold_in_every_run():
     assert held["d1 (SFT + diffu-GRPO): rollout reward rises by more than 2 s.e."]["count"] == 2
     assert held["diffu-GRPO from the base: rollout reward rises (last quarter > first)"][
         "count"] == 2
+    # Issue 60's: held-out, by more than 2 s.e. of the difference over the GRPO seeds (by
+    # hand: d1 45 +- 1.0 / 51 +- 1.0 / 40.75 +- 0.25 against SFT 42 / 48 / 40; from the base
+    # 30 +- 0 / 30 +- 1.0 / 28 +- 1.0 against 28 / 30 / 26, the last by exactly 2 s.e.).
+    two_se = lambda c: held[c + " by more than 2 s.e. (held-out)"]["held"]  # noqa: E731
+    assert held["d1 > SFT by more than 2 s.e. of the GRPO seeds (held-out)"]["held"] == [
+        True, True, True]
+    assert two_se("diffu-GRPO from the base > base") == [True, False, False]
+    assert two_se("d1 > diffu-GRPO from the base") == [True, True, True]
+    assert two_se("all three") == [True, False, False]
     text = aggregate.claims_list(res)
     head, tail = text.split("Not in all")
     assert "- SFT > base" in head and "- diffu-GRPO from the base > base: 2 of 3" in tail

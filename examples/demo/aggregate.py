@@ -53,7 +53,8 @@ def run_summary(results: dict, wd: Path | None = None) -> dict:
     rows = {}
     for kind, r in results["rows"].items():
         rows[kind] = {s: {"greedy": r[s]["mean"], "reward": r[s].get("reward_mean"),
-                          "sampled": r[s].get("sampled_mean")} for s in results["sets"]}
+                          "sampled": r[s].get("sampled_mean"),
+                          "greedy_se": _se(r[s].get("values", []))} for s in results["sets"]}
         if "reward_rise" in r:
             rows[kind]["reward_rise"] = {k: r["reward_rise"][k] for k in ("mean", "se")}
         if "mechanism" in r:  # the GRPO metrics' summary, mean over the run's GRPO seeds
@@ -110,6 +111,24 @@ def _beats(run: dict, a: str, b: str) -> bool | None:
     return all(ga[s] > gb[s] for s in run["sets"])
 
 
+def _se(values: list[float]) -> float | None:
+    """The standard error of a row's mean over its GRPO seeds (None for one value)."""
+    return float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else None
+
+
+def _beats_2se(run: dict, a: str, b: str, set_name: str = "heldout") -> bool | None:
+    """Row ``a`` above row ``b`` on ``set_name`` by more than two standard errors of their
+    difference over the GRPO seeds (a supervised row, one model, adds none); None where a
+    row, the set or a GRPO row's second seed is missing."""
+    if a not in run["rows"] or b not in run["rows"] or set_name not in run["sets"]:
+        return None
+    ra, rb = run["rows"][a][set_name], run["rows"][b][set_name]
+    ses = [r.get("greedy_se") for r, k in ((ra, a), (rb, b)) if k not in STAGES]
+    if not ses or any(x is None for x in ses):
+        return None
+    return ra["greedy"] - rb["greedy"] > 2.0 * float(np.sqrt(sum(x * x for x in ses)))
+
+
 def _rises(run: dict, kind: str, se: float) -> bool | None:
     r = run["rows"].get(kind, {}).get("reward_rise")
     return None if r is None else r["mean"] > se * r["se"]
@@ -129,6 +148,17 @@ def _claim_checks(kinds: list[str]) -> list[tuple[str, object]]:
         ("SFT > diffu-GRPO from the base (SFT beats RL from the base)",
          lambda r: _beats(r, "sft", "grpo_base")),
         ("diffu-GRPO from the base > base", lambda r: _beats(r, "grpo_base", "base")),
+        # Issue 60's three claims: by more than 2 s.e. of the GRPO seeds, held-out set.
+        ("d1 > SFT by more than 2 s.e. of the GRPO seeds (held-out)",
+         lambda r: _beats_2se(r, "d1", "sft")),
+        ("diffu-GRPO from the base > base by more than 2 s.e. (held-out)",
+         lambda r: _beats_2se(r, "grpo_base", "base")),
+        ("d1 > diffu-GRPO from the base by more than 2 s.e. (held-out)",
+         lambda r: _beats_2se(r, "d1", "grpo_base")),
+        ("all three by more than 2 s.e. (held-out)",
+         lambda r: None if _beats_2se(r, "d1", "sft") is None else all(
+             _beats_2se(r, a, b) for a, b in (("d1", "sft"), ("grpo_base", "base"),
+                                               ("d1", "grpo_base")))),
     ]
     for kind in ("d1", "grpo_base"):
         t = CLAIM_TITLES[kind]
