@@ -1,6 +1,7 @@
 """The fault matrix: a run never loses progress (docs/training.md, "What a run guarantees").
 
-Each scenario is a subprocess run of `configs/grpo_letters.py` (the :tiny GRPO config on the
+Each scenario is a process of its own (forked from one that imported d1jax.main's modules,
+tests/commands.py) running `configs/grpo_letters.py` (the :tiny GRPO config on the
 ``letters`` task, tests/learnable.py), whose reward a tiny random model raises (30 optimizer steps, mu = 2, checkpoints every 2
 steps, the newest 2 kept): a resume that lost the params, the Adam moments, the data order or
 the RNG shows in runs that learn. Where a run resumes, its final train state is compared with
