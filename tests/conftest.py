@@ -52,6 +52,27 @@ if SHARED_D1.is_dir():  # loaders read d1's files from here instead of downloadi
     os.environ.setdefault("D1JAX_DATA_DIR", str(SHARED_D1))
 
 
+# The order pytest-xdist hands the files out in (`--dist loadfile`, pyproject's
+# `--no-loadscope-reorder`): xdist's own, the files with the most tests first, except that the
+# few long files with few tests, which that order hands out last (where a worker then runs one
+# for minutes while the other has nothing left), start in the middle of the run. Handing out
+# the longest files first was slower: the ones that start subprocesses then ran together and
+# oversubscribed the two cores (docs/testing.md, "Suite time").
+MID_RUN = ("test_train_code.py",)
+MID_RUN_AT = 30  # files handed out before them
+
+
+def pytest_collection_modifyitems(session, config, items):
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    order = sorted(files, key=lambda f: -len(files[f]))  # stable: xdist's reorder
+    late = [f for f in order if f.rsplit("/", 1)[-1] in MID_RUN]
+    order = [f for f in order if f not in late]
+    order[MID_RUN_AT:MID_RUN_AT] = late
+    items[:] = [item for f in order for item in files[f]]
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs(request):
     """Compiles the file's programs optimized or not (``COMPILE_UNOPTIMIZED``, above), and drops
