@@ -92,4 +92,3 @@ def commands_fixture(tmp_path_factory, preload=D1JAX_MAIN, env: dict | None = No
     c = Commands(tmp_path_factory.mktemp("commands"), preload, env)
     yield c
     c.close()
-

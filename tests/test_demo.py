@@ -385,17 +385,14 @@ def test_solver_depths_are_the_passes_of_naked_singles_and_the_writer_guesses_be
     assert same == [ex["solution"] for ex in rows]
 
 
-def _latin_consistent(grid: str) -> bool:
-    return all(len(set(grid[4 * r:4 * r + 4])) == 4 and len(set(grid[r::4])) == 4
-               for r in range(4))
-
-
 def test_the_latin_guessing_writer_keeps_rows_and_columns_and_its_share():
     """latin_guess: the cells beyond the first pass are filled one by one, each a digit its
     filled row and column peers leave it; most grids come out Latin (a guess can leave a
     cell no digit), where independent guesses rarely do. latin_guess_share: that writer's
     share of the documents; 0 is the corpus as before, document for document."""
     import random
+    from tests.sudoku_units import COLS, ROWS, units_ok
+    latin_ok = lambda grid: units_ok(grid, ROWS + COLS)  # noqa: E731
     rows = sudoku.generate_puzzles(300, seed=6, num_empty=(8, 12))
     deep_rows = [ex for ex in rows
                  if any(k > 1 for k in demo_data.solver_depths(ex["puzzle"]).values())]
@@ -409,16 +406,16 @@ def test_the_latin_guessing_writer_keeps_rows_and_columns_and_its_share():
             if k == 1:
                 assert grid[i] == ex["solution"][i]
         assert all(grid[i] == d for i, d in enumerate(ex["puzzle"]) if d != "0")
-    consistent = np.mean([_latin_consistent(g) for g in latin])
+    consistent = np.mean([latin_ok(g) for g in latin])
     assert len(deep_rows) > 100 and consistent > 0.7  # 0.79 here
-    assert np.mean([_latin_consistent(g) for g in plain]) < consistent - 0.4
+    assert np.mean([latin_ok(g) for g in plain]) < consistent - 0.4
     task = get_task(demo_task.NAME)
-    grids = lambda share: ["".join(c for c in d["completion"] if c.isdigit()) for d in
-                           demo_data.pretraining_documents(task, deep_rows, 0.0, 0, 0.0, 1,
-                                                           latin_guess_share=share)]
-    assert grids(0.0) == ["".join(c for c in d["completion"] if c.isdigit()) for d in
-                          demo_data.pretraining_documents(task, deep_rows, 0.0, 0, 0.0, 1)]
-    shares = [np.mean([_latin_consistent(g) for g in grids(s)]) for s in (0.0, 0.5, 1.0)]
+    def grids(**share) -> list[str]:
+        docs = demo_data.pretraining_documents(task, deep_rows, 0.0, 0, 0.0, 1, **share)
+        return ["".join(c for c in d["completion"] if c.isdigit()) for d in docs]
+    assert grids(latin_guess_share=0.0) == grids()
+    shares = [np.mean([latin_ok(g) for g in grids(latin_guess_share=share)])
+              for share in (0.0, 0.5, 1.0)]
     assert shares[0] < shares[1] < shares[2] and shares[2] > 0.7
 
 

@@ -18,11 +18,7 @@ from examples.demo import config as demo_config  # noqa: E402
 from examples.demo import data as demo_data  # noqa: E402
 from examples.demo import latin  # noqa: E402
 from examples.demo import task as demo_task  # noqa: E402
-from tests.sudoku_units import BOXES, COLS, ROWS  # noqa: E402
-
-
-def _units_ok(grid: str, units) -> bool:
-    return all(sorted(grid[i] for i in u) == list("1234") for u in units)
+from tests.sudoku_units import BOXES, COLS, ROWS, units_ok  # noqa: E402
 
 
 def _completions(puzzle: str, units) -> int:
@@ -34,17 +30,17 @@ def _completions(puzzle: str, units) -> int:
         g = list(puzzle)
         for i, d in zip(holes, digits):
             g[i] = d
-        n += _units_ok("".join(g), units)
+        n += units_ok("".join(g), units)
     return n
 
 
 def test_latin_squares_are_all_576_and_half_are_sudoku():
     squares = ["".join(map(str, g)) for g in latin.latin_squares()]
     assert len(squares) == len(set(squares)) == 576  # the number of 4x4 Latin squares
-    assert all(_units_ok(g, ROWS + COLS) for g in squares)
-    sudoku_ones = [g for g in squares if _units_ok(g, BOXES)]
+    assert all(units_ok(g, ROWS + COLS) for g in squares)
+    sudoku_ones = [g for g in squares if units_ok(g, BOXES)]
     assert len(sudoku_ones) == 288  # the number of 4x4 Sudoku grids
-    assert [latin.is_sudoku(g) for g in squares] == [_units_ok(g, BOXES) for g in squares]
+    assert [latin.is_sudoku(g) for g in squares] == [units_ok(g, BOXES) for g in squares]
 
 
 def test_corpus_puzzles_have_one_latin_completion_that_breaks_the_box_rule():
@@ -54,7 +50,7 @@ def test_corpus_puzzles_have_one_latin_completion_that_breaks_the_box_rule():
         p, s = r["puzzle"], r["solution"]
         assert 6 <= p.count("0") <= 7
         assert all(a in ("0", b) for a, b in zip(p, s))
-        assert _units_ok(s, ROWS + COLS) and not _units_ok(s, BOXES)
+        assert units_ok(s, ROWS + COLS) and not units_ok(s, BOXES)
         assert _completions(p, ROWS + COLS) == 1 == latin.count_latin_completions(p)
         # No Sudoku completion at all: the puzzle is not one of the RL task's.
         assert _completions(p, ROWS + COLS + BOXES) == 0
