@@ -41,9 +41,15 @@ import pytest  # noqa: E402
 # files seen passing that way set it (docs/testing.md, "Suite time"; a bitwise comparison of
 # two different programs, as test_sharding's born-sharded init makes, can fail unoptimized).
 # The `python -m d1jax.main` subprocesses compile as users' runs do, and the persistent cache
-# keeps the two apart (its key holds the compile options). D1JAX_TEST_OPTIMIZE=1 compiles every
-# program optimized.
+# keeps the two apart (its key holds the compile options). Those commands are compile-bound as
+# well (a few steps, then a stop, a resume or an export), so they compile unoptimized too
+# (JAX_DISABLE_MOST_OPTIMIZATIONS=1 in their environment: the files that start them run about
+# 20% faster), except in the files that set ``COMMANDS_OPTIMIZED = True``: the runs that must
+# learn within their steps (their rises were measured optimized, and their many steps would run
+# slower) and every run of tests/learnable.py's task, which is compared bit for bit with the
+# session's ``learnable_reference``. D1JAX_TEST_OPTIMIZE=1 compiles every program optimized.
 OPTIMIZE_ALL = os.environ.get("D1JAX_TEST_OPTIMIZE") == "1"
+COMMANDS_ENV = "JAX_DISABLE_MOST_OPTIMIZATIONS"
 
 import d1jax  # noqa: E402
 
@@ -82,6 +88,8 @@ def _release_compiled_programs(request):
     or subset reproduced)."""
     unoptimized = getattr(request.module, "COMPILE_UNOPTIMIZED", False) and not OPTIMIZE_ALL
     jax.config.update("jax_disable_most_optimizations", unoptimized)
+    commands = getattr(request.module, "COMMANDS_OPTIMIZED", False) or OPTIMIZE_ALL
+    os.environ[COMMANDS_ENV] = "0" if commands else "1"  # read by the commands it starts
     yield
     jax.clear_caches()
 
@@ -148,6 +156,7 @@ def learnable_reference():
     with session_shared("learnable_reference") as (wd, done):
         if not done:
             env = {k: v for k, v in os.environ.items() if not k.startswith("D1JAX_PROCESS")}
+            env[COMMANDS_ENV] = "0"  # as every other run of the task (COMMANDS_OPTIMIZED)
             r = subprocess.run([sys.executable, "-c", learnable.MAIN, *learnable.MAIN_FLAGS,
                                 f"--workdir={wd}"], cwd=Path(__file__).resolve().parents[1],
                                capture_output=True, text=True, timeout=900, env=env)

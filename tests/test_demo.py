@@ -18,6 +18,10 @@ from d1jax.tasks import get_task, sudoku
 from d1jax.train.sft_data import encode_sft
 from tests.commands import D1JAX_MAIN, commands_fixture
 
+# The commands it starts compile optimized (tests/conftest.py): its stages must learn as
+# docs/demo.md measured them.
+COMMANDS_OPTIMIZED = True
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # examples/ sits beside the package, not in it
 from examples.demo import config as demo_config  # noqa: E402

@@ -35,6 +35,10 @@ from d1jax.metrics import read_jsonl
 from tests import learnable
 from tests.commands import Commands
 
+# The commands it starts compile optimized (tests/conftest.py): tests/learnable.py's runs,
+# compared bit for bit with the session's reference.
+COMMANDS_OPTIMIZED = True
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = learnable.MAIN_FLAGS  # conftest's learnable_reference runs exactly these
 STEPS = learnable.OVERRIDES["train.num_steps"]  # 30: checkpoints 28 and 30 at the end

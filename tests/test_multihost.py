@@ -28,6 +28,9 @@ MAIN = (sys.executable, "-c", learnable.MAIN)  # d1jax.main with the task regist
 # process resumes most of the run: a two-process step costs several times a one-process step
 # on this 2-core machine, and every step of both parts is compared with the reference.
 STOP = 10
+# The runs compared with the session's ``learnable_reference`` compile optimized as it does (the
+# other commands here compile unoptimized: tests/conftest.py).
+AS_REFERENCE = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "0"}
 
 
 def _free_port() -> int:
@@ -71,7 +74,7 @@ def _start_two(wd: Path, *args: str, **env) -> list[subprocess.Popen]:
 def _two_processes(wd: Path) -> tuple[list[int], list[str]]:
     """The first STOP steps on two processes, then stopped with a save; returns codes,
     outputs."""
-    procs = _start_two(wd, f"--config.train.stop_after={STOP}")
+    procs = _start_two(wd, f"--config.train.stop_after={STOP}", **AS_REFERENCE)
     outs = [p.communicate(timeout=900)[0] for p in procs]
     return [p.returncode for p in procs], outs
 
@@ -100,7 +103,8 @@ def test_two_processes_then_one_on_another_mesh(tmp_path, learnable_reference):
     # run's programs are the reference's, read from the session's compilation cache; restores
     # onto fsdp and tensor axes: tests/test_checkpoint.py). Compare with the uninterrupted run.
     r = subprocess.run([*MAIN, *CONFIG, f"--workdir={wd}", "--config.mesh.shape=(8,1,1)"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600, env=_env(8))
+                       cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env=_env(8, **AS_REFERENCE))
     assert r.returncode == 0, r.stderr[-4000:]
     got = {r["step"]: r for r in read_jsonl(wd / "metrics.jsonl")}
     want = {r["step"]: r for r in read_jsonl(ref / "metrics.jsonl")}

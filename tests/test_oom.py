@@ -19,6 +19,10 @@ from d1jax.run import oom
 from d1jax.run import spec as spec_lib
 from tests import learnable
 
+# The commands it starts compile optimized (tests/conftest.py): tests/learnable.py's runs,
+# whose programs the session's reference compiled optimized (read from the cache).
+COMMANDS_OPTIMIZED = True
+
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2 ** 30
 GPU = ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 68719476736 bytes.\n"

@@ -26,6 +26,10 @@ from d1jax.run import build, spec as spec_lib
 from d1jax.train.state import init_train_state
 from tests import learnable
 
+# The commands it starts compile optimized (tests/conftest.py): tests/learnable.py's run on an
+# int8 base must learn.
+COMMANDS_OPTIMIZED = True
+
 # Compile-bound: compiled unoptimized (tests/conftest.py), seen passing that way.
 COMPILE_UNOPTIMIZED = True
 

@@ -26,6 +26,10 @@ from d1jax.model.tokenizer import encode_prompts, load_tokenizer
 from d1jax.tasks import code, format_prompt, get_task
 from tests.config_files import load_config
 
+# The commands it starts compile optimized (tests/conftest.py): its runs must learn within their
+# steps (rises measured optimized).
+COMMANDS_OPTIMIZED = True
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/grpo_code_toy.py"
 EVAL_PROMPTS, EVAL_SAMPLES = 48, 4
