@@ -117,10 +117,31 @@ def train_tiny_tokenizer(texts: Iterable[str], out_dir: str | os.PathLike, vocab
         tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=EOS,
         mask_token=MASK, padding_side="left")
     fast.chat_template = CHAT_TEMPLATE
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fast.save_pretrained(str(out_dir))
+    _save_whole(fast, Path(out_dir))
     return load_tokenizer(out_dir)
+
+
+def _save_whole(tok, out_dir: Path) -> None:
+    """Saves ``tok`` so that a reader of ``out_dir`` finds no tokenizer or a whole one: every
+    process of a multi-process run trains the same tokenizer into the shared workdir and
+    loads it, and one that read another's half-written files failed. Written into a
+    temporary folder beside it, then renamed into place (or, where ``out_dir`` already holds
+    files, moved in file by file, ``tokenizer.json`` last)."""
+    import shutil
+    import tempfile
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        tok.save_pretrained(str(tmp))
+        try:
+            os.rename(tmp, out_dir)  # atomic; fails when out_dir holds files
+        except OSError:
+            out_dir.mkdir(exist_ok=True)
+            names = sorted(os.listdir(tmp), key=lambda n: n == "tokenizer.json")
+            for name in names:
+                os.replace(tmp / name, out_dir / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def special_ids(tok, config: Any = None) -> dict[str, int | None]:
