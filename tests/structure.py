@@ -180,16 +180,20 @@ def config_reach(run, config) -> tuple[set[str], set[str]]:
     spec_seen: set[str] = set()
 
     def tracer(frame, event, arg):
-        if event == "call":
-            module = frame.f_globals.get("__name__", "")
-            code = frame.f_code
-            names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
-            args = [frame.f_locals.get(n) for n in names]
-            if module.startswith("d1jax") and any(id(a) in ids for a in args):
-                seen.add(module)
-            if module.startswith("d1jax") and any(type(a).__module__ == "d1jax.run.spec"
-                                                  for a in args):
-                spec_seen.add(module)
+        # Called on every Python call of the run (JAX's tracing and compiling included): the
+        # module test comes first, and only d1jax's frames have their locals read.
+        if event != "call":
+            return None
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith("d1jax"):
+            return None
+        code = frame.f_code
+        names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+        args = [frame.f_locals.get(n) for n in names]
+        if any(id(a) in ids for a in args):
+            seen.add(module)
+        if any(type(a).__module__ == "d1jax.run.spec" for a in args):
+            spec_seen.add(module)
         return None
 
     previous = sys.getprofile()
