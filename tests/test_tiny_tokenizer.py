@@ -48,6 +48,7 @@ def test_same_result_however_many_processes_save_it_at_once(tmp_path):
         assert tok.get_vocab() == alone.get_vocab()
         assert special_ids(tok) == special_ids(alone)
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp left
+    assert (tmp_path / "alone").stat().st_mode & 0o777 == 0o755  # readable by others, as mkdir
 
 
 def test_saved_into_a_folder_that_already_holds_files(tmp_path):

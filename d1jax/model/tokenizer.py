@@ -132,6 +132,7 @@ def _save_whole(tok, out_dir: Path) -> None:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
+        tmp.chmod(0o755)  # a folder as mkdir makes it, not mkdtemp's owner-only one
         tok.save_pretrained(str(tmp))
         try:
             os.rename(tmp, out_dir)  # atomic; fails when out_dir holds files
