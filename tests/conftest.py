@@ -40,8 +40,8 @@ import pytest  # noqa: E402
 # twice as long, and results differ from an optimized program's in the last bits, so only
 # files seen passing that way set it (docs/testing.md, "Suite time"; a bitwise comparison of
 # two different programs, as test_sharding's born-sharded init makes, can fail unoptimized).
-# The `python -m d1jax.main` subprocesses compile as users' runs do, and the persistent cache
-# keeps the two apart (its key holds the compile options). Those commands are compile-bound as
+# The persistent cache keeps optimized and unoptimized programs apart (its key holds the compile
+# options). The commands the tests start (`python -m d1jax.main`, benches) are compile-bound as
 # well (a few steps, then a stop, a resume or an export), so they compile unoptimized too
 # (JAX_DISABLE_MOST_OPTIMIZATIONS=1 in their environment: the files that start them run about
 # 20% faster), except in the files that set ``COMMANDS_OPTIMIZED = True``: the runs that must

@@ -17,6 +17,7 @@ import pytest
 
 from d1jax.metrics import read_jsonl
 from tests import learnable
+from tests.conftest import COMMANDS_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 # A task whose reward the tiny random model raises: a resume that lost the params, the Adam
@@ -30,7 +31,7 @@ MAIN = (sys.executable, "-c", learnable.MAIN)  # d1jax.main with the task regist
 STOP = 10
 # The runs compared with the session's ``learnable_reference`` compile optimized as it does (the
 # other commands here compile unoptimized: tests/conftest.py).
-AS_REFERENCE = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "0"}
+AS_REFERENCE = {COMMANDS_ENV: "0"}
 
 
 def _free_port() -> int:
